@@ -1,0 +1,18 @@
+# Every target sets up .venv first (idempotent), so a fresh clone needs nothing else.
+.PHONY: setup demo test unit lint
+
+setup:
+	@bash scripts/setup-venv.sh
+
+demo: setup
+	.venv/bin/attrib-agent demo
+
+test: setup
+	.venv/bin/python -m pytest
+
+unit: setup
+	.venv/bin/python -m pytest -m "not e2e"
+
+lint: setup
+	.venv/bin/ruff check attrib_agent tests
+	.venv/bin/mypy

@@ -1,0 +1,3 @@
+from attrib_agent.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,162 @@
+"""The `attrib-agent` command line."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from attrib_agent import __version__
+from attrib_agent.lab.server import LabConfig, LabError, VllmLab, running_lab
+from attrib_agent.lab.workload import SCENARIOS, get_scenario
+
+
+def _lab_config(args: argparse.Namespace) -> LabConfig:
+    return LabConfig(kv_cache_bytes=args.kv_cache_bytes, metrics_interval_s=args.metrics_interval)
+
+
+def _add_lab_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--attach", type=Path, metavar="STATE",
+                   help="use a lab started by `attrib-agent lab serve --state-file STATE` instead of starting one")
+    p.add_argument("--kv-cache-bytes", type=int, default=LabConfig.kv_cache_bytes,
+                   help="vLLM --kv-cache-memory-bytes (small, so KV is tight; default %(default)s)")
+    p.add_argument("--metrics-interval", type=float, default=LabConfig.metrics_interval_s,
+                   help="seconds between /metrics scrapes while recording (default %(default)s)")
+    p.add_argument("--max-lateness-ms", type=float, default=20.0,
+                   help="reject a run whose load client was later than this (default %(default)s)")
+    p.add_argument("--attempts", type=int, default=3, help="tries per run before giving up (default %(default)s)")
+
+
+def cmd_scenarios(args: argparse.Namespace) -> int:
+    for s in SCENARIOS.values():
+        whales = ", ".join(f"{w.spec_id}={w.klass.prompt_tokens}/{w.klass.output_tokens}" for w in s.whales) or "-"
+        print(f"{s.name:<10} {len(s.shorts):>3} shorts  whales: {whales:<40} {s.description}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    lab = VllmLab(_lab_config(args))
+    with lab as ep:
+        if args.state_file:
+            ep.save(args.state_file)
+        print(f"vLLM {ep.vllm_url}  capture {ep.capture_url}  log {ep.server_log}", flush=True)
+        deadline = time.monotonic() + args.duration if args.duration else None
+        while deadline is None or time.monotonic() < deadline:
+            time.sleep(0.5)
+    return 0
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from attrib_agent.lab.record import record_run
+    from attrib_agent.lab.summary import format_table, group_latency, shorts
+
+    scenario = get_scenario(args.scenario)
+    with running_lab(_lab_config(args), args.attach) as ep:
+        res = record_run(ep, scenario, args.out, command=_command(), max_lateness_s=args.max_lateness_ms / 1000,
+                         attempts=args.attempts)
+    print(format_table([(scenario.name, group_latency(shorts(res.results)))]))
+    m = res.meta
+    print(f"recorded {args.out}: {m['stream_counts']}, preemptions {m['preemptions']:.0f}, "
+          f"client lateness {m['client_lateness']['lateness_s'] * 1000:.1f} ms")
+    return 0
+
+
+def cmd_truth(args: argparse.Namespace) -> int:
+    from attrib_agent.lab.truth import run_truth, truth_table
+
+    scenario = get_scenario(args.scenario)
+    with running_lab(_lab_config(args), args.attach) as ep:
+        truth = run_truth(ep, scenario, args.reps, args.out, keep_recordings=args.keep_recordings,
+                          max_lateness_s=args.max_lateness_ms / 1000, attempts=args.attempts, command=_command(),
+                          progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(truth_table(truth))
+    print(f"wrote {args.out / 'truth.json'}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from attrib_agent.lab.record import record_run
+    from attrib_agent.lab.summary import format_table, group_latency, shorts
+
+    scenario = get_scenario(args.scenario)
+    baseline = scenario.with_whales(())
+    out = args.out or Path(".lab") / "demo" / time.strftime("%Y%m%d-%H%M%S")
+    print(f"starting vLLM (CPU build, tiny random-weight model); this takes about a minute ...", flush=True)
+    with running_lab(_lab_config(args), args.attach) as ep:
+        rows = []
+        for s, sub in ((baseline, "alone"), (scenario, "with-whales")):
+            print(f"running {s.name} ...", flush=True)
+            res = record_run(ep, s, out / sub, command=_command(), max_lateness_s=args.max_lateness_ms / 1000,
+                             attempts=args.attempts)
+            rows.append((f"{sub} ({len(s.whales)} whales)", group_latency(shorts(res.results)), res))
+    print()
+    print(format_table([(label, g) for label, g, _ in rows]))
+    alone, crowded = rows[0][1], rows[1][1]
+    if alone.ttft_p50_s and crowded.ttft_p50_s:
+        print(f"\nshort requests' TTFT p50 is {crowded.ttft_p50_s / alone.ttft_p50_s:.1f}x slower beside the whales "
+              f"(preemptions: {rows[1][2].meta['preemptions']:.0f}); recordings in {out}")
+    return 0
+
+
+def _command() -> str:
+    return shlex.join(["attrib-agent", *sys.argv[1:]])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="attrib-agent", description=__doc__)
+    p.add_argument("--version", action="version", version=f"attrib-agent {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="the whale scenario against a real vLLM: shorts alone vs beside whales")
+    demo.add_argument("--scenario", default="preempt", choices=sorted(SCENARIOS))
+    demo.add_argument("--out", type=Path, help="where to keep the two recordings (default .lab/demo/<time>)")
+    _add_lab_options(demo)
+    demo.set_defaults(func=cmd_demo)
+
+    lab = sub.add_parser("lab", help="real-vLLM lab: scenarios, recordings, counterfactual truth")
+    lsub = lab.add_subparsers(dest="lab_command", required=True)
+    sc = lsub.add_parser("scenarios", help="list the built-in scenarios")
+    sc.set_defaults(func=cmd_scenarios)
+    serve = lsub.add_parser("serve", help="start vLLM + capture and keep them up (for --attach)")
+    serve.add_argument("--state-file", type=Path, help="write the endpoints here for other commands to --attach")
+    serve.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0: until Ctrl-C)")
+    _add_lab_options(serve)
+    serve.set_defaults(func=cmd_serve)
+    rec = lsub.add_parser("record", help="run a scenario and write a recording directory")
+    rec.add_argument("--scenario", required=True, choices=sorted(SCENARIOS))
+    rec.add_argument("--out", type=Path, required=True)
+    _add_lab_options(rec)
+    rec.set_defaults(func=cmd_record)
+    tr = lsub.add_parser("truth", help="counterfactual runs under every subset of whales -> truth.json")
+    tr.add_argument("--scenario", required=True, choices=sorted(SCENARIOS))
+    tr.add_argument("--reps", type=int, default=3)
+    tr.add_argument("--out", type=Path, required=True)
+    tr.add_argument("--keep-recordings", action="store_true", help="keep every run's recording under OUT/runs/")
+    _add_lab_options(tr)
+    tr.set_defaults(func=cmd_truth)
+    return p
+
+
+def _sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # unwinds context managers, so vLLM's process group is stopped
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        return int(args.func(args))
+    except LabError as e:
+        print(f"attrib-agent: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("attrib-agent: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,197 @@
+"""The lab's capture process: vLLM's log (on stdin), its /metrics and its OTLP spans, recorded raw.
+
+It runs apart from the load client (`python -m attrib_agent.lab.capture ...`, stdin = vLLM's output)
+so that capturing never steals the client's CPU. It lives as long as the vLLM server, because vLLM's
+OTLP endpoint and log pipe are fixed at start-up; recordings are windows opened and closed through a
+tiny control API on the same HTTP port as the OTLP receiver:
+
+    POST /lab/start   {"dir": "...", "meta": {...}}   begin writing a recording
+    POST /lab/stop                                   close it; answers the per-stream counts
+    GET  /lab/status                                 counters
+    POST /v1/traces                                  OTLP/HTTP protobuf (or JSON) export request
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from attrib_agent.recording import LOG, METRICS, OTLP, RecordingWriter, log_record, metrics_record, otlp_record
+
+MAX_OTLP_BODY = 16 * 1024 * 1024
+
+
+class Capture:
+    """Holds the active recording (if any) and the counters; every source writes through it."""
+
+    def __init__(self, server_log: Path) -> None:
+        self._lock = threading.Lock()
+        self.writer: RecordingWriter | None = None
+        self.server_log = open(server_log, "a", encoding="utf-8")
+        self.counters: dict[str, int] = {
+            "log_lines": 0, "otlp_requests": 0, "scrapes": 0, "scrape_errors": 0, "otlp_rejected": 0,
+        }
+        self.vllm_exited = threading.Event()
+
+    def start(self, path: str, meta: dict[str, Any]) -> None:
+        with self._lock:
+            if self.writer is not None:
+                self.writer.close()
+            self.writer = RecordingWriter(path, meta)
+
+    def stop(self) -> dict[str, int]:
+        with self._lock:
+            w, self.writer = self.writer, None
+        if w is None:
+            return {}
+        w.close()
+        return dict(w.counts)
+
+    def record(self, stream: str, rec: dict[str, Any]) -> None:
+        w = self.writer
+        if w is not None:
+            w.append(stream, rec)
+
+    def count(self, key: str) -> None:
+        with self._lock:
+            self.counters[key] += 1
+
+
+def read_log(capture: Capture, stream: Any) -> None:
+    """Stamp each of vLLM's output lines at receipt; EOF means vLLM exited."""
+    for raw in iter(stream.readline, b""):
+        ts = time.time()
+        line = raw.decode("utf-8", "replace").rstrip("\r\n")
+        capture.server_log.write(line + "\n")
+        capture.server_log.flush()
+        capture.count("log_lines")
+        capture.record(LOG, log_record(ts, line))
+    capture.vllm_exited.set()
+
+
+def scrape_metrics(capture: Capture, url: str, interval_s: float, stop: threading.Event) -> None:
+    """Poll /metrics only while a recording is open; errors are counted, never fatal."""
+    with httpx.Client(timeout=max(1.0, 4 * interval_s), trust_env=False) as client:
+        next_due = time.monotonic()
+        while not stop.is_set():
+            if capture.writer is not None:
+                t0 = time.monotonic()
+                try:
+                    resp = client.get(url)
+                    if resp.status_code == 200:
+                        capture.record(METRICS, metrics_record(time.time(), resp.text,
+                                                               fetch_s=round(time.monotonic() - t0, 6)))
+                        capture.count("scrapes")
+                    else:
+                        capture.count("scrape_errors")
+                except httpx.HTTPError:
+                    capture.count("scrape_errors")
+            next_due = max(next_due + interval_s, time.monotonic())
+            stop.wait(max(0.0, next_due - time.monotonic()))
+
+
+def make_handler(capture: Capture) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+            return
+
+        def _reply(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _body(self) -> bytes | None:
+            n = int(self.headers.get("Content-Length") or 0)
+            if n > MAX_OTLP_BODY:
+                capture.count("otlp_rejected")
+                self._reply(413, b"{}")
+                self.close_connection = True
+                return None
+            return self.rfile.read(n)
+
+        def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+            body = self._body()
+            if body is None:
+                return
+            if self.path == "/v1/traces":
+                ts = time.time()
+                ctype = self.headers.get("Content-Type", "application/x-protobuf")
+                capture.count("otlp_requests")
+                capture.record(OTLP, otlp_record(ts, ctype, body,
+                                                 content_encoding=self.headers.get("Content-Encoding")))
+                # An empty ExportTraceServiceResponse is zero bytes in protobuf and {} in JSON.
+                if "json" in ctype:
+                    self._reply(200, b"{}")
+                else:
+                    self._reply(200, b"", "application/x-protobuf")
+            elif self.path == "/lab/start":
+                req = json.loads(body or b"{}")
+                capture.start(req["dir"], req.get("meta") or {})
+                self._reply(200, b"{}")
+            elif self.path == "/lab/stop":
+                self._reply(200, json.dumps(capture.stop()).encode())
+            else:
+                self._reply(404, b"{}")
+
+        def do_GET(self) -> None:  # noqa: N802
+            if self.path == "/lab/status":
+                status = {**capture.counters, "recording": capture.writer is not None,
+                          "vllm_exited": capture.vllm_exited.is_set()}
+                self._reply(200, json.dumps(status).encode())
+            else:
+                self._reply(404, b"{}")
+
+    return Handler
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="attrib_agent.lab.capture")
+    p.add_argument("--port", type=int, required=True, help="OTLP/HTTP + control port on 127.0.0.1")
+    p.add_argument("--metrics-url", required=True)
+    p.add_argument("--interval", type=float, default=0.25)
+    p.add_argument("--server-log", required=True)
+    args = p.parse_args(argv)
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, -5)
+    except OSError:
+        pass
+    capture = Capture(Path(args.server_log))
+    stop = threading.Event()
+    httpd = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(capture))
+    httpd.daemon_threads = True
+    threads = [
+        threading.Thread(target=read_log, args=(capture, sys.stdin.buffer), daemon=True),
+        threading.Thread(target=scrape_metrics, args=(capture, args.metrics_url, args.interval, stop), daemon=True),
+        threading.Thread(target=httpd.serve_forever, daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    try:
+        # Outlive vLLM briefly so late span exports and the final stop still land.
+        while not capture.vllm_exited.wait(0.5):
+            pass
+        time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop.set()
+        capture.stop()
+        httpd.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

