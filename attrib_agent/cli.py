@@ -85,7 +85,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     scenario = get_scenario(args.scenario)
     baseline = scenario.with_whales(())
     out = args.out or Path(".lab") / "demo" / time.strftime("%Y%m%d-%H%M%S")
-    print(f"starting vLLM (CPU build, tiny random-weight model); this takes about a minute ...", flush=True)
+    print("starting vLLM (CPU build, tiny random-weight model); this takes about a minute ...", flush=True)
     with running_lab(_lab_config(args), args.attach) as ep:
         rows = []
         for s, sub in ((baseline, "alone"), (scenario, "with-whales")):

@@ -187,7 +187,7 @@ async def run_plan(
     # Only lateness while requests are in flight bends a measurement; start-up hiccups do not.
     first = min((start_ts + r.offset_s for r in plan), default=start_ts) - 0.05
     lateness = sorted(late for t, late in beats if t >= first)
-    summary = {
+    summary: dict[str, Any] = {
         "send_lag_max_s": max(lags, default=0.0),
         "heartbeat_interval_s": HEARTBEAT_S,
         "heartbeat_samples": len(lateness),

@@ -128,7 +128,8 @@ class VllmLab:
         vllm_url, capture_url = f"http://127.0.0.1:{vllm_port}", f"http://127.0.0.1:{capture_port}"
         cfg = self.config
         args = [
-            "--model", str(model_dir), "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(vllm_port),
+            "--model", str(model_dir), "--served-model-name", MODEL_NAME,
+            "--host", "127.0.0.1", "--port", str(vllm_port),
             "--load-format", "dummy", "--dtype", "float32", "--max-model-len", str(cfg.max_model_len),
             "--enforce-eager", "--kv-cache-memory-bytes", str(cfg.kv_cache_bytes),
             "--enable-log-requests", "--enable-logging-iteration-details", "--enable-per-request-metrics",

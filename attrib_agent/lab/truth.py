@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -22,7 +22,7 @@ from attrib_agent.lab.workload import Scenario
 
 TRUTH_FORMAT: Final = "attrib-truth"
 TRUTH_VERSION: Final = 1
-METRICS: Final[dict[str, Callable[[dict[str, Any]], float | None]]] = {"ttft_s": ttft_s, "mean_itl_s": mean_itl_s}
+METRICS: Final[dict[str, Callable[[Mapping[str, Any]], float | None]]] = {"ttft_s": ttft_s, "mean_itl_s": mean_itl_s}
 
 
 def condition_label(subset: frozenset[str]) -> str:
@@ -52,7 +52,7 @@ def build_truth(
             means = {label: entry["conditions"][label].get(metric, {}).get("mean") for label in labels}
             if any(v is None for v in means.values()):
                 continue  # a condition never produced this figure for this short: no fair split
-            base = float(means["none"])  # type: ignore[arg-type]
+            base = float(means["none"] or 0.0)
 
             def value(s: frozenset[str], _means: dict[str, Any] = means, _base: float = base) -> float:
                 return float(_means[condition_label(s)]) - _base

@@ -120,13 +120,13 @@ SCENARIOS: dict[str, Scenario] = {
         _scenario("shorts", "20 short requests alone: the null run, no interference expected", _shorts()),
         _scenario(
             "whale1",
-            "20 shorts beside one whale (3,900-token prompt, 500 output) sent first",
-            [*_shorts(), RequestSpec("w1", whale(3900, 500), 0.5)],
+            "20 shorts beside one 7,600/400 whale: prefill contention, but its KV alone never fills the pool",
+            [*_shorts(count=20, every_s=0.25, start_s=0.6), RequestSpec("w1", whale(7600, 400), 0.5)],
         ),
         _scenario(
             "whale2",
-            "20 shorts beside two whales of different sizes (3,900/400 and 2,000/200)",
-            [*_shorts(), RequestSpec("w1", whale(3900, 400), 0.5), RequestSpec("w2", whale(2000, 200), 2.0)],
+            "20 shorts beside two whales (6,000/600 and 5,000/600): each fits alone, together they fill KV",
+            [*_shorts(), RequestSpec("w1", whale(6000, 600), 0.5), RequestSpec("w2", whale(5000, 600), 2.0)],
         ),
         _scenario(
             "preempt",
@@ -149,8 +149,8 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         _scenario(
             "smoke",
-            "6 shorts beside one whale: the shortest scenario that shows interference",
-            [*_shorts(count=6, every_s=0.4, start_s=0.8), RequestSpec("w1", whale(3900, 200), 0.3)],
+            "6 shorts arriving during one whale's long prefill: the shortest run that shows interference",
+            [*_shorts(count=6, every_s=0.12, start_s=0.3), RequestSpec("w1", whale(7600, 100), 0.2)],
         ),
     )
 }

@@ -1,0 +1,56 @@
+"""The capture process's HTTP side, driven over a real loopback socket."""
+
+import base64
+import threading
+from http.server import ThreadingHTTPServer
+
+import httpx
+import pytest
+
+from attrib_agent.lab.capture import MAX_OTLP_BODY, Capture, make_handler
+from attrib_agent.recording import LOG, OTLP, Recording, log_record
+
+
+@pytest.fixture
+def capture_server(tmp_path):
+    cap = Capture(tmp_path / "server.log")
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(cap))
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    yield cap, f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def test_otlp_bodies_are_recorded_raw_only_while_recording(capture_server, tmp_path, otlp_export_body):
+    cap, url = capture_server
+    with httpx.Client(trust_env=False) as c:
+        # Before a recording is open: acknowledged, counted, not written anywhere.
+        r = c.post(f"{url}/v1/traces", content=otlp_export_body, headers={"Content-Type": "application/x-protobuf"})
+        assert r.status_code == 200 and r.headers["content-type"] == "application/x-protobuf"
+        assert c.post(f"{url}/lab/start", json={"dir": str(tmp_path / "rec"), "meta": {"k": 1}}).status_code == 200
+        c.post(f"{url}/v1/traces", content=otlp_export_body, headers={"Content-Type": "application/x-protobuf"})
+        cap.record(LOG, log_record(1.0, "a vLLM line"))
+        counts = c.post(f"{url}/lab/stop").json()
+        status = c.get(f"{url}/lab/status").json()
+    assert counts == {OTLP: 1, LOG: 1}
+    assert status["otlp_requests"] == 2 and status["recording"] is False
+    rec = Recording(tmp_path / "rec")
+    assert rec.meta["k"] == 1
+    (otlp,) = list(rec.records(OTLP))
+    assert base64.b64decode(otlp["body_b64"]) == otlp_export_body
+    assert otlp["content_type"] == "application/x-protobuf"
+
+
+def test_oversized_body_is_refused_with_413(capture_server):
+    cap, url = capture_server
+    with httpx.Client(trust_env=False) as c:
+        r = c.post(f"{url}/v1/traces", content=b"\0" * (MAX_OTLP_BODY + 1))
+    assert r.status_code == 413
+    assert cap.counters["otlp_rejected"] == 1
+
+
+def test_unknown_path_is_404(capture_server):
+    _, url = capture_server
+    with httpx.Client(trust_env=False) as c:
+        assert c.get(f"{url}/nope").status_code == 404
+        assert c.post(f"{url}/nope", content=b"x").status_code == 404

@@ -1,0 +1,59 @@
+"""The committed recordings are real, complete, and read by the lab-side peeks."""
+
+import re
+
+import pytest
+
+from attrib_agent.lab.metrics_peek import peek
+from attrib_agent.lab.spans import decode_export, iter_spans, span_attr
+from attrib_agent.recording import CLIENT, LOG, METRICS, OTLP, Recording, otlp_body
+
+NAMES = ["shorts", "whale1", "whale2", "preempt"]
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def rec(request, fixtures_dir):
+    return Recording(fixtures_dir / "recordings" / request.param)
+
+
+def test_recordings_are_accepted_real_runs_with_their_command(rec):
+    m = rec.meta
+    assert m["accepted"] is True and m["vllm_version"] == "0.32.0"
+    assert m["command"].startswith(f"attrib-agent lab record --scenario {m['scenario']['name']} ")
+    assert m["client_lateness"]["lateness_s"] <= m["max_lateness_s"]
+    assert m["spans_missing"] == []
+
+
+def test_every_stream_present_and_consistent(rec):
+    clients = list(rec.records(CLIENT))
+    ids = {c["vllm_request_id"] for c in clients}
+    assert len(clients) == len(rec.meta["scenario"]["requests"])
+    spans = set()
+    for r in rec.records(OTLP):
+        # Other spans (vLLM's start-up instrumentation: "Worker init", "Load model", ...) may ride along.
+        spans |= {span_attr(s, "gen_ai.request.id") for s in iter_spans(decode_export(otlp_body(r)))
+                  if s.name == "llm_request"}
+    assert ids == spans
+    lines = [r["line"] for r in rec.records(LOG)]
+    received = {m.group(1) for x in lines if (m := re.search(r"Received request (\S+): params", x))}
+    assert ids <= received
+    scrapes = [peek(r["text"]) for r in rec.records(METRICS)]
+    assert scrapes[-1].block_size == rec.meta["block_size"] == 128
+    assert scrapes[-1].num_gpu_blocks == rec.meta["num_gpu_blocks"]
+    for stream in (CLIENT, LOG, METRICS, OTLP):
+        assert rec.stats[stream].skipped == 0
+
+
+def test_null_run_has_no_pressure_and_preempt_run_preempts(fixtures_dir):
+    null = Recording(fixtures_dir / "recordings" / "shorts")
+    assert max(peek(r["text"]).kv_usage for r in null.records(METRICS)) < 0.2
+    assert null.meta["preemptions"] == 0
+    pre = Recording(fixtures_dir / "recordings" / "preempt")
+    assert pre.meta["preemptions"] >= 1
+    counters = [peek(r["text"]).preemptions for r in pre.records(METRICS)]
+    assert counters[-1] - counters[0] == pre.meta["preemptions"]
+
+
+def test_fixtures_stay_small(fixtures_dir):
+    total = sum(p.stat().st_size for p in fixtures_dir.rglob("*") if p.is_file())
+    assert total <= 5 * 1024 * 1024
