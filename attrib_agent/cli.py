@@ -16,7 +16,8 @@ from attrib_agent.lab.workload import SCENARIOS, get_scenario
 
 
 def _lab_config(args: argparse.Namespace) -> LabConfig:
-    return LabConfig(kv_cache_bytes=args.kv_cache_bytes, metrics_interval_s=args.metrics_interval)
+    return LabConfig(kv_cache_bytes=args.kv_cache_bytes, metrics_interval_s=args.metrics_interval,
+                     log_level=args.log_level, extra_args=list(args.vllm_arg or []))
 
 
 def _add_lab_options(p: argparse.ArgumentParser) -> None:
@@ -29,6 +30,10 @@ def _add_lab_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-lateness-ms", type=float, default=20.0,
                    help="reject a run whose load client was later than this (default %(default)s)")
     p.add_argument("--attempts", type=int, default=3, help="tries per run before giving up (default %(default)s)")
+    p.add_argument("--log-level", default="INFO", choices=["INFO", "DEBUG"],
+                   help="vLLM's log level; DEBUG logs prompt text (privacy canary recordings only)")
+    p.add_argument("--vllm-arg", action="append", metavar="ARG",
+                   help="extra argument for vllm serve, e.g. --vllm-arg=--enable-log-outputs (repeatable)")
 
 
 def cmd_scenarios(args: argparse.Namespace) -> int:

@@ -32,6 +32,8 @@ class PlannedRequest:
     offset_s: float
     prompt_token_ids: list[int]
     max_tokens: int
+    api: str = "completions"  # "completions" (token ids), "text" or "chat"
+    prompt_text: str | None = None
 
 
 @dataclass
@@ -110,19 +112,26 @@ async def _one(
     delay = clock.mono_at(res.intended_send_ts) - time.monotonic()
     if delay > 0:
         await asyncio.sleep(delay)
-    body = {
+    body: dict[str, Any] = {
         "model": model,
-        "prompt": req.prompt_token_ids,
         "max_tokens": req.max_tokens,
         "ignore_eos": True,
         "temperature": 0.0,
         "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
+    path = "/v1/completions"
+    if req.api == "chat":
+        path = "/v1/chat/completions"
+        body["messages"] = [{"role": "user", "content": req.prompt_text or ""}]
+    elif req.api == "text":
+        body["prompt"] = req.prompt_text or ""
+    else:
+        body["prompt"] = req.prompt_token_ids
     res.actual_send_ts = clock.now()
     try:
         async with client.stream(
-            "POST", f"{base_url}/v1/completions", json=body, headers={"X-Request-Id": req.request_id}
+            "POST", f"{base_url}{path}", json=body, headers={"X-Request-Id": req.request_id}
         ) as resp:
             if resp.status_code != 200:
                 res.status = f"http_{resp.status_code}"
@@ -135,8 +144,9 @@ async def _one(
                     continue
                 if res.response_id is None and isinstance(chunk.get("id"), str):
                     res.response_id = chunk["id"]
-                    # One prompt per completions call: vLLM's engine request is "<response id>-<prompt index>".
-                    res.vllm_request_id = f"{res.response_id}-0"
+                    # Completions: one engine request per prompt, "<response id>-<prompt index>";
+                    # chat: the engine request id is the response id.
+                    res.vllm_request_id = res.response_id if req.api == "chat" else f"{res.response_id}-0"
                 usage = chunk.get("usage") or {}
                 done = int(usage.get("completion_tokens") or 0)
                 new = done - res.output_tokens

@@ -42,6 +42,12 @@ MODEL_CONFIG: Final[dict[str, Any]] = {
 }
 KV_BYTES_PER_TOKEN: Final = 2 * 2 * 2 * 64 * 4
 
+# A plain chat template, so /v1/chat/completions works (the lab's privacy canary uses it).
+CHAT_TEMPLATE: Final = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
 _SYLLABLES = (
     "ka ri to na me su lo ve pa ni qu is ten mor al ex ba de fi go hu jo ke li mu no pe ra si tu"
     " vo wa ye zo an en in on un ar er ir or ur st tr pl gr ch sh th"
@@ -84,7 +90,7 @@ def build_tokenizer_json() -> str:
 
 
 def model_fingerprint() -> str:
-    blob = json.dumps({"config": MODEL_CONFIG, "corpus_v": 1}, sort_keys=True).encode()
+    blob = json.dumps({"config": MODEL_CONFIG, "dir_v": 2, "chat": CHAT_TEMPLATE}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
@@ -109,6 +115,7 @@ def ensure_model_dir(root: Path) -> Path:
                 "bos_token": None,
                 "add_bos_token": False,
                 "clean_up_tokenization_spaces": False,
+                "chat_template": CHAT_TEMPLATE,
             },
             indent=2,
         )

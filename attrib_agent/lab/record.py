@@ -49,14 +49,21 @@ class RunResult:
         return bool(self.meta.get("accepted"))
 
 
-def make_plan(scenario: Scenario, tag: str) -> list[PlannedRequest]:
-    """Request ids carry the run tag (unique per run); prompts are random ids seeded by that tag."""
+def make_plan(scenario: Scenario, tag: str, canary: str) -> list[PlannedRequest]:
+    """Request ids carry the run tag (unique per run); prompts are random ids seeded by that tag.
+
+    Text prompts (api "text"/"chat") start with the canary, so a privacy test can look for it anywhere.
+    """
     plan = []
     for r in scenario.requests:
         rid = f"{tag}-{r.spec_id}"
         seed = int.from_bytes(hashlib.sha256(rid.encode()).digest()[:8], "big")
+        text = None
+        if r.api != "completions":
+            text = f"{canary} please summarise request {r.spec_id} in one line"
         plan.append(PlannedRequest(r.spec_id, r.klass.name, r.is_whale, rid, r.offset_s,
-                                   prompt_token_ids(r.klass.prompt_tokens, seed), r.klass.output_tokens))
+                                   prompt_token_ids(r.klass.prompt_tokens, seed), r.klass.output_tokens,
+                                   api=r.api, prompt_text=text))
     return plan
 
 
@@ -85,7 +92,7 @@ def _wait_spans(path: Path, expected: set[str], timeout_s: float) -> set[str]:
 
 def _attempt(lab: LabEndpoints, scenario: Scenario, out: Path, meta: dict[str, Any]) -> RunResult:
     tag = secrets.token_hex(3)
-    plan = make_plan(scenario, tag)
+    plan = make_plan(scenario, tag, meta["canary"])
     before = wait_idle(lab)
     http = httpx.Client(timeout=10.0, trust_env=False)
     started = time.time()
@@ -147,6 +154,8 @@ def record_run(
         "vllm_args": lab.vllm_args,
         "scenario": scenario_meta(scenario),
         "max_lateness_s": max_lateness_s,
+        # Every text prompt of the run starts with this; token-id prompts carry no text at all.
+        "canary": f"CANARY-{secrets.token_hex(8)}",
         **(extra_meta or {}),
     }
     rejected: list[float] = []
@@ -173,6 +182,7 @@ def scenario_meta(s: Scenario) -> dict[str, Any]:
     return {
         "name": s.name, "description": s.description,
         "requests": [{"spec_id": r.spec_id, "class": r.klass.name, "offset_s": r.offset_s, "is_whale": r.is_whale,
+                      "api": r.api,
                       "prompt_tokens": r.klass.prompt_tokens, "output_tokens": r.klass.output_tokens}
                      for r in s.requests],
     }

