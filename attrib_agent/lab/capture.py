@@ -7,6 +7,7 @@ tiny control API on the same HTTP port as the OTLP receiver:
 
     POST /lab/start   {"dir": "...", "meta": {...}}   begin writing a recording
     POST /lab/stop                                   close it; answers the per-stream counts
+    POST /lab/forward {"url": "..." | null}          also send every OTLP body on, unchanged (tests of live intake)
     GET  /lab/status                                 counters
     POST /v1/traces                                  OTLP/HTTP protobuf (or JSON) export request
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import sys
 import threading
 import time
@@ -39,8 +41,32 @@ class Capture:
         self.server_log = open(server_log, "a", encoding="utf-8")
         self.counters: dict[str, int] = {
             "log_lines": 0, "otlp_requests": 0, "scrapes": 0, "scrape_errors": 0, "otlp_rejected": 0,
+            "otlp_forward_dropped": 0, "otlp_forward_errors": 0,
         }
         self.vllm_exited = threading.Event()
+        self.forward_url: str | None = None
+        self._forward_q: queue.Queue[tuple[str, str, bytes, str | None]] = queue.Queue(maxsize=256)
+        threading.Thread(target=self._forward_loop, daemon=True).start()
+
+    def forward(self, ctype: str, body: bytes, encoding: str | None) -> None:
+        url = self.forward_url
+        if url is None:
+            return
+        try:
+            self._forward_q.put_nowait((url, ctype, body, encoding))
+        except queue.Full:
+            self.count("otlp_forward_dropped")
+
+    def _forward_loop(self) -> None:
+        """Best effort, off the receiving thread, so vLLM's exporter never waits on the downstream."""
+        with httpx.Client(timeout=5.0, trust_env=False) as client:
+            while True:
+                url, ctype, body, encoding = self._forward_q.get()
+                headers = {"Content-Type": ctype, **({"Content-Encoding": encoding} if encoding else {})}
+                try:
+                    client.post(url, content=body, headers=headers)
+                except httpx.HTTPError:
+                    self.count("otlp_forward_errors")
 
     def start(self, path: str, meta: dict[str, Any]) -> None:
         with self._lock:
@@ -70,7 +96,8 @@ def read_log(capture: Capture, stream: Any) -> None:
     """Stamp each of vLLM's output lines at receipt; EOF means vLLM exited."""
     for raw in iter(stream.readline, b""):
         ts = time.time()
-        line = raw.decode("utf-8", "replace").rstrip("\r\n")
+        # Keep a trailing "\r": vLLM's NewLineFormatter marks continuation lines of one record with it.
+        line = raw.decode("utf-8", "replace").rstrip("\n")
         capture.server_log.write(line + "\n")
         capture.server_log.flush()
         capture.count("log_lines")
@@ -130,8 +157,9 @@ def make_handler(capture: Capture) -> type[BaseHTTPRequestHandler]:
                 ts = time.time()
                 ctype = self.headers.get("Content-Type", "application/x-protobuf")
                 capture.count("otlp_requests")
-                capture.record(OTLP, otlp_record(ts, ctype, body,
-                                                 content_encoding=self.headers.get("Content-Encoding")))
+                encoding = self.headers.get("Content-Encoding")
+                capture.record(OTLP, otlp_record(ts, ctype, body, content_encoding=encoding))
+                capture.forward(ctype, body, encoding)
                 # An empty ExportTraceServiceResponse is zero bytes in protobuf and {} in JSON.
                 if "json" in ctype:
                     self._reply(200, b"{}")
@@ -140,6 +168,9 @@ def make_handler(capture: Capture) -> type[BaseHTTPRequestHandler]:
             elif self.path == "/lab/start":
                 req = json.loads(body or b"{}")
                 capture.start(req["dir"], req.get("meta") or {})
+                self._reply(200, b"{}")
+            elif self.path == "/lab/forward":
+                capture.forward_url = json.loads(body or b"{}").get("url")
                 self._reply(200, b"{}")
             elif self.path == "/lab/stop":
                 self._reply(200, json.dumps(capture.stop()).encode())

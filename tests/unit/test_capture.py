@@ -54,3 +54,25 @@ def test_unknown_path_is_404(capture_server):
     with httpx.Client(trust_env=False) as c:
         assert c.get(f"{url}/nope").status_code == 404
         assert c.post(f"{url}/nope", content=b"x").status_code == 404
+
+
+def test_forward_sends_bodies_on_unchanged(capture_server, tmp_path, otlp_export_body):
+    cap, url = capture_server
+    down = Capture(tmp_path / "down.log")
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(down))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        down.start(str(tmp_path / "down"), {})
+        with httpx.Client(trust_env=False) as c:
+            c.post(f"{url}/lab/forward", json={"url": f"http://127.0.0.1:{httpd.server_address[1]}/v1/traces"})
+            c.post(f"{url}/v1/traces", content=otlp_export_body, headers={"Content-Type": "application/x-protobuf"})
+        import time
+
+        deadline = time.monotonic() + 10
+        while down.counters["otlp_requests"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        down.stop()
+    finally:
+        httpd.shutdown()
+    (rec,) = list(Recording(tmp_path / "down").records(OTLP))
+    assert base64.b64decode(rec["body_b64"]) == otlp_export_body

@@ -1,0 +1,278 @@
+"""vLLM log lines -> events: a table of (kind, pattern, builder) rows, content-bearing lines dropped first.
+
+Why a table: vLLM's messages change between versions, and each row is one message we understand.
+Why content first: vLLM may log prompts and outputs (DEBUG, --enable-log-outputs); those lines are only
+counted (`content_dropped`), never kept, so no event, count label, log record or exception holds user text.
+
+Accepted prefixes (see log_patterns.PREFIX): vLLM's default `(APIServer pid=N) INFO 11-22 00:29:19 [f.py:1] `
+(no year, 1 s; read as UTC), the lab/Helm millisecond format with the year (UTC), either with ANSI colours or a
+leading collector stamp, and vLLM's JSON formatter (python-json-logger, JSON_FORMAT) one object per line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Final, NamedTuple
+
+from attrib_agent.events import (
+    EngineStep,
+    RequestAborted,
+    RequestAdded,
+    RequestFailed,
+    RequestReceived,
+    StatsLine,
+)
+from attrib_agent.sources import log_patterns as p
+from attrib_agent.sources.health import SourceHealth
+
+logger = logging.getLogger(__name__)
+
+LogEvent = RequestReceived | RequestAdded | RequestAborted | RequestFailed | EngineStep | StatsLine
+"""The events a vLLM log yields (a subset of attrib_agent.events.Event)."""
+
+MAX_TRACKED_IDS: Final = 65_536  # ids remembered to map internal ids back to external ones (per map)
+MAX_JSON_LINE: Final = 1_048_576  # longer "JSON" lines are not decoded (the tailer cuts at 64 KiB anyway)
+
+
+class RequestIds:
+    """Bounded memory of recent external ids and internal -> external ids, oldest forgotten first."""
+
+    def __init__(self, limit: int = MAX_TRACKED_IDS) -> None:
+        self.limit = limit
+        self._received: OrderedDict[str, None] = OrderedDict()
+        self._external: OrderedDict[str, str] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._received) + len(self._external)
+
+    def received(self, request_id: str) -> None:
+        self._received[request_id] = None
+        self._received.move_to_end(request_id)
+        while len(self._received) > self.limit:
+            self._received.popitem(last=False)
+
+    def added(self, internal_id: str) -> str:
+        """The external id behind `internal_id` (remembered for later aborts)."""
+        external = internal_id
+        m = p.INTERNAL_SUFFIX.fullmatch(internal_id)
+        if m:
+            base = m.group("base")
+            child = p.CHILD_PREFIX.fullmatch(base)
+            if base not in self._received and child and child.group("parent") in self._received:
+                base = child.group("parent")
+            external = base
+        self._external[internal_id] = external
+        while len(self._external) > self.limit:
+            self._external.popitem(last=False)
+        return external
+
+    def external(self, request_id: str) -> str:
+        """The external id for an id vLLM logged (aborts may name the internal one)."""
+        known = self._external.get(request_id)
+        if known is not None:
+            return known
+        m = p.INTERNAL_SUFFIX.fullmatch(request_id)
+        if m and m.group("base") in self._received:
+            return m.group("base")
+        return request_id
+
+
+Builder = Callable[[re.Match[str], float, float | None, RequestIds], list[LogEvent]]
+
+
+class Row(NamedTuple):
+    kind: str
+    pattern: re.Pattern[str]  # must match the whole message
+    build: Builder
+
+
+def _fraction(percent: str) -> float:
+    """vLLM prints `%.1f%%`; 0..1 rounded so 34.7% is 0.347, not 0.34700000000000003."""
+    return round(float(percent) / 100, 6)
+
+
+def _engine_step(m: re.Match[str], ts: float, log_ts: float | None, ids: RequestIds) -> list[LogEvent]:
+    return [
+        EngineStep(
+            ts=ts, log_ts=log_ts, engine=int(m["engine"]), iteration=int(m["iteration"]),
+            context_requests=int(m["ctx_reqs"]), context_tokens=int(m["ctx_tokens"]),
+            generation_requests=int(m["gen_reqs"]), generation_tokens=int(m["gen_tokens"]),
+            elapsed_ms=float(m["elapsed"]), kv_usage=_fraction(m["kv"]), device=m["device"],
+            dummy=m["dummy"] is not None,
+        )
+    ]
+
+
+def _stats_line(m: re.Match[str], ts: float, log_ts: float | None, ids: RequestIds) -> list[LogEvent]:
+    parts = m["rest"].split(", ")
+
+    def part(pattern: re.Pattern[str]) -> str | None:
+        for text in parts:
+            hit = pattern.fullmatch(text)
+            if hit:
+                return hit.group(1)
+        return None
+
+    running, waiting, preempt = part(p.STATS_RUNNING), part(p.STATS_WAITING), part(p.STATS_PREEMPTIONS)
+    kv, hit_rate = part(p.STATS_KV), part(p.STATS_PREFIX_HIT)
+    return [
+        StatsLine(
+            ts=ts, log_ts=log_ts, engine=-1 if m["engine"] is None else int(m["engine"]),
+            prompt_throughput=float(m["prompt"]), generation_throughput=float(m["generation"]),
+            running=None if running is None else int(running), waiting=None if waiting is None else int(waiting),
+            kv_usage=None if kv is None else _fraction(kv),
+            prefix_cache_hit_rate=None if hit_rate is None else _fraction(hit_rate),
+            preemptions=None if preempt is None else int(preempt),
+        )
+    ]
+
+
+def _received(m: re.Match[str], ts: float, log_ts: float | None, ids: RequestIds) -> list[LogEvent]:
+    ids.received(m["id"])
+    return [RequestReceived(ts=ts, log_ts=log_ts, request_id=m["id"],
+                            max_tokens=p.top_level_int(m["params"], "max_tokens"))]
+
+
+def _added(m: re.Match[str], ts: float, log_ts: float | None, ids: RequestIds) -> list[LogEvent]:
+    internal = m["internal"]
+    return [RequestAdded(ts=ts, log_ts=log_ts, request_id=ids.added(internal), internal_id=internal)]
+
+
+def _aborted_many(m: re.Match[str], ts: float, log_ts: float | None, ids: RequestIds) -> list[LogEvent]:
+    return [RequestAborted(ts=ts, log_ts=log_ts, request_id=ids.external(i)) for i in m["ids"].split(",") if i]
+
+
+def _aborted_one(m: re.Match[str], ts: float, log_ts: float | None, ids: RequestIds) -> list[LogEvent]:
+    return [RequestAborted(ts=ts, log_ts=log_ts, request_id=ids.external(m["id"]))]
+
+
+def _failed(m: re.Match[str], ts: float, log_ts: float | None, ids: RequestIds) -> list[LogEvent]:
+    return [RequestFailed(ts=ts, log_ts=log_ts, request_id=ids.external(m["id"]), reason=p.failure_reason(m["tail"]))]
+
+
+# First match wins. Each row's lead says "this message was meant to be that kind": a line with the lead
+# but not the whole pattern is counted as `malformed_<kind>` (a vLLM format change shows up there).
+ROWS: Final[tuple[Row, ...]] = (
+    Row("engine_step", p.ITERATION, _engine_step),
+    Row("stats_line", p.STATS, _stats_line),
+    Row("request_received", p.RECEIVED, _received),
+    Row("request_added", p.ADDED, _added),
+    Row("request_aborted", p.ABORTED_MANY, _aborted_many),
+    Row("request_aborted", p.ABORTED_ONE, _aborted_one),
+    Row("request_failed", p.FAILED, _failed),
+)
+LEADS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
+    ("engine_step", p.ITERATION_LEAD),
+    ("stats_line", p.STATS_LEAD),
+    ("request_received", p.RECEIVED_LEAD),
+    ("request_added", p.ADDED_LEAD),
+    ("request_aborted", p.ABORTED_MANY_LEAD),
+    ("request", p.REQUEST_LEAD),
+)
+_CONTENT_ANY: Final = re.compile("|".join(f"(?:{c.pattern})" for c in p.CONTENT))
+
+
+class LogLineParser:
+    """Turns vLLM log lines into events; counts every line it does not turn into one, by kind.
+
+    Stateful only to follow vLLM's multi-line records and map internal ids back (both bounded): vLLM's
+    NewLineFormatter repeats the prefix on every continuation line and ends the line before it with "\\r".
+    Continuation lines are never matched against the rows (a prompt containing "Added request ..." on its
+    own line cannot become an event); when the "\\r" was lost (the lab recorder strips it), a line with
+    exactly the prefix of an open record (content, unknown, or a failure with more text to come) counts
+    as its continuation. Skip kinds: content_dropped, continuation, unknown_line, malformed_<kind>,
+    malformed_json, parser_error.
+    """
+
+    def __init__(self, health: SourceHealth, *, max_tracked_ids: int = MAX_TRACKED_IDS) -> None:
+        self.health = health
+        self.ids = RequestIds(max_tracked_ids)
+        self._continues = False  # the previous raw line ended in "\r": this one continues its record
+        self._open_prefix: str | None = None  # prefix of the last record that may run on to more lines
+        self._open_content = False  # ... and whether that record carries (or may carry) request content
+
+    def parse(self, line: str, ts: float) -> LogEvent | None:
+        """The line's event, or None. Only `Aborted request(s) a,b` yields several: use parse_all for those."""
+        events = self.parse_all(line, ts)
+        if len(events) > 1:
+            self.health.skip("events_beyond_first", len(events) - 1)
+        return events[0] if events else None
+
+    def parse_all(self, line: str, ts: float) -> list[LogEvent]:
+        """Every event in one raw line (without its newline); `ts` is its receipt time. Never raises."""
+        try:
+            return self._parse(line, ts)
+        except Exception as e:  # the boundary: a parser bug must not stop the source (no input in the report)
+            self._open_prefix, self._open_content = None, False
+            self.health.skip("parser_error")
+            self.health.error("parser_error", ts, type(e).__name__)
+            logger.warning("vLLM log parser failed on a line (%s); line dropped", type(e).__name__)
+            return []
+
+    def _parse(self, line: str, ts: float) -> list[LogEvent]:
+        continues, self._continues = self._continues, line.endswith("\r")
+        text = line.rstrip("\r\n")
+        if "\x1b" in text:
+            text = p.ANSI.sub("", text)
+        stripped = text.lstrip()
+        if stripped.startswith("{"):
+            self._open_prefix, self._open_content = None, False
+            return self._parse_json(stripped, ts)
+        m = p.PREFIX.match(text)
+        if continues or (m is not None and m.group(0) == self._open_prefix):
+            self.health.skip("content_dropped" if self._open_content else "continuation")
+            if m is not None:
+                self._open_prefix = m.group(0)
+            return []
+        if m is None:
+            self._unknown(text)
+            return []
+        events, is_open, self._open_content = self._message(text[m.end():], ts, p.prefix_log_ts(m, ts))
+        self._open_prefix = m.group(0) if is_open else None
+        return events
+
+    def _parse_json(self, text: str, ts: float) -> list[LogEvent]:
+        """One python-json-logger record; its message's later lines belong to it and are never matched."""
+        try:
+            record = json.loads(text) if len(text) <= MAX_JSON_LINE else None
+        except (ValueError, RecursionError):
+            record = None
+        message = record.get("message") if isinstance(record, dict) else None
+        if not isinstance(record, dict) or not isinstance(message, str):
+            self.health.skip("malformed_json")
+            return []
+        first_line = message.split("\n", 1)[0].rstrip("\r")
+        return self._message(first_line, ts, p.json_log_ts(record, ts))[0]
+
+    def _message(self, msg: str, ts: float, log_ts: float | None) -> tuple[list[LogEvent], bool, bool]:
+        """(events, may continue on the next line, carries content) for one message's first line."""
+        if _CONTENT_ANY.match(msg):
+            self.health.skip("content_dropped")
+            return [], True, True
+        for row in ROWS:
+            m = row.pattern.fullmatch(msg)
+            if m is None:
+                continue
+            events = row.build(m, ts, log_ts, self.ids)
+            if not events:
+                self.health.skip(f"malformed_{row.kind}")
+            for _ in events:
+                self.health.success(ts)
+            if row.kind == "request_failed":  # an exception's text may run on, and may quote the request
+                return events, not msg.endswith("."), True
+            return events, False, False
+        for kind, lead in LEADS:
+            if lead.match(msg):
+                self.health.skip(f"malformed_{kind}")
+                return [], True, False
+        return [], True, self._unknown(msg)
+
+    def _unknown(self, msg: str) -> bool:
+        """Count a line no row knows; True when it looks like it carries request content."""
+        content = p.CONTENT_HINT.search(msg) is not None
+        self.health.skip("content_dropped" if content else "unknown_line")
+        return content

@@ -1,0 +1,219 @@
+"""vLLM's log line formats as data: prefixes, timestamps, the messages we read and those we must drop.
+
+Each pattern below was read from vLLM 0.32's source (file named beside it); keeping them here, apart from
+the parser's logic, makes a format change in a new vLLM a one-line diff. Nothing in this module keeps or
+returns request content: helpers take a message and return only ids, numbers or fixed labels.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Final
+
+# vllm/logging_utils/formatter.py ColoredFormatter wraps prefix parts in ANSI colours (VLLM_LOGGING_COLOR=1).
+ANSI: Final = re.compile(r"\x1b\[[0-9;]*m")
+
+# vllm/logger.py _FORMAT: `{VLLM_LOGGING_PREFIX}(%(vllm_process_name)s pid=%(process)d) %(levelname)s
+# %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s`, _DATE_FORMAT `%m-%d %H:%M:%S`. Our lab/Helm format adds
+# the year and `.%(msecs)03d`; Python's default asctime uses `,mmm`. The lead (VLLM_LOGGING_PREFIX, or a
+# collector's own stamp) is bounded so a line full of parentheses cannot make the match quadratic.
+PREFIX: Final = re.compile(
+    r"(?P<lead>.{0,80}?)\((?P<proc>[^()\s]{1,64}) pid=(?P<pid>\d{1,10})\) (?P<level>[A-Z]{4,8}) "
+    r"(?:(?P<year>\d{4})-)?(?P<month>\d\d)-(?P<day>\d\d) (?P<hour>\d\d):(?P<minute>\d\d):(?P<second>\d\d)"
+    r"(?:[.,](?P<ms>\d{3}))? \[(?P<file>[^\]\s]{1,200}):(?P<lineno>\d{1,7})\] "
+)
+
+# vllm/logging_utils/formatter.py JSON_FORMAT via python-json-logger: asctime is logging's default
+# `%Y-%m-%d %H:%M:%S,mmm` unless a config gives a datefmt (vLLM's own has no year); a `timestamp` key
+# (ISO 8601) is used when a config adds one.
+JSON_ASCTIME: Final = re.compile(
+    r"(?:(?P<year>\d{4})-)?(?P<month>\d\d)-(?P<day>\d\d) (?P<hour>\d\d):(?P<minute>\d\d):(?P<second>\d\d)"
+    r"(?:[.,](?P<ms>\d{3}))?"
+)
+
+_NUM = r"\d+(?:\.\d+)?"
+
+# vllm/v1/metrics/loggers.py _log_iteration_details (--enable-logging-iteration-details). The device is
+# `GPU` for cuda, else device_type.upper() (CPU, XPU, TPU ...).
+ITERATION: Final = re.compile(
+    r"Engine (?P<engine>\d{1,6}): Iteration\((?P<iteration>\d{1,18})\): (?P<ctx_reqs>\d{1,9}) context requests, "
+    r"(?P<ctx_tokens>\d{1,12}) context tokens, (?P<gen_reqs>\d{1,9}) generation requests, "
+    rf"(?P<gen_tokens>\d{{1,12}}) generation tokens, iteration elapsed time: (?P<elapsed>{_NUM}) ms"
+    rf"(?P<dummy> \(dummy\))?, (?P<device>[A-Z]{{2,8}}) KV cache usage: (?P<kv>{_NUM})%"
+    r"(?:, encoder inputs: \d+, encoder output embeddings: \d+)?"
+)
+ITERATION_LEAD: Final = re.compile(r"Engine \d+: Iteration\(")
+
+# vllm/v1/metrics/loggers.py LoggingStatLogger.log: the two throughputs always, then optional parts
+# (Running/Waiting, Deferred, KV fetch, Preemptions, `<DEV> KV cache usage`, Prefix cache hit rate, ...)
+# that differ across versions; the parts are parsed one by one so a new part does not break the line.
+# AggregatedLoggingStatLogger (data parallel) prints `N Engines Aggregated: ` instead of `Engine NNN: `.
+STATS: Final = re.compile(
+    rf"(?:Engine (?P<engine>\d{{1,6}})|(?P<aggregated>\d{{1,6}}) Engines Aggregated): Avg prompt throughput: "
+    rf"(?P<prompt>{_NUM}) tokens/s, Avg generation throughput: (?P<generation>{_NUM}) tokens/s(?P<rest>(?:, .*)?)"
+)
+STATS_LEAD: Final = re.compile(r"(?:Engine \d+|\d+ Engines Aggregated): Avg prompt throughput")
+STATS_RUNNING: Final = re.compile(r"Running: (\d{1,9}) reqs")
+STATS_WAITING: Final = re.compile(r"Waiting: (\d{1,9}) reqs")
+STATS_PREEMPTIONS: Final = re.compile(r"Preemptions: (\d{1,12})")
+STATS_KV: Final = re.compile(rf"[A-Z]{{2,8}} KV cache usage: ({_NUM})%")
+STATS_PREFIX_HIT: Final = re.compile(rf"Prefix cache hit rate: ({_NUM})%")
+
+# vllm/entrypoints/serve/utils/request_logger.py log_inputs (INFO). The params repr may hold user strings
+# (stop words, bad_words, structured-output schemas): only the id and max_tokens are ever taken from it.
+RECEIVED: Final = re.compile(r"Received request (?P<id>\S+): params: (?P<params>.*), lora_request: .*\.")
+RECEIVED_LEAD: Final = re.compile(r"Received request ")
+
+# vllm/v1/engine/async_llm.py: `Added request %s.`; the internal id is `<external>-<8 hex>` (input_processor
+# assign_request_id), `<i>_<external>-<8 hex>` for the i-th child of an n>1 request, or the external id
+# itself under VLLM_DISABLE_REQUEST_ID_RANDOMIZATION.
+ADDED: Final = re.compile(r"Added request (?P<internal>\S+)\.")
+ADDED_LEAD: Final = re.compile(r"Added request ")
+INTERNAL_SUFFIX: Final = re.compile(r"(?P<base>.+)-[0-9a-f]{8}")
+CHILD_PREFIX: Final = re.compile(r"\d{1,6}_(?P<parent>.+)")
+
+# vllm/v1/engine/async_llm.py abort(): `Aborted request(s) %s.` with ",".join(ids) (internal ids when vLLM
+# aborts on its own), and generate()'s `Request %s aborted.` (external id).
+ABORTED_MANY: Final = re.compile(r"Aborted request\(s\) (?P<ids>\S+)\.")
+ABORTED_MANY_LEAD: Final = re.compile(r"Aborted request\(s\) ")
+ABORTED_ONE: Final = re.compile(r"Request (?P<id>\S+) aborted\.")
+
+# vllm/v1/engine/async_llm.py generate()/encode() and entrypoints/generate/base/serving.py. The text after
+# `failed` may quote the request (validation errors echo input): only a fixed label or a class name is kept.
+FAILED: Final = re.compile(r"Request (?P<id>\S+) failed(?P<tail>.*)")
+REQUEST_LEAD: Final = re.compile(r"Request \S+ (?:aborted|failed)")
+_FAILURE_LABELS: Final = (
+    (" (engine dead)", "engine_dead"),
+    (" (bad request)", "bad_request"),
+    (" (input error)", "input_error"),
+    (" with an internal error", "internal_error"),
+)
+_FAILURE_CLASS: Final = re.compile(r" due to (?P<cls>[A-Za-z_][A-Za-z0-9_.]{0,63}):")
+
+# Messages that carry prompt or completion text, checked before every other row and dropped uncounted
+# beyond `content_dropped`. request_logger.py (DEBUG details and JSON body; --enable-log-outputs), the
+# response-body middleware, and the Anthropic/Cohere front ends' DEBUG request dumps.
+CONTENT: Final = (
+    re.compile(r"Request \S+ details: "),
+    re.compile(r"Request \S+ JSON body: "),
+    re.compile(r"Generated response "),
+    re.compile(r"response_body="),
+    re.compile(r"Received messages request "),
+    re.compile(r"Convert to OpenAI request "),
+    re.compile(r"Received Cohere v2 chat request "),
+    re.compile(r"Anthropic Messages Response: "),
+)
+# An unknown message mentioning any of these is counted as content too (tool/reasoning parsers log model
+# output at DEBUG under many names). Either way the line is not kept; this only names the count.
+CONTENT_HINT: Final = re.compile(
+    r"prompt|output|JSON body|content|messages|response|delta_text|cur_text|model_output|tool_call", re.IGNORECASE
+)
+
+
+def failure_reason(tail: str) -> str:
+    """A short label for what follows `Request <id> failed`: a fixed code or an exception class name."""
+    for marker, label in _FAILURE_LABELS:
+        if tail.startswith(marker):
+            return label
+    m = _FAILURE_CLASS.match(tail)
+    if m:
+        return m.group("cls")
+    return "failed" if tail == "." else "other"
+
+
+def top_level_int(params: str, name: str, limit: int = 65_536) -> int | None:
+    """`name=<int>` among the top-level fields of a `Params(...)` repr, skipping quoted strings.
+
+    A stop word such as `'max_tokens=5'` sits inside quotes and nested brackets, so it is never mistaken
+    for the field. Returns None when the field is absent, `None`, or not an integer; scans at most `limit`
+    characters (the tailer's line limit).
+    """
+    depth = 0
+    quote = ""
+    i = 0
+    n = min(len(params), limit)
+    key = name + "="
+    while i < n:
+        c = params[i]
+        if quote:
+            if c == "\\":
+                i += 2
+                continue
+            if c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+        elif c in "([{":
+            depth += 1
+            if depth == 1 and c == "(" and params.startswith(key, i + 1):
+                return _int_at(params, i + 1 + len(key))
+        elif c in ")]}":
+            depth -= 1
+            if depth <= 0:
+                return None
+        elif depth == 1 and c == "," and params.startswith(" " + key, i + 1):
+            return _int_at(params, i + 2 + len(key))
+        i += 1
+    return None
+
+
+def _int_at(text: str, start: int) -> int | None:
+    end = start
+    while end < len(text) and end - start < 19 and text[end].isascii() and text[end].isdigit():
+        end += 1
+    if end == start or (end < len(text) and text[end] not in ",)"):
+        return None
+    return int(text[start:end])
+
+
+def prefix_log_ts(m: re.Match[str], receipt_ts: float) -> float | None:
+    """Unix time of a prefix's (or JSON asctime's) stamp, read as UTC; None when it is not a real date.
+
+    vLLM's default format has no year and one-second resolution: the year is the one (of the receipt
+    year and its neighbours) that puts the stamp nearest the receipt time. vLLM prints local time; we
+    assume its TZ is UTC (the Helm chart sets it), as we cannot know the server's zone.
+    """
+    ms = int(m.group("ms")) / 1000 if m.group("ms") else 0.0
+    year = m.group("year")
+    if year is not None:
+        t = _utc(int(year), m)
+        return None if t is None else t + ms
+    try:
+        receipt_year = datetime.fromtimestamp(receipt_ts, UTC).year
+    except (OverflowError, OSError, ValueError):
+        return None
+    best: float | None = None
+    for y in (receipt_year - 1, receipt_year, receipt_year + 1):
+        t = _utc(y, m)
+        if t is not None and (best is None or abs(t - receipt_ts) < abs(best - receipt_ts)):
+            best = t
+    return None if best is None else best + ms
+
+
+def _utc(year: int, m: re.Match[str]) -> float | None:
+    try:
+        d = datetime(
+            year, int(m.group("month")), int(m.group("day")),
+            int(m.group("hour")), int(m.group("minute")), int(m.group("second")), tzinfo=UTC,
+        )
+    except ValueError:
+        return None
+    return d.timestamp()
+
+
+def json_log_ts(record: dict[str, object], receipt_ts: float) -> float | None:
+    """Unix time of a python-json-logger record: `asctime` (read as UTC, like the text formats) or `timestamp`."""
+    asctime = record.get("asctime")
+    if isinstance(asctime, str):
+        m = JSON_ASCTIME.fullmatch(asctime)
+        if m:
+            return prefix_log_ts(m, receipt_ts)
+    stamp = record.get("timestamp")
+    if isinstance(stamp, str) and len(stamp) <= 40:
+        try:
+            d = datetime.fromisoformat(stamp)
+        except ValueError:
+            return None
+        return (d if d.tzinfo else d.replace(tzinfo=UTC)).timestamp()
+    return None

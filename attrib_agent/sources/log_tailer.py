@@ -1,0 +1,301 @@
+"""Follow vLLM's log file (or read stdin) as `(receipt_ts, line)` pairs, in bounded memory.
+
+Why polling rather than inotify: it behaves the same on every filesystem and container volume, and at
+0.1 s it costs nothing. The follower survives rotation (the path names a new inode: finish the old file,
+then read the new one from its start), truncation (copytruncate: start again at 0), delete-and-recreate,
+and holds a partial last line until its newline arrives. A line longer than `max_line_bytes` is cut: only
+its first `max_line_bytes` bytes are kept, and it is counted (`line_too_long`). Lines keep a trailing "\r"
+(vLLM's mark that the next line continues the same record; the parser relies on it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import IO, Final, Literal, Protocol
+
+from attrib_agent.sources.health import SourceHealth
+
+logger = logging.getLogger(__name__)
+
+READ_CHUNK_BYTES: Final = 65_536
+MAX_BYTES_PER_POLL: Final = 1_048_576  # then yield what was read before reading on: bounds each batch
+_Start = Literal["end", "zero", "resume"]
+
+
+class LineSplitter:
+    """Bytes in, complete lines out; holds the unfinished tail, never more than `max_line_bytes` of it."""
+
+    def __init__(self, max_line_bytes: int, health: SourceHealth) -> None:
+        self.max_line_bytes = max_line_bytes
+        self.health = health
+        self._buf = bytearray()
+        self._cut = False  # the line in progress went over the limit; the rest of it is being discarded
+        self._cut_ended_cr = False
+
+    @property
+    def pending_bytes(self) -> int:
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[str]:
+        lines: list[str] = []
+        start = 0
+        while (nl := data.find(b"\n", start)) >= 0:
+            self._hold(data[start:nl])
+            lines.append(self._take())
+            start = nl + 1
+        self._hold(data[start:])
+        return lines
+
+    def flush(self) -> str | None:
+        """The unfinished tail as a last line (its file will never grow again), or None."""
+        if not self._buf and not self._cut:
+            return None
+        return self._take()
+
+    def discard(self) -> None:
+        """Forget the unfinished tail (its file was truncated under it)."""
+        if self._buf or self._cut:
+            self.health.skip("partial_line_discarded")
+        self._buf.clear()
+        self._cut = self._cut_ended_cr = False
+
+    def _hold(self, piece: bytes) -> None:
+        if not piece:
+            return
+        room = self.max_line_bytes - len(self._buf)
+        if len(piece) > room:
+            self._buf += piece[: max(room, 0)]
+            self._cut = True
+        if self._cut:
+            self._cut_ended_cr = piece.endswith(b"\r")
+        else:
+            self._buf += piece
+
+    def _take(self) -> str:
+        line = self._buf.decode("utf-8", "replace")
+        if self._cut:
+            self.health.skip("line_too_long")
+            if self._cut_ended_cr and not line.endswith("\r"):
+                line += "\r"
+        self._buf.clear()
+        self._cut = self._cut_ended_cr = False
+        return line
+
+
+class LogFollower:
+    """Follows one log file by path, like `tail -F`, yielding each complete line with its receipt time.
+
+    Limits of polling: a file truncated and regrown past the old offset within one poll interval looks
+    unchanged (as with `tail -F`). I/O trouble is counted in `health.errors` and retried every poll.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        poll_interval_s: float = 0.1,
+        max_line_bytes: int = 65_536,
+        clock: Callable[[], float] = time.time,
+        from_start: bool = False,
+        health: SourceHealth | None = None,
+    ) -> None:
+        self.path = os.fspath(path)
+        self.poll_interval_s = poll_interval_s
+        self.clock = clock
+        self.from_start = from_start
+        self.health = health if health is not None else SourceHealth("log_file")
+        self.splitter = LineSplitter(max_line_bytes, self.health)
+        self.rotations = self.truncations = 0  # seen so far, for tests and the agent's own metrics
+        self._file: IO[bytes] | None = None
+        self._ident: tuple[int, int] | None = None
+        self._offset = 0
+        self._first_attempt = True
+        self._error_kind: str | None = None  # reported once until the file is back
+        self._closed = False
+
+    async def lines(self) -> AsyncIterator[tuple[float, str]]:
+        """`(receipt_ts, line)` for every complete line, until close(); sleeps a poll interval when idle."""
+        while not self._closed:
+            batch, more = self.poll()
+            for item in batch:
+                yield item
+            if not more:
+                await asyncio.sleep(self.poll_interval_s)
+
+    def close(self) -> None:
+        self._closed = True
+        self._close_file()
+
+    def poll(self) -> tuple[list[tuple[float, str]], bool]:
+        """One step: new lines (stamped when read), and whether more is waiting to be read at once."""
+        out: list[tuple[float, str]] = []
+        if self._file is None:
+            start: _Start = "end" if self._first_attempt and not self.from_start else "resume"
+            self._first_attempt = False
+            if not self._open(start):
+                return out, False
+        if self._read(out, MAX_BYTES_PER_POLL):
+            return out, True
+        return out, self._check_path(out)
+
+    def _read(self, out: list[tuple[float, str]], budget: int) -> bool:
+        """Read until EOF or `budget` bytes; True when the budget ran out first."""
+        f = self._file
+        while f is not None and budget > 0:
+            try:
+                data = f.read(min(READ_CHUNK_BYTES, budget))
+            except OSError as e:
+                self._io_error("read_error", e)
+                self._close_file()
+                return False
+            if not data:
+                return False
+            budget -= len(data)
+            self._offset += len(data)
+            now = self.clock()
+            out.extend((now, line) for line in self.splitter.feed(data))
+        return f is not None
+
+    def _check_path(self, out: list[tuple[float, str]]) -> bool:
+        """At EOF: has the path moved to a new file, or has this one shrunk? True when more is waiting."""
+        try:
+            st = os.stat(self.path)
+            old_deleted = self._file is not None and os.fstat(self._file.fileno()).st_nlink == 0
+        except FileNotFoundError:
+            return False  # deleted or mid-rotation: keep the old file open, a writer may still append to it
+        except OSError as e:
+            self._io_error("stat_error", e)
+            return False
+        if self._file is None:
+            return False
+        if (st.st_dev, st.st_ino) != self._ident or old_deleted:
+            if self._read(out, MAX_BYTES_PER_POLL):  # finish the old file first: lines written before the rename
+                return True
+            last = self.splitter.flush()
+            if last is not None:
+                out.append((self.clock(), last))
+            self.rotations += 1
+            logger.info("log file %s was replaced (rotated or recreated); following the new file", self.path)
+            self._close_file()
+            return self._open("zero") and self._read(out, MAX_BYTES_PER_POLL)
+        if st.st_size < self._offset:
+            self.truncations += 1
+            logger.info("log file %s was truncated; reading it again from the start", self.path)
+            self.splitter.discard()
+            self._file.seek(0)
+            self._offset = 0
+            return True
+        return False
+
+    def _open(self, start: _Start) -> bool:
+        """Open the path at its end, its start, or (same file as before, e.g. after a read error) where we were."""
+        try:
+            f = open(self.path, "rb", buffering=0)  # kept open across polls; closed by _close_file
+        except FileNotFoundError as e:
+            self._io_error("not_found", e)
+            return False
+        except OSError as e:
+            self._io_error("open_error", e)
+            return False
+        st = os.fstat(f.fileno())
+        ident = (st.st_dev, st.st_ino)
+        if start == "end":
+            self._offset = f.seek(0, os.SEEK_END)
+        elif start == "resume" and ident == self._ident and self._offset <= st.st_size:
+            self._offset = f.seek(self._offset)
+        else:
+            self._offset = 0
+            self.splitter.discard()
+        self._file, self._ident = f, ident
+        if self._error_kind is not None:
+            logger.info("log file %s is readable again", self.path)
+        self._error_kind = None
+        self.health.success(self.clock())
+        return True
+
+    def _close_file(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _io_error(self, kind: str, e: OSError) -> None:
+        self.health.error(kind, self.clock(), type(e).__name__)
+        if self._error_kind != kind:
+            logger.warning("log file %s: %s (%s); retrying every %.1fs", self.path, kind, e.strerror,
+                           self.poll_interval_s)
+            self._error_kind = kind
+
+
+class BinaryReader(Protocol):
+    """What StdinLines reads: `read1` returns what is available (at most `size` bytes), b"" at EOF."""
+
+    def read1(self, size: int = ..., /) -> bytes: ...
+
+
+class StdinLines:
+    """Lines from a byte stream (`sys.stdin.buffer` for `--log-stdin`), read by a daemon thread.
+
+    At most `queue_size` lines wait between the thread and the consumer (a semaphore counts them), so a
+    slow consumer slows the reader instead of growing memory. At EOF the unfinished last line is delivered.
+    """
+
+    def __init__(
+        self,
+        stream: BinaryReader,
+        *,
+        max_line_bytes: int = 65_536,
+        clock: Callable[[], float] = time.time,
+        health: SourceHealth | None = None,
+        queue_size: int = 1024,
+    ) -> None:
+        self.stream = stream
+        self.clock = clock
+        self.health = health if health is not None else SourceHealth("log_stdin")
+        self.splitter = LineSplitter(max_line_bytes, self.health)
+        self._slots = threading.Semaphore(queue_size)
+        self._stop = threading.Event()
+
+    async def lines(self) -> AsyncIterator[tuple[float, str]]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[float, str] | None] = asyncio.Queue()  # bounded by self._slots
+        threading.Thread(target=self._reader, args=(loop, queue), name="attrib-log-stdin", daemon=True).start()
+        try:
+            while (item := await queue.get()) is not None:
+                self._slots.release()
+                yield item
+        finally:
+            self._stop.set()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _reader(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[tuple[float, str] | None]) -> None:
+        def put(item: tuple[float, str] | None) -> bool:
+            while not self._slots.acquire(timeout=0.5):
+                if self._stop.is_set():
+                    return False
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+            return True
+
+        try:
+            while not self._stop.is_set():
+                try:
+                    data = self.stream.read1(READ_CHUNK_BYTES)
+                except (OSError, ValueError) as e:  # ValueError: the stream was closed under us
+                    self.health.error("read_error", self.clock(), type(e).__name__)
+                    break
+                if not data:
+                    break
+                now = self.clock()
+                if not all(put((now, line)) for line in self.splitter.feed(data)):
+                    return
+            last = self.splitter.flush()
+            if last is None or put((self.clock(), last)):
+                put(None)
+        except RuntimeError:  # the event loop closed under us: nobody is listening any more
+            return
