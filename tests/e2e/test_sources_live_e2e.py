@@ -45,7 +45,8 @@ async def _live_run(lab, out):
             await asyncio.sleep(0.05)
         await c.post(f"{lab.capture_url}/lab/forward", json={"url": f"http://127.0.0.1:{port}/v1/traces"})
         try:
-            res = await asyncio.to_thread(record_run, lab, get_scenario("smoke"), out, compress=False)
+            res = await asyncio.to_thread(record_run, lab, get_scenario("smoke"), out, compress=False,
+                                          attempts=5)
             await asyncio.sleep(1.0)  # the last log lines and a last scrape
         finally:
             await c.post(f"{lab.capture_url}/lab/forward", json={"url": None})

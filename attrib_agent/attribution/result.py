@@ -1,0 +1,89 @@
+"""What the attribution engine says about one finished request, and the bounded store that keeps it.
+
+The parts add up: for TTFT, sum(culprit.ttft_s) + unexplained_ttft_s == ttft_slowdown_s (likewise ITL),
+and no part is negative. Ids only, no request content.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+CAUSES: Final = ("kv_pressure", "head_of_line", "prefill_contention", "decode_batching", "kv_bandwidth", "preemption")
+
+
+@dataclass(frozen=True, slots=True)
+class Culprit:
+    request_id: str
+    ttft_s: float  # seconds of the victim's TTFT blamed on this request
+    itl_s: float  # seconds per token of the victim's mean ITL blamed on it
+    share: float  # of the victim's total blamed TTFT + ITL seconds (0..1)
+    causes: Mapping[str, float] = field(default_factory=dict)  # TTFT seconds by cause
+    kv_block_seconds: float = 0.0  # KV block-seconds it held while the victim was in flight
+    is_whale: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AttributionResult:
+    request_id: str
+    finished_ts: float
+    ttft_s: float | None
+    ttft_baseline_s: float | None
+    ttft_slowdown_s: float
+    itl_s: float | None  # observed mean inter-token latency
+    itl_baseline_s: float | None
+    itl_slowdown_s: float
+    culprits: tuple[Culprit, ...]
+    unexplained_ttft_s: float
+    unexplained_itl_s: float
+    no_interference: bool  # slowdowns below the noise floor
+    quality: float  # 0..1: how well the reconstruction explained what vLLM reported
+    is_whale: bool = False
+
+    def culprit(self, request_id: str) -> Culprit | None:
+        return next((c for c in self.culprits if c.request_id == request_id), None)
+
+    def top_culprit(self) -> Culprit | None:
+        return max(self.culprits, key=lambda c: (c.ttft_s + c.itl_s, c.request_id), default=None)
+
+
+class ResultStore:
+    """Results of finished requests, bounded by count and by age (oldest dropped first)."""
+
+    def __init__(self, max_results: int = 100_000, max_age_s: float = 3600.0) -> None:
+        if max_results < 1 or max_age_s <= 0:
+            raise ValueError("max_results must be >= 1 and max_age_s > 0")
+        self.max_results = max_results
+        self.max_age_s = max_age_s
+        self._items: OrderedDict[str, AttributionResult] = OrderedDict()
+        self.evicted = 0
+
+    def put(self, result: AttributionResult) -> None:
+        self._items.pop(result.request_id, None)
+        self._items[result.request_id] = result
+        while len(self._items) > self.max_results:
+            self._items.popitem(last=False)
+            self.evicted += 1
+
+    def get(self, request_id: str) -> AttributionResult | None:
+        return self._items.get(request_id)
+
+    def expire(self, now: float) -> int:
+        """Drop results that finished more than max_age_s before `now` (the caller's clock)."""
+        n = 0
+        while self._items:
+            first = next(iter(self._items.values()))
+            if now - first.finished_ts <= self.max_age_s:
+                break
+            self._items.popitem(last=False)
+            n += 1
+        self.evicted += n
+        return n
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[AttributionResult]:
+        return iter(list(self._items.values()))

@@ -1,0 +1,94 @@
+"""The contract of the scheduler re-simulation: what goes in, what comes out, what a step costs.
+
+The attribution engine asks "what would the victim's TTFT and ITL have been without these requests?"
+by re-running vLLM's scheduling rules over the reconstructed requests with some removed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class SimRequest:
+    request_id: str
+    arrival_ts: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """vLLM v1 scheduling limits. Block geometry from `vllm:cache_config_info`; the budget is
+    `max_num_batched_tokens` (2048 on CPU, 8192 on H100-class GPUs), inferred from the largest step."""
+
+    block_size: int
+    num_blocks: int
+    token_budget: int = 2048
+    max_num_seqs: int = 256
+    # vLLM v1's default. A preempted request's freed full blocks stay cached until evicted, so its recompute
+    # can be (nearly) free; `vllm:cache_config_info{enable_prefix_caching}` says whether it is on.
+    prefix_caching: bool = True
+
+
+class StepCost(Protocol):
+    """Seconds one engine step takes, from what it computes (the baseline cost model implements this)."""
+
+    def step_seconds(self, context_tokens: int, decode_requests: int, decode_context_sum: int) -> float: ...
+
+
+@runtime_checkable
+class PrefillAwareStepCost(Protocol):
+    """A StepCost that also prices prefill attention: a chunk's cost grows with the context it attends to
+    (a 2048-token chunk after 4096 cached tokens costs about twice the first chunk). The simulator uses this
+    method when the cost offers it. `prefill_pairs` = sum over prefill chunks of causal query-key pairs,
+    tokens * prior_context + tokens * (tokens + 1) / 2."""
+
+    def step_seconds_with_prefill(
+        self, context_tokens: int, decode_requests: int, decode_context_sum: int, prefill_pairs: int
+    ) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class WaitCause:
+    """Why the victim did not progress (or progressed slowly) in one simulated step, and for how long."""
+
+    cause: str  # "kv_pressure" | "head_of_line" | "prefill_contention" | "decode_batching" | "kv_bandwidth" | "preemption"
+    seconds: float
+    # How much of those seconds each other request accounts for (sums to `seconds`); e.g. KV blocks held for
+    # kv_pressure, the blocking request for head_of_line, marginal step cost for contention.
+    by_request: tuple[tuple[str, float], ...]
+    # Start of the (first) step it covers; entries never span the victim's first token, so those with
+    # ts < first_token_ts are TTFT waits and the rest ITL waits. Consecutive alike steps are merged.
+    ts: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SimOutcome:
+    request_id: str
+    scheduled_ts: float | None
+    first_token_ts: float | None
+    finish_ts: float | None
+    token_ts: tuple[float, ...]
+    preemptions: int
+    waits: tuple[WaitCause, ...] = ()  # filled when the simulation is asked to trace a victim
+    queued_ts: float | None = None  # first step boundary at/after arrival: when vLLM's QUEUED event would be
+
+    def ttft_s(self, arrival_ts: float) -> float | None:
+        return None if self.first_token_ts is None else self.first_token_ts - arrival_ts
+
+    @property
+    def mean_itl_s(self) -> float | None:
+        if len(self.token_ts) < 2:
+            return None
+        return (self.token_ts[-1] - self.token_ts[0]) / (len(self.token_ts) - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    outcomes: dict[str, SimOutcome]
+    steps: int
+    preemptions: int
+    peak_kv_blocks: int = 0  # most KV blocks held by requests at once
+    peak_step_tokens: int = 0  # most tokens scheduled in one step
