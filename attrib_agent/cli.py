@@ -83,6 +83,23 @@ def cmd_truth(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_score(args: argparse.Namespace) -> int:
+    import json
+
+    from attrib_agent.lab.score import format_scores, score_command
+
+    scores = []
+    for d in args.truth_dirs:
+        for s in score_command(d):
+            s.name = f"{s.name} [{d.name}]"
+            scores.append(s)
+    if args.json:
+        print(json.dumps([s.as_dict() for s in scores], indent=1))
+    else:
+        print(format_scores(scores))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from attrib_agent.lab.record import record_run
     from attrib_agent.lab.summary import format_table, group_latency, shorts
@@ -143,6 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--keep-recordings", action="store_true", help="keep every run's recording under OUT/runs/")
     _add_lab_options(tr)
     tr.set_defaults(func=cmd_truth)
+    sc2 = lsub.add_parser("score", help="score attribution against counterfactual truth (needs --keep-recordings)")
+    sc2.add_argument("truth_dirs", type=Path, nargs="+", metavar="TRUTH_DIR")
+    sc2.add_argument("--json", action="store_true")
+    sc2.set_defaults(func=cmd_score)
     return p
 
 

@@ -54,7 +54,8 @@ class PrefillAwareStepCost(Protocol):
 class WaitCause:
     """Why the victim did not progress (or progressed slowly) in one simulated step, and for how long."""
 
-    cause: str  # "kv_pressure" | "head_of_line" | "prefill_contention" | "decode_batching" | "kv_bandwidth" | "preemption"
+    # "kv_pressure" | "head_of_line" | "prefill_contention" | "decode_batching" | "kv_bandwidth" | "preemption"
+    cause: str
     seconds: float
     # How much of those seconds each other request accounts for (sums to `seconds`); e.g. KV blocks held for
     # kv_pressure, the blocking request for head_of_line, marginal step cost for contention.

@@ -117,3 +117,39 @@ def format_scores(scores: list[Score]) -> str:
                      f" {pct(s.median_whale_error):>24} {pct(s.null_false_alarm):>12} ({s.null_flagged}/{s.null_total})")
     lines.append("goals: top-1 >= 95 % on shorts slowed >= 2x; median error <= 20 %; null false alarms <= 5 %")
     return "\n".join(lines)
+
+
+def _attributed(path: Path) -> tuple[list[Any], dict[str, Any], dict[str, str]]:
+    from attrib_agent.attribution.attributor import Attributor
+    from attrib_agent.sources.replay import ReplaySource
+    from attrib_agent.timeline.engine_timeline import EngineTimeline
+
+    tl = EngineTimeline()
+    tl.feed_all(ReplaySource(path).events())
+    results = Attributor().attribute(tl)
+    return results, {lc.request_id: lc for lc in tl.lifecycles()}, spec_ids(Recording(path))
+
+
+def engine_blame(path: Path) -> dict[str, dict[str, float]]:
+    """The engine's TTFT blame per victim and culprit, keyed by the lab's spec ids."""
+    results, _, spec = _attributed(path)
+    return {spec[r.request_id]: {spec.get(c.request_id, c.request_id): c.ttft_s for c in r.culprits}
+            for r in results if r.request_id in spec}
+
+
+def naive_blame(path: Path) -> dict[str, dict[str, float]]:
+    """Overlap-proportional blame of the same measured slowdown (the correlation baseline)."""
+    from attrib_agent.attribution.naive import overlap_blame
+
+    results, lcs, spec = _attributed(path)
+    out: dict[str, dict[str, float]] = {}
+    for r in results:
+        if r.request_id not in spec:
+            continue
+        blame = overlap_blame(lcs[r.request_id], lcs.values(), r.ttft_slowdown_s)
+        out[spec[r.request_id]] = {spec.get(k, k): v for k, v in blame.items()}
+    return out
+
+
+def score_command(truth_dir: Path) -> list[Score]:
+    return [score_truth(truth_dir, "attrib-agent", engine_blame), score_truth(truth_dir, "naive overlap", naive_blame)]

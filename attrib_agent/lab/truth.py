@@ -8,6 +8,7 @@ share of v(all whales). The attribution engine is scored against this file.
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import tempfile
 from collections.abc import Callable, Mapping
@@ -107,6 +108,7 @@ def run_truth(
                     res = record_run(lab, variant, rec_dir, max_lateness_s=max_lateness_s, attempts=attempts,
                                      command=command, extra_meta={"truth_condition": label, "truth_rep": rep})
                 except RunRejected as e:
+                    shutil.rmtree(rec_dir, ignore_errors=True)  # a late run's numbers are not kept
                     runs.append({"condition": label, "rep": rep, "accepted": False, "reason": str(e)})
                     continue
                 g = group_latency(shorts(res.results))

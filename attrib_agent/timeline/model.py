@@ -57,8 +57,8 @@ class StepMember:
     """One request's part in one engine step."""
 
     request_id: str
-    phase: str  # "prefill" or "decode"
-    tokens: int  # prompt tokens computed (prefill) or 1 (decode)
+    phase: str  # "prefill", "decode", or "recompute" (a preempted request rebuilding its KV; logged as generation)
+    tokens: int  # prompt tokens computed (prefill), 1 (decode), or tokens recomputed (recompute)
     context_tokens: int  # tokens in its KV after this step
     blocks: int  # KV blocks it holds after this step
 

@@ -1,0 +1,300 @@
+"""The attribution engine: each finished request's slowdown, split across the requests that caused it.
+
+For every busy period of the engine (requests overlapping in time), the reconstructed requests are
+re-simulated through vLLM's scheduling rules with every coalition of the heavy culprits (whales)
+removed; a whale's blame is its Shapley value over those coalitions (what the lab's counterfactual
+truth measures). What the light crowd adds beyond that is split by the simulator's step-by-step trace.
+Observed slowdown = blamed parts + unexplained: when the model explains less than vLLM reported, the
+rest is `unexplained`, never spread silently; when it explains more, the parts are scaled down.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from attrib_agent.attribution.cost_model import StepCostModel, StepFeatures
+from attrib_agent.attribution.result import AttributionResult, Culprit
+from attrib_agent.attribution.scheduler_sim import shapley, simulate
+from attrib_agent.attribution.sim_types import SchedulerConfig, SimOutcome, SimRequest, SimResult
+from attrib_agent.timeline.engine_timeline import EngineTimeline
+from attrib_agent.timeline.model import RequestLifecycle
+
+
+@dataclass(frozen=True)
+class AttributionConfig:
+    whale_factor: float = 8.0  # KV footprint >= this x the period's median footprint makes a whale
+    max_players: int = 5  # heavy culprits per busy period given exact Shapley values (2^n simulations)
+    noise_floor_s: float = 0.030  # TTFT slowdown below this (or below the ratio) is "no interference"
+    noise_floor_ratio: float = 0.5  # ... relative to the request's own uncontended TTFT
+    itl_noise_floor_ratio: float = 0.25
+    max_period_requests: int = 400  # a longer busy period is cut into windows of this many requests
+    offset_window: int = 512  # recent requests whose observed-minus-simulated times calibrate the baseline
+    default_block_size: int = 16
+    default_num_blocks: int = 4096
+
+
+@dataclass(frozen=True)
+class _Victim:
+    lc: RequestLifecycle
+    req: SimRequest
+
+
+class _PeriodPlan:
+    """One busy period's simulations, cached per coalition of whales present (shared by all its victims)."""
+
+    def __init__(self, period: list[SimRequest], config: AttributionConfig, sched: SchedulerConfig,
+                 cost: StepCostModel) -> None:
+        self.period = period
+        footprint = {r.request_id: r.prompt_tokens + r.output_tokens for r in period}
+        median = statistics.median(footprint.values())
+        self.whales = sorted((rid for rid, f in footprint.items() if f >= config.whale_factor * median),
+                             key=lambda rid: (-footprint[rid], rid))[: config.max_players]
+        self._sched, self._cost = sched, cost
+        self._sims: dict[frozenset[str], SimResult] = {}
+
+    def run(self, present: frozenset[str]) -> SimResult:
+        if present not in self._sims:
+            kept = [r for r in self.period if r.request_id not in self.whales or r.request_id in present]
+            self._sims[present] = simulate(kept, self._sched, self._cost)
+        return self._sims[present]
+
+
+def busy_periods(requests: Sequence[tuple[SimRequest, float]], max_len: int) -> list[list[SimRequest]]:
+    """Group (request, observed end) by overlap: a period closes when the next arrival finds the engine idle."""
+    periods: list[list[SimRequest]] = []
+    current: list[SimRequest] = []
+    horizon = float("-inf")
+    for req, end in sorted(requests, key=lambda x: (x[0].arrival_ts, x[0].request_id)):
+        if current and (req.arrival_ts > horizon or len(current) >= max_len):
+            periods.append(current)
+            current, horizon = [], float("-inf")
+        current.append(req)
+        horizon = max(horizon, end)
+    if current:
+        periods.append(current)
+    return periods
+
+
+class Attributor:
+    """Pure: fed a timeline, returns results. One instance keeps the online cost model between calls."""
+
+    def __init__(self, config: AttributionConfig | None = None, cost: StepCostModel | None = None) -> None:
+        self.config = config or AttributionConfig()
+        self.cost = cost or StepCostModel()
+        self._observed_steps: set[tuple[int, int]] = set()
+        # observed minus re-simulated TTFT / ITL of recent requests: what the engine-step model leaves out
+        # (the API server's own work before and after the engine: tokenising, queues, detokenising, streaming)
+        self._ttft_offsets: deque[float] = deque(maxlen=self.config.offset_window)
+        self._itl_offsets: deque[float] = deque(maxlen=self.config.offset_window)
+
+    def frontend_offsets(self) -> tuple[float, float]:
+        """A low quantile of (observed - simulated): the uncontended overhead outside engine steps."""
+        def q(xs: deque[float]) -> float:
+            return statistics.quantiles(xs, n=4)[0] if len(xs) >= 4 else (min(xs) if xs else 0.0)
+        return max(0.0, q(self._ttft_offsets)), q(self._itl_offsets)
+
+    def learn(self, timeline: EngineTimeline) -> None:
+        """Feed the cost model every step it has not seen yet (bounded by the timeline's own window)."""
+        seen = self._observed_steps
+        for step in timeline.steps():
+            key = (step.engine, step.iteration)
+            if key in seen:
+                continue
+            seen.add(key)
+            self.cost.observe_features(StepFeatures.from_record(step), step.elapsed_s)
+        if len(seen) > 200_000:
+            seen.clear()
+
+    def scheduler_config(self, timeline: EngineTimeline) -> SchedulerConfig:
+        block_size, num_blocks = timeline.pool()
+        return SchedulerConfig(block_size=block_size or self.config.default_block_size,
+                               num_blocks=num_blocks or self.config.default_num_blocks,
+                               token_budget=timeline.token_budget())
+
+    def attribute(self, timeline: EngineTimeline, request_ids: Iterable[str] | None = None) -> list[AttributionResult]:
+        """Results for the finished requests (all, or those named) of the timeline."""
+        self.learn(timeline)
+        cfg = self.scheduler_config(timeline)
+        wanted = None if request_ids is None else set(request_ids)
+        known: list[tuple[SimRequest, float]] = []
+        lcs: dict[str, RequestLifecycle] = {}
+        for lc in timeline.lifecycles():
+            req = _sim_request(lc)
+            if req is None:
+                continue
+            lcs[lc.request_id] = lc
+            end = lc.end_ts if lc.end_ts is not None else req.arrival_ts + 3600.0
+            known.append((req, end))
+        kv = {r.request_id: r.block_seconds for r in timeline.ledger.requests()}
+        plans = []
+        for period in busy_periods(known, self.config.max_period_requests):
+            victims = [_Victim(lcs[r.request_id], r) for r in period
+                       if lcs[r.request_id].complete and (wanted is None or r.request_id in wanted)]
+            if victims:
+                plan = _PeriodPlan(period, self.config, cfg, self.cost)
+                plans.append((plan, victims))
+                full = plan.run(frozenset(plan.whales)).outcomes
+                for v in victims:
+                    o = full.get(v.req.request_id)
+                    if o is not None and v.lc.ttft_s is not None:
+                        self._ttft_offsets.append(v.lc.ttft_s - _metric(o, v.req.arrival_ts, "ttft"))
+                    if o is not None and v.lc.mean_itl_s is not None and o.mean_itl_s is not None:
+                        self._itl_offsets.append(v.lc.mean_itl_s - o.mean_itl_s)
+        membership = timeline.membership_quality().exact_share
+        out: list[AttributionResult] = []
+        for plan, victims in plans:
+            for v in victims:
+                out.append(self._victim(v, plan.period, plan.whales, set(plan.whales), plan.run, cfg, kv,
+                                        membership))
+        return out
+
+    def _victim(self, v: _Victim, period: list[SimRequest], whales: list[str], whale_set: set[str],
+                runner: Callable[[frozenset[str]], SimResult], cfg: SchedulerConfig, kv: dict[str, float],
+                membership: float) -> AttributionResult:
+        rid = v.req.request_id
+        players = [w for w in whales if w != rid]
+        own = frozenset({rid}) if rid in whale_set else frozenset()
+        obs_ttft, obs_itl = v.lc.ttft_s, v.lc.mean_itl_s
+        ttft_off, itl_off = self.frontend_offsets()
+        base_ttft = self.cost.solo_ttft_s(v.req.prompt_tokens, cfg.token_budget) + ttft_off
+        base_itl = max(0.5 * self.cost.solo_itl_s(v.req.prompt_tokens + v.req.output_tokens // 2),
+                       self.cost.solo_itl_s(v.req.prompt_tokens + v.req.output_tokens // 2) + itl_off)
+        ttft_slow = max(0.0, (obs_ttft or 0.0) - base_ttft)
+        itl_slow = max(0.0, (obs_itl or 0.0) - base_itl)
+        ttft_floor = max(self.config.noise_floor_s, self.config.noise_floor_ratio * base_ttft)
+        itl_floor = self.config.itl_noise_floor_ratio * base_itl
+        quiet = ttft_slow < ttft_floor and itl_slow < itl_floor
+        if ttft_slow < ttft_floor:
+            ttft_slow = 0.0
+        if itl_slow < itl_floor:
+            itl_slow = 0.0
+
+        def metric(present: frozenset[str], which: str) -> float:
+            o = runner(present | own).outcomes.get(rid)
+            return _metric(o, v.req.arrival_ts, which)
+
+        blame_ttft: dict[str, float] = defaultdict(float)
+        blame_itl: dict[str, float] = defaultdict(float)
+        causes: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        if not quiet and (ttft_slow > 0 or itl_slow > 0):
+            for which, slow, blame in (("ttft", ttft_slow, blame_ttft), ("itl", itl_slow, blame_itl)):
+                if slow <= 0:
+                    continue
+                none = metric(frozenset(), which)
+
+                def value(s: frozenset[str], w: str = which, n: float = none) -> float:
+                    return metric(s, w) - n
+
+                phi = shapley(players, value) if players else {}
+                for p, val in phi.items():
+                    blame[p] += max(0.0, val)
+                light = none - (base_ttft if which == "ttft" else base_itl)
+                if light > 0:
+                    for other, secs in self._light_split(period, players, own, rid, cfg, which).items():
+                        blame[other] += light * secs
+                _fit_to(blame, slow)
+            for other, cause_secs in self._causes(period, rid, cfg).items():
+                for cause, secs in cause_secs.items():
+                    causes[other][cause] += secs
+        overall: dict[str, float] = defaultdict(float)
+        for cause_secs in causes.values():
+            for cause, secs in cause_secs.items():
+                overall[cause] += secs
+        unexplained_ttft = max(0.0, ttft_slow - sum(blame_ttft.values()))
+        unexplained_itl = max(0.0, itl_slow - sum(blame_itl.values()))
+        n_gaps = max((v.lc.completion_tokens or 1) - 1, 1)
+        total = sum(blame_ttft.values()) + n_gaps * sum(blame_itl.values())
+        fp = {r.request_id: r.prompt_tokens + r.output_tokens for r in period}
+        median_fp = statistics.median(fp.values())
+        culprits = []
+        for other in sorted(set(blame_ttft) | set(blame_itl)):
+            t, i = blame_ttft.get(other, 0.0), blame_itl.get(other, 0.0)
+            if t <= 0 and i <= 0:
+                continue
+            culprits.append(Culprit(
+                request_id=other, ttft_s=t, itl_s=i, share=(t + n_gaps * i) / total if total > 0 else 0.0,
+                causes=_split_causes(t, causes.get(other, {}), overall), kv_block_seconds=kv.get(other, 0.0),
+                is_whale=fp.get(other, 0) >= self.config.whale_factor * median_fp))
+        culprits.sort(key=lambda c: (-(c.ttft_s + n_gaps * c.itl_s), c.request_id))
+        full = runner(frozenset(whales)).outcomes.get(rid)
+        sim_ttft = _metric(full, v.req.arrival_ts, "ttft")
+        fidelity = 1.0 - min(1.0, abs(sim_ttft - (obs_ttft or 0.0)) / max(obs_ttft or 0.0, 0.05))
+        return AttributionResult(
+            request_id=rid, finished_ts=v.lc.end_ts or v.req.arrival_ts, ttft_s=obs_ttft, ttft_baseline_s=base_ttft,
+            ttft_slowdown_s=ttft_slow, itl_s=obs_itl, itl_baseline_s=base_itl, itl_slowdown_s=itl_slow,
+            culprits=tuple(culprits), unexplained_ttft_s=unexplained_ttft, unexplained_itl_s=unexplained_itl,
+            no_interference=ttft_slow == 0.0 and itl_slow == 0.0, quality=max(0.0, fidelity) * membership,
+            is_whale=rid in whale_set)
+
+    def _light_split(self, period: list[SimRequest], players: list[str], own: frozenset[str], rid: str,
+                     cfg: SchedulerConfig, which: str) -> dict[str, float]:
+        """Fractions (summing to 1) of the light crowd's effect, from a traced run without the whales."""
+        kept = [r for r in period if r.request_id not in players or r.request_id in own]
+        traced = simulate(kept, cfg, self.cost, trace=rid).outcomes[rid]
+        return _normalised(_trace_by_request(traced, which))
+
+    def _causes(self, period: list[SimRequest], rid: str, cfg: SchedulerConfig) -> dict[str, dict[str, float]]:
+        traced = simulate(period, cfg, self.cost, trace=rid).outcomes[rid]
+        out: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        first = traced.first_token_ts
+        for w in traced.waits:
+            if first is not None and w.ts is not None and w.ts >= first:
+                continue
+            for other, secs in w.by_request:
+                out[other][w.cause] += secs
+        return out
+
+
+def _sim_request(lc: RequestLifecycle) -> SimRequest | None:
+    if lc.arrival_ts is None or lc.prompt_tokens is None:
+        return None
+    out = lc.completion_tokens if lc.completion_tokens is not None else (lc.max_tokens or 1)
+    return SimRequest(lc.request_id, lc.arrival_ts, lc.prompt_tokens, max(out, 1))
+
+
+def _metric(o: SimOutcome | None, arrival_ts: float, which: str) -> float:
+    if o is None:
+        return 0.0
+    if which == "ttft":
+        t = o.ttft_s(arrival_ts)
+        return 0.0 if t is None else t
+    return o.mean_itl_s or 0.0
+
+
+def _trace_by_request(o: SimOutcome, which: str) -> dict[str, float]:
+    acc: dict[str, float] = defaultdict(float)
+    first = o.first_token_ts
+    for w in o.waits:
+        in_ttft = first is None or w.ts is None or w.ts < first
+        if (which == "ttft") != in_ttft:
+            continue
+        for other, secs in w.by_request:
+            acc[other] += secs
+    return acc
+
+
+def _normalised(d: dict[str, float]) -> dict[str, float]:
+    total = sum(v for v in d.values() if v > 0)
+    return {k: v / total for k, v in d.items() if v > 0} if total > 0 else {}
+
+
+def _fit_to(blame: dict[str, float], observed: float) -> None:
+    """Scale blame down when the model explains more than was observed; never up (the rest is unexplained)."""
+    total = sum(blame.values())
+    if total > observed > 0:
+        for k in blame:
+            blame[k] *= observed / total
+
+
+def _split_causes(seconds: float, traced: dict[str, float], overall: dict[str, float]) -> dict[str, float]:
+    """A culprit's blamed TTFT seconds split by the causes its traced waits show; by the victim's overall
+    causes when its own trace shows none (it acted through others, e.g. by holding KV that blocked them)."""
+    if seconds <= 0:
+        return {}
+    fractions = _normalised(dict(traced)) or _normalised(dict(overall))
+    if not fractions:
+        return {}
+    return {cause: seconds * f for cause, f in sorted(fractions.items())}

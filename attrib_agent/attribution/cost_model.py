@@ -1,0 +1,292 @@
+"""The uncontended baseline: what one engine step costs, fitted online from the steps themselves.
+
+step_s = a + b*prefill_tokens + c*decode_requests + d*decode_context_sum + e*prefill_pairs + gap, where the gap
+is vLLM's work between steps (scheduling, output handling) plus the mean of the fit's residuals: step times are
+skewed, and the re-simulation adds up hundreds of them, so the per-step mean matters, not just the typical step.
+The d term is the memory-bandwidth cost of decoding long contexts; the e term is prefill attention (a chunk
+attends to everything before it, so a whale's third chunk costs about twice its first).
+The fit is robust (Huber IRLS) with non-negative coefficients over a bounded window of recent steps; a
+coefficient whose feature the window has not exercised keeps its prior. Until `min_steps` steps are seen the
+configured prior is used as is.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, fields
+from itertools import combinations
+from math import isfinite, sqrt
+
+from attrib_agent.timeline.model import StepRecord
+
+_NEAR_ZERO = 1e-12
+_Row = tuple[float, float, float, float, float]
+
+
+def prefill_pairs(prior_context: int, tokens: int) -> int:
+    """Causal query-key pairs of a prefill chunk of `tokens` after `prior_context` cached tokens."""
+    return tokens * prior_context + tokens * (tokens + 1) // 2
+
+
+@dataclass(frozen=True, slots=True)
+class StepCoefficients:
+    """Seconds per unit of each step feature, plus the fixed per-step gap (see the module docstring)."""
+
+    intercept_s: float
+    per_prefill_token_s: float
+    per_decode_request_s: float
+    per_decode_context_token_s: float
+    per_prefill_pair_s: float
+    step_gap_s: float
+
+    def as_tuple(self) -> tuple[float, float, float, float, float]:
+        return (self.intercept_s, self.per_prefill_token_s, self.per_decode_request_s,
+                self.per_decode_context_token_s, self.per_prefill_pair_s)
+
+
+@dataclass(frozen=True, slots=True)
+class StepCostPrior(StepCoefficients):
+    """Used until enough steps are seen. The defaults approximate the lab's CPU model (tiny Qwen2, 2 cores:
+    a 2048-token first chunk ~0.17 s, a decode step of a few short requests ~6 ms); configure your own for
+    other hardware. Every field is overridable: StepCostPrior(per_prefill_token_s=2e-6, ...)."""
+
+    intercept_s: float = 4.5e-3
+    per_prefill_token_s: float = 6e-5
+    per_decode_request_s: float = 6e-4
+    per_decode_context_token_s: float = 3.5e-7
+    per_prefill_pair_s: float = 2.5e-8
+    step_gap_s: float = 1.5e-3
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isfinite(value) or value < 0:
+                raise ValueError(f"prior {f.name} must be a finite non-negative number, got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class StepFeatures:
+    """What one step computed, in the cost model's terms."""
+
+    prefill_tokens: int  # tokens of requests not simply decoding (prefill chunks, recompute)
+    decode_requests: int
+    decode_context_sum: int  # KV tokens the decoding requests attend to
+    prefill_pairs: int = 0
+
+    @classmethod
+    def from_record(cls, record: StepRecord) -> StepFeatures:
+        """From the timeline's members; from the logged counts when it inferred none."""
+        if not record.members:
+            extra = max(record.generation_tokens - record.generation_requests, 0)
+            return cls(record.context_tokens + extra, record.generation_requests, 0, 0)
+        tokens = requests = context = pairs = 0
+        for m in record.members:
+            if m.phase == "decode" and m.tokens == 1:
+                requests += 1
+                context += m.context_tokens
+            else:
+                tokens += m.tokens
+                pairs += prefill_pairs(max(m.context_tokens - m.tokens, 0), m.tokens)
+        return cls(tokens, requests, context, pairs)
+
+    def row(self) -> tuple[float, float, float, float, float]:
+        return (1.0, float(self.prefill_tokens), float(self.decode_requests), float(self.decode_context_sum),
+                float(self.prefill_pairs))
+
+
+class StepCostModel:
+    """Online robust fit of step cost; implements StepCost and PrefillAwareStepCost."""
+
+    def __init__(self, prior: StepCostPrior | None = None, *, min_steps: int = 64, refit_every: int = 128,
+                 max_window: int = 1024, min_support: int = 3, max_step_gap_s: float = 0.05) -> None:
+        if min_steps < 1 or refit_every < 1 or max_window < min_steps or min_support < 1:
+            raise ValueError("need min_steps >= 1, refit_every >= 1, max_window >= min_steps, min_support >= 1")
+        self.prior = prior if prior is not None else StepCostPrior()
+        self.min_steps = min_steps
+        self.refit_every = refit_every
+        self.min_support = min_support
+        self.max_step_gap_s = max_step_gap_s
+        self._rows: deque[tuple[tuple[float, float, float, float, float], float]] = deque(maxlen=max_window)
+        self._gaps: deque[float] = deque(maxlen=max_window)
+        self._coef = self.prior.as_tuple()
+        self._gap_s = self.prior.step_gap_s
+        self._scale: float | None = None
+        self._since_fit = 0
+        self.steps_seen = 0
+        self.skipped = 0  # observations refused (negative or non-finite)
+
+    def observe(self, context_tokens: int, decode_requests: int, decode_context_sum: int, elapsed_s: float, *,
+                prefill_pairs: int = 0, gap_s: float | None = None) -> None:
+        """One engine step: what it computed and its `iteration elapsed time`; `gap_s` is the idle time before
+        it when it followed the previous step back to back (None when unknown)."""
+        self.observe_features(StepFeatures(context_tokens, decode_requests, decode_context_sum, prefill_pairs),
+                              elapsed_s, gap_s=gap_s)
+
+    def observe_features(self, features: StepFeatures, elapsed_s: float, *, gap_s: float | None = None) -> None:
+        row = features.row()
+        if not isfinite(elapsed_s) or elapsed_s < 0 or any(v < 0 or not isfinite(v) for v in row):
+            self.skipped += 1
+            return
+        self._rows.append((row, elapsed_s))
+        if gap_s is not None and isfinite(gap_s) and abs(gap_s) <= self.max_step_gap_s:  # log stamps jitter
+            self._gaps.append(gap_s)
+        self.steps_seen += 1
+        self._since_fit += 1
+        if len(self._rows) >= self.min_steps and (self._scale is None or self._since_fit >= self.refit_every):
+            self.refit()
+
+    def refit(self) -> None:
+        """Fit now on the window (normally automatic every `refit_every` steps)."""
+        self._since_fit = 0
+        if len(self._rows) < self.min_steps:
+            return
+        rows = [r for r, _ in self._rows]
+        ys = [y for _, y in self._rows]
+        free = [j == 0 or sum(1 for r in rows if r[j] > 0) >= self.min_support for j in range(5)]
+        coef, scale, bias = huber_nonnegative_fit(rows, ys, prior=self.prior.as_tuple(), free=free,
+                                                  start=self._coef)
+        self._coef = coef
+        self._scale = scale
+        gap = statistics.fmean(self._gaps) if len(self._gaps) >= self.min_steps else self.prior.step_gap_s
+        self._gap_s = max(gap + bias, 0.0)
+
+    @property
+    def window_steps(self) -> int:
+        """Steps currently in the fitting window (at most `max_window`)."""
+        return len(self._rows)
+
+    @property
+    def fitted(self) -> bool:
+        """Enough steps seen: the coefficients come from the data, not the prior."""
+        return self._scale is not None
+
+    @property
+    def residual_scale(self) -> float | None:
+        """Robust (MAD) spread of the fit's residuals, seconds; None until fitted."""
+        return self._scale
+
+    @property
+    def coefficients(self) -> StepCoefficients:
+        return StepCoefficients(*self._coef, step_gap_s=self._gap_s)
+
+    def step_seconds(self, context_tokens: int, decode_requests: int, decode_context_sum: int) -> float:
+        return self.step_seconds_with_prefill(context_tokens, decode_requests, decode_context_sum, 0)
+
+    def step_seconds_with_prefill(self, context_tokens: int, decode_requests: int, decode_context_sum: int,
+                                  prefill_pairs: int) -> float:
+        a, b, c, d, e = self._coef
+        compute = a + b * context_tokens + c * decode_requests + d * decode_context_sum + e * prefill_pairs
+        return max(compute, _NEAR_ZERO) + self._gap_s
+
+    def solo_ttft_s(self, prompt_tokens: int, token_budget: int) -> float:
+        """The prompt's prefill alone, in budget-sized chunks; the first token comes with the last chunk."""
+        if token_budget < 1:
+            raise ValueError("token_budget must be >= 1")
+        done, total = 0, 0.0
+        remaining = max(prompt_tokens, 1)
+        while remaining > 0:
+            chunk = min(token_budget, remaining)
+            total += self.step_seconds_with_prefill(chunk, 0, 0, prefill_pairs(done, chunk))
+            done += chunk
+            remaining -= chunk
+        return total
+
+    def solo_itl_s(self, context_tokens: int) -> float:
+        """One decode step with only this request, at its context length."""
+        return self.step_seconds_with_prefill(0, 1, max(context_tokens, 0), 0)
+
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting (the systems are at most 5x5); None when singular."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[piv][col]) < 1e-12:
+            return None
+        m[col], m[piv] = m[piv], m[col]
+        for r in range(col + 1, n):
+            f = m[r][col] / m[col][col]
+            for k in range(col, n + 1):
+                m[r][k] -= f * m[col][k]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (m[r][n] - sum(m[r][k] * x[k] for k in range(r + 1, n))) / m[r][r]
+    return x
+
+
+def _nonnegative_solve(a: list[list[float]], b: list[float]) -> list[float]:
+    """argmin x'Ax - 2b'x subject to x >= 0, by trying every support set (2^5 at most)."""
+    n = len(b)
+    best, best_gain = [0.0] * n, 0.0
+    for k in range(1, n + 1):
+        for support in combinations(range(n), k):
+            sub = _solve([[a[i][j] for j in support] for i in support], [b[i] for i in support])
+            if sub is None or any(v < 0 for v in sub):
+                continue
+            gain = sum(v * b[i] for v, i in zip(sub, support, strict=True))  # objective drop at the support's optimum
+            if gain > best_gain:
+                best_gain = gain
+                best = [0.0] * n
+                for v, i in zip(sub, support, strict=True):
+                    best[i] = v
+    return best
+
+
+def huber_nonnegative_fit(rows: list[_Row], ys: list[float], *, prior: _Row, free: list[bool], start: _Row,
+                          iterations: int = 12, huber_k: float = 1.345, prior_spread: float = 1.0
+                          ) -> tuple[_Row, float, float]:
+    """Huber IRLS with coefficients >= 0 and a Gaussian prior on each: mean the prior, spread `prior_spread`
+    times its contribution. Where the data cannot tell two features apart (only 32-token prefills: tokens and
+    attention pairs move together) the prior decides, and it gives the correction to the feature that already
+    explains most, so a short-only window never predicts a whale's chunk from a tiny pair count. A zero prior
+    coefficient thus stays near zero. Coefficients not `free` stay at the prior. Returns (coefficients, MAD
+    scale, mean residual with residuals clipped at 5 scales)."""
+    idx = [j for j in range(len(prior)) if free[j]]
+    fixed = [j for j in range(len(prior)) if not free[j]]
+    target = [y - sum(prior[j] * r[j] for j in fixed) for r, y in zip(rows, ys, strict=True)]
+    n = len(rows)
+    scales = [sqrt(sum(r[j] * r[j] for r in rows) / n) or 1.0 for j in idx]
+    xs = [[r[j] / s for j, s in zip(idx, scales, strict=True)] for r in rows]
+    pri = [prior[j] * s for j, s in zip(idx, scales, strict=True)]  # each feature's RMS contribution, seconds
+    floor = 1e-4 * max(statistics.median(abs(t) for t in target), 1e-6)
+    theta = [start[j] * s for j, s in zip(idx, scales, strict=True)]
+    m = len(idx)
+    scale = 0.0
+    for _ in range(iterations):
+        resid = [t - sum(v * c for v, c in zip(x, theta, strict=True)) for x, t in zip(xs, target, strict=True)]
+        scale = max(1.4826 * statistics.median(abs(r) for r in resid), 1e-6)
+        cut = huber_k * scale
+        penalty = [(scale / (prior_spread * abs(p) + floor)) ** 2 for p in pri]
+        ata = [[penalty[i] if i == j else 0.0 for j in range(m)] for i in range(m)]
+        atb = [penalty[i] * p for i, p in enumerate(pri)]
+        for x, t, r in zip(xs, target, resid, strict=True):
+            w = 1.0 if abs(r) <= cut else cut / abs(r)
+            for i in range(m):
+                wx = w * x[i]
+                atb[i] += wx * t
+                row = ata[i]
+                for j in range(i, m):
+                    row[j] += wx * x[j]
+        for i in range(m):
+            for j in range(i):
+                ata[i][j] = ata[j][i]
+        new = _nonnegative_solve(ata, atb)
+        done = max(abs(a - b) for a, b in zip(new, theta, strict=True)) <= 1e-7 * (1 + max(map(abs, theta)))
+        theta = new
+        if done:
+            break
+    resid = [t - sum(v * c for v, c in zip(x, theta, strict=True)) for x, t in zip(xs, target, strict=True)]
+    scale = 1.4826 * statistics.median(abs(r) for r in resid)
+    clip = 5 * scale
+    bias = statistics.fmean(min(max(r, -clip), clip) for r in resid)
+    coef = list(prior)
+    for j, s, v in zip(idx, scales, theta, strict=True):
+        coef[j] = v / s
+    return (coef[0], coef[1], coef[2], coef[3], coef[4]), scale, bias
+
+
+__all__ = ["StepCoefficients", "StepCostModel", "StepCostPrior", "StepFeatures", "huber_nonnegative_fit",
+           "prefill_pairs"]

@@ -1,0 +1,174 @@
+"""A discrete-time re-run of vLLM 0.32's v1 scheduler, to ask "what if these requests had not been there?".
+
+The scheduling rules are in `sim_step` (token budget, KV blocks, FCFS admission with whole-sequence reservation,
+recompute preemption, prefix-cache reuse); this module drives them through time. Requests join the queue at the
+first step boundary at or after their arrival (vLLM's engine picks up new requests between steps); each step
+lasts what the cost model says; the first token comes at the end of the step that completes the prompt; time
+jumps to the next arrival when the engine is idle. The pool has `num_blocks - 1` usable blocks: vLLM keeps one
+null block. Replaying the reconstructed requests with nobody removed should reproduce the observed waits; the
+tests check that on real recordings.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import replace
+
+from attrib_agent.attribution.sim_step import FreeBlockQueue, LiveRequest, blocks_for, holders, schedule_step
+from attrib_agent.attribution.sim_trace import Pricer, VictimTracer, VictimView
+from attrib_agent.attribution.sim_types import SchedulerConfig, SimOutcome, SimRequest, SimResult, StepCost
+from attrib_agent.lab.shapley import shapley_values
+
+
+def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: StepCost, *,
+             trace: str | None = None, max_steps: int = 1_000_000) -> SimResult:
+    """Re-run the scheduler over `requests`; with `trace`, explain that request's waits step by step.
+
+    Ties in arrival keep the input order. A request whose whole sequence cannot fit in the pool even alone is
+    never scheduled (vLLM refuses it). The run stops after `max_steps` steps; requests unfinished by then have
+    no finish time.
+    """
+    if config.block_size < 1 or config.num_blocks < 2 or config.token_budget < 1 or config.max_num_seqs < 1:
+        raise ValueError(f"invalid scheduler config {config}")
+    lives = [LiveRequest(replace(r, prompt_tokens=max(r.prompt_tokens, 1)), i, max(r.output_tokens, 1))
+             for i, r in enumerate(requests)]
+    by_id = {lv.req.request_id: lv for lv in lives}
+    if len(by_id) != len(lives):
+        raise ValueError("request ids must be unique")
+    if trace is not None and trace not in by_id:
+        raise ValueError(f"traced request {trace!r} is not among the requests")
+    bs, usable = config.block_size, config.num_blocks - 1
+    for lv in lives:
+        lv.refused = blocks_for(lv.req.prompt_tokens + lv.target - 1, bs) > usable
+    pool = FreeBlockQueue(usable, config.prefix_caching)
+    pending = deque(sorted(lives, key=lambda lv: (lv.req.arrival_ts, lv.index)))
+    waiting: deque[LiveRequest] = deque()
+    running: list[LiveRequest] = []
+    pricer = Pricer(cost)
+    victim = by_id[trace] if trace is not None else None
+    tracer = VictimTracer(trace, pricer) if trace is not None else None
+    now = pending[0].req.arrival_ts if pending else 0.0
+    steps = preemptions = peak_blocks = peak_tokens = empty_rounds = 0
+    while steps < max_steps:
+        while pending and pending[0].req.arrival_ts <= now:
+            lv = pending.popleft()
+            lv.queued_ts = now
+            if not lv.refused:
+                waiting.append(lv)
+        if not running and not waiting:
+            if not pending:
+                break
+            now = pending[0].req.arrival_ts
+            continue
+        plan = schedule_step(running, waiting, pool, config, now)
+        preemptions += len(plan.preempted)
+        peak_blocks = max(peak_blocks, usable - pool.free)
+        if not plan.members:  # everyone running was preempted; vLLM runs no model step, the next round admits
+            empty_rounds += 1
+            if empty_rounds > len(lives) + 1:
+                break
+            continue
+        empty_rounds = 0
+        end = now + pricer.seconds(plan.members)
+        peak_tokens = max(peak_tokens, sum(m.tokens for m in plan.members))
+        if tracer is not None and victim is not None:
+            view = VictimView(victim.req.arrival_ts, victim.finish_ts is None and not victim.refused,
+                              victim in running, victim in plan.preempted, victim.first_token_ts is not None,
+                              victim.forced_by)
+            tracer.step(now, end, plan.members, plan.stop,
+                        plan.blocked.req.request_id if plan.blocked is not None else None,
+                        holders(running), [r.req.request_id for r in running], view)
+        for m in plan.members:
+            _advance(by_id[m.request_id], m.tokens, end, running, pool)
+        now = end
+        steps += 1
+    outcomes = {lv.req.request_id: SimOutcome(
+        lv.req.request_id, lv.scheduled_ts, lv.first_token_ts, lv.finish_ts, tuple(lv.token_ts), lv.preemptions,
+        tracer.waits() if tracer is not None and lv is victim else (), lv.queued_ts) for lv in lives}
+    return SimResult(outcomes, steps, preemptions, peak_blocks, peak_tokens)
+
+
+def _advance(lv: LiveRequest, tokens: int, end: float, running: list[LiveRequest], pool: FreeBlockQueue) -> None:
+    """After the step: a request whose KV caught up with its tokens samples one; done ones free their blocks."""
+    lv.computed += tokens
+    if lv.computed < lv.num_tokens:
+        return
+    lv.outputs += 1
+    lv.token_ts.append(end)
+    if lv.first_token_ts is None:
+        lv.first_token_ts = end
+    if lv.outputs >= lv.target:
+        lv.finish_ts = end
+        running.remove(lv)
+        pool.release(None, lv.blocks)
+        lv.blocks = 0
+
+
+def shapley(players: Sequence[str], value: Callable[[frozenset[str]], float], *, exact_up_to: int = 6,
+            permutations: int = 64, seed: int = 0) -> dict[str, float]:
+    """Shapley values: exact for up to `exact_up_to` players, else permutation sampling (seeded, antithetic
+    pairs, deterministic). Values are cached per coalition; the shares always sum to v(all) - v(none)."""
+    if len(set(players)) != len(players):
+        raise ValueError("players must be distinct")
+    if len(players) <= exact_up_to:
+        return shapley_values(players, value)
+    cache: dict[frozenset[str], float] = {}
+
+    def v(s: frozenset[str]) -> float:
+        if s not in cache:
+            cache[s] = value(s)
+        return cache[s]
+
+    rng = random.Random(seed)
+    totals = dict.fromkeys(players, 0.0)
+    order = list(players)
+    rounds = max(2, permutations + permutations % 2)
+    for k in range(rounds):
+        if k % 2 == 0:
+            rng.shuffle(order)
+        coalition: frozenset[str] = frozenset()
+        before = v(coalition)
+        for p in order if k % 2 == 0 else reversed(order):
+            coalition = coalition | {p}
+            after = v(coalition)
+            totals[p] += after - before
+            before = after
+    return {p: totals[p] / rounds for p in players}
+
+
+def _metric(outcome: SimOutcome, arrival_ts: float, metric: str) -> float:
+    if metric == "ttft":
+        value = outcome.ttft_s(arrival_ts)
+    else:
+        value = outcome.mean_itl_s
+    return value if value is not None else 0.0
+
+
+def slowdown_shares(requests: Sequence[SimRequest], config: SchedulerConfig, cost: StepCost, victim: str,
+                    players: Mapping[str, Collection[str]], *, metric: str = "ttft", exact_up_to: int = 6,
+                    permutations: int = 64, seed: int = 0) -> tuple[dict[str, float], dict[frozenset[str], float]]:
+    """Each player's Shapley share of the victim's simulated slowdown: `metric` ("ttft" or "itl", seconds)
+    with every player present minus with none. A player is a label for a set of request ids (one heavy culprit,
+    or the light ones pooled); requests in no player always stay. Returns (shares, slowdown per coalition
+    simulated)."""
+    if metric not in ("ttft", "itl"):
+        raise ValueError("metric must be 'ttft' or 'itl'")
+    target = next((r for r in requests if r.request_id == victim), None)
+    if target is None:
+        raise ValueError(f"victim {victim!r} is not among the requests")
+    owner = {rid: label for label, ids in players.items() for rid in ids if rid != victim}
+    runs: dict[frozenset[str], float] = {}
+
+    def run(present: frozenset[str]) -> float:
+        if present not in runs:
+            kept = [r for r in requests if r.request_id not in owner or owner[r.request_id] in present]
+            result = simulate(kept, config, cost)
+            runs[present] = _metric(result.outcomes[victim], target.arrival_ts, metric)
+        return runs[present]
+
+    baseline = run(frozenset())
+    shares = shapley(list(players), lambda s: run(s) - baseline, exact_up_to=exact_up_to,
+                     permutations=permutations, seed=seed)
+    return shares, {s: v - baseline for s, v in runs.items()}

@@ -1,0 +1,164 @@
+"""Why one traced request waited, step by step, inside a scheduler re-simulation.
+
+Each simulated step the victim either did not progress (the whole step is a wait) or progressed more slowly
+than alone (the step's excess over its own solo cost is a wait). Causes, and whom they blame:
+- kv_pressure: admission refused because the free blocks were too few; split by blocks held.
+- head_of_line: queued behind a waiting request that did not fit; blamed on that request.
+- prefill_contention / decode_batching / kv_bandwidth: the step's time (or its excess) split by each other
+  member's marginal cost: prefill chunks; decodes' per-request cost; decodes' per-context-token cost.
+- preemption: the step the victim was preempted in, and the recompute of what it had already computed;
+  blamed on the request whose growth forced it (or on the block holders when it preempted itself).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attrib_agent.attribution.sim_types import PrefillAwareStepCost, StepCost, WaitCause
+
+Features = tuple[int, int, int, int]  # prefill tokens, decode requests, decode context sum, prefill pairs
+Blame = tuple[tuple[str, float], ...]  # request id -> weight (summing to 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One request's part in one simulated step."""
+
+    request_id: str
+    tokens: int
+    prior: int  # tokens in its KV before this step
+    decode: bool  # one token on a fully computed context
+    redo_until: int = 0  # tokens below this were computed before a preemption: redoing them is waste
+
+    def features(self) -> Features:
+        if self.decode:
+            return (0, 1, self.prior + 1, 0)
+        return (self.tokens, 0, 0, self.tokens * self.prior + self.tokens * (self.tokens + 1) // 2)
+
+
+def _minus(a: Features, b: Features) -> Features:
+    return (a[0] - b[0], a[1] - b[1], a[2] - b[2], a[3] - b[3])
+
+
+class Pricer:
+    """Prices a step's members with the cost model (prefill attention too when the model offers it)."""
+
+    def __init__(self, cost: StepCost) -> None:
+        self._cost = cost
+        self._aware = cost if isinstance(cost, PrefillAwareStepCost) else None
+
+    @staticmethod
+    def features(members: list[Member]) -> Features:
+        t = r = c = p = 0
+        for m in members:
+            f = m.features()
+            t, r, c, p = t + f[0], r + f[1], c + f[2], p + f[3]
+        return (t, r, c, p)
+
+    def price(self, f: Features) -> float:
+        if self._aware is not None:
+            return self._aware.step_seconds_with_prefill(f[0], f[1], f[2], f[3])
+        return self._cost.step_seconds(f[0], f[1], f[2])
+
+    def seconds(self, members: list[Member]) -> float:
+        return self.price(self.features(members))
+
+
+@dataclass(frozen=True, slots=True)
+class VictimView:
+    """The traced request as the scheduler saw it at this step."""
+
+    arrival_ts: float
+    in_flight: bool  # queued or running (not yet arrived, refused or finished: False)
+    running: bool
+    preempted_now: bool
+    first_token_seen: bool
+    forced_by: Blame
+
+
+class VictimTracer:
+    """Collects WaitCause entries. A step's wait merges into the latest entry of the same cause and phase when
+    it blames the same requests, and into it regardless once `max_entries` are kept: a long-lived victim's list
+    stays within `max_entries` + one per (cause, phase)."""
+
+    def __init__(self, request_id: str, pricer: Pricer, max_entries: int = 2048) -> None:
+        self.request_id = request_id
+        self._pricer = pricer
+        self._max = max_entries
+        self._entries: list[tuple[str, bool, float, dict[str, float]]] = []  # cause, itl phase, ts, by request
+        self._last: dict[tuple[str, bool], int] = {}
+
+    def waits(self) -> tuple[WaitCause, ...]:
+        return tuple(WaitCause(cause, sum(by.values()), tuple(sorted(by.items())), ts)
+                     for cause, _, ts, by in self._entries if by)
+
+    def step(self, start: float, end: float, members: list[Member], stop: str, blocked: str | None,
+             holders: Blame, running_ids: list[str], victim: VictimView) -> None:
+        if not victim.in_flight or victim.arrival_ts > end:
+            return
+        itl = victim.first_token_seen
+        if victim.arrival_ts > start:  # arrived while this step ran: waits for it to end
+            self._contention(members, members, end - victim.arrival_ts, victim.arrival_ts, itl)
+            return
+        duration = end - start
+        mine = next((m for m in members if m.request_id == self.request_id), None)
+        if mine is not None:
+            solo = self._pricer.seconds([mine])
+            redo = max(min(mine.prior + mine.tokens, mine.redo_until) - mine.prior, 0)
+            if redo:
+                self._add("preemption", solo * redo / mine.tokens, victim.forced_by, start, itl)
+            others = [m for m in members if m is not mine]
+            self._contention(others, members, duration - solo, start, itl)
+        elif victim.preempted_now:
+            self._add("preemption", duration, victim.forced_by, start, itl)
+        elif victim.running or stop == "budget":
+            self._contention(members, members, duration, start, itl)
+        elif stop in ("kv", "preemption") and (blocked is None or blocked == self.request_id):
+            self._add("kv_pressure", duration, holders, start, itl)
+        elif stop == "kv" and blocked is not None:
+            self._add("head_of_line", duration, ((blocked, 1.0),), start, itl)
+        elif stop == "seats" and running_ids:
+            self._add("decode_batching", duration, tuple((r, 1 / len(running_ids)) for r in running_ids), start,
+                      itl)
+
+    def _contention(self, others: list[Member], members: list[Member], seconds: float, ts: float,
+                    itl: bool) -> None:
+        if seconds <= 0 or not others:
+            return
+        total = self._pricer.features(members)
+        full = self._pricer.price(total)
+        parts: dict[str, dict[str, float]] = {"prefill_contention": {}, "decode_batching": {}, "kv_bandwidth": {}}
+        for m in others:
+            f = m.features()
+            marginal = max(full - self._pricer.price(_minus(total, f)), 0.0)
+            if m.decode:
+                bandwidth = min(max(full - self._pricer.price(_minus(total, (0, 0, f[2], 0))), 0.0), marginal)
+                parts["kv_bandwidth"][m.request_id] = bandwidth
+                parts["decode_batching"][m.request_id] = marginal - bandwidth
+            else:
+                parts["prefill_contention"][m.request_id] = marginal
+        spent = sum(sum(p.values()) for p in parts.values())
+        if spent <= 0:  # a cost model blind to these members: split evenly by what they computed
+            for m in others:
+                key = "decode_batching" if m.decode else "prefill_contention"
+                parts[key][m.request_id] = float(m.tokens)
+            spent = float(sum(m.tokens for m in others))
+        for cause, by in parts.items():
+            blame = tuple((rid, v / spent) for rid, v in by.items() if v > 0)
+            self._add(cause, seconds, blame, ts, itl)
+
+    def _add(self, cause: str, seconds: float, blame: Blame, ts: float, itl: bool) -> None:
+        """`blame` weights are fractions of `seconds` (they sum to 1 except for one cause of a split step)."""
+        share = {rid: seconds * w for rid, w in blame if w > 0}
+        if seconds <= 0 or not share:
+            return
+        key = (cause, itl)
+        last = self._last.get(key)
+        if last is not None:
+            entry = self._entries[last][3]
+            if len(self._entries) >= self._max or set(entry) == set(share):
+                for rid, s in share.items():
+                    entry[rid] = entry.get(rid, 0.0) + s
+                return
+        self._entries.append((cause, itl, ts, share))
+        self._last[key] = len(self._entries) - 1

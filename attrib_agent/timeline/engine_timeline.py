@@ -1,0 +1,248 @@
+"""One engine's timeline: lifecycles, steps with their members, the KV ledger and inferred preemptions.
+
+Fed events one at a time (live) or all at once (replay), it gives the same answers: whatever is asked in
+between, every step held ends up inferred from all the facts known about the requests it can involve (see
+reinference.py). Memory is bounded: steps older than every open request (and than `keep_s`) leave in
+chunks, with the requests that ended before them; hard caps bound steps, requests and samples.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from attrib_agent.events import (
+    EngineStep,
+    Event,
+    MetricsSnapshot,
+    RequestAborted,
+    RequestAdded,
+    RequestFailed,
+    RequestReceived,
+    RequestSpan,
+)
+from attrib_agent.timeline.ledger import KvBlockLedger, MetricsSample
+from attrib_agent.timeline.lifecycle import LifecycleBook
+from attrib_agent.timeline.model import RequestLifecycle, StepRecord
+from attrib_agent.timeline.preemption import InferredPreemption, PreemptionCounts, infer_preemptions, preemption_counts
+from attrib_agent.timeline.reinference import TimelineInference
+from attrib_agent.timeline.sched_state import Geometry, StepInput
+from attrib_agent.timeline.step_outcome import StepOutcome
+from attrib_agent.timeline.timeline_window import StepWindow
+
+DEFAULT_TOKEN_BUDGET = 2048  # vLLM's max_num_batched_tokens on CPU; GPUs often run 8192
+BOUND_EVERY_FEEDS = 1024  # how often the time-based bounds are applied (the hard caps are checked every feed)
+
+
+@dataclass(frozen=True, slots=True)
+class MembershipQuality:
+    """How well the inferred members explain the logged counts."""
+
+    steps: int
+    exact_share: float  # share of steps whose members reproduce all four counts
+    mean_error: float  # mean of |inferred - logged| summed over the four counts
+    max_error: int
+
+
+class EngineTimeline:
+    """The timeline of one vLLM engine (`engine` is the data-parallel index in its logs and metrics).
+
+    block_size/num_blocks/token_budget override what the metrics and the steps show. Bounds: at most
+    `max_steps` steps, `max_requests` lifecycles and `max_samples` metrics samples; steps older than every
+    open request and than `keep_s` are dropped, and an inferred finish whose span has not come within
+    `open_timeout_s` stops holding the window open.
+    """
+
+    def __init__(self, block_size: int | None = None, num_blocks: int | None = None, *, engine: int = 0,
+                 token_budget: int | None = None, max_steps: int = 50_000, max_requests: int = 10_000,
+                 max_samples: int = 4_096, checkpoint_every: int = 32, keep_s: float = 30.0,
+                 open_timeout_s: float = 300.0) -> None:
+        self.engine = engine
+        self._fixed = Geometry(block_size, num_blocks)
+        self._configured_budget = token_budget
+        self._book = LifecycleBook(max_requests, engine)
+        self._window = StepWindow(max_steps, checkpoint_every)
+        self._inference = TimelineInference(self._book, self._window, self._fixed, token_budget or 0)
+        self._samples: deque[MetricsSample] = deque(maxlen=max_samples)
+        self._keep_s = keep_s
+        self._open_timeout_s = open_timeout_s
+        self._ms_logs = False
+        self._feeds_since_bound = 0
+        self._version = 0
+        self._ledger: tuple[int, KvBlockLedger] | None = None
+        self.skipped: dict[str, int] = {}
+
+    # ---- input -------------------------------------------------------------------------------------------
+    def feed(self, event: Event) -> None:
+        self._version += 1
+        if isinstance(event, EngineStep):
+            self._on_step(event)
+        elif isinstance(event, MetricsSnapshot):
+            self._on_metrics(event)
+        elif isinstance(event, RequestReceived | RequestAdded | RequestAborted | RequestFailed | RequestSpan):
+            self._on_request(event)
+        else:
+            self._skip(type(event).__name__)
+        self._feeds_since_bound += 1
+        if self._feeds_since_bound >= BOUND_EVERY_FEEDS or self._window.over_capacity():
+            self._feeds_since_bound = 0
+            self._bound()
+
+    def feed_all(self, events: Iterable[Event]) -> None:
+        for event in events:
+            self.feed(event)
+
+    def _skip(self, kind: str) -> None:
+        self.skipped[kind] = self.skipped.get(kind, 0) + 1
+
+    def _log_time(self, log_ts: float | None, ts: float) -> float:
+        """vLLM's own stamp when it has sub-second resolution; the default 1 s stamps are worse than receipt."""
+        if log_ts is None:
+            return ts
+        if log_ts % 1.0:
+            self._ms_logs = True
+        return log_ts if self._ms_logs else ts
+
+    def _on_step(self, ev: EngineStep) -> None:
+        if ev.engine != self.engine or ev.dummy:
+            self._skip("other_engine_or_dummy_step")
+            return
+        end = max(self._log_time(ev.log_ts, ev.ts), self._window.last_end() or float("-inf"))
+        self._window.append(StepInput(self._window.next_seq, ev.engine, ev.iteration, end, ev.elapsed_ms / 1000.0,
+                                      ev.context_requests, ev.context_tokens, ev.generation_requests,
+                                      ev.generation_tokens, ev.kv_usage))
+
+    def _on_metrics(self, ev: MetricsSnapshot) -> None:
+        if ev.engine != str(self.engine):
+            self._skip("other_engine_metrics")
+            return
+        geo = Geometry(self._fixed.block_size or ev.block_size, self._fixed.num_blocks or ev.num_gpu_blocks)
+        if geo != self._inference.geometry and geo.known:
+            self._inference.set_geometry(geo)
+        self._samples.append(MetricsSample(ev.ts, ev.kv_usage, ev.preemptions_total, ev.counter_reset))
+
+    def _on_request(self, ev: RequestReceived | RequestAdded | RequestAborted | RequestFailed | RequestSpan) -> None:
+        if not isinstance(ev, RequestSpan) and ev.log_ts is not None:
+            ev = replace(ev, log_ts=self._log_time(ev.log_ts, ev.ts))
+        change = self._book.feed(ev)
+        entry = self._book.entry(ev.request_id)
+        if entry is not None and (change.span_landed or change.new or change.aborted):
+            self._inference.request_changed(ev.request_id, entry.queue_ts)
+
+    # ---- bounds ------------------------------------------------------------------------------------------
+    def _bound(self) -> None:
+        """Drop what no open request overlaps (and is older than keep_s), or the oldest past max_steps."""
+        last = self._window.last_end()
+        if last is None:
+            return
+        horizon = last - self._keep_s
+        for entry in self._book.entries():
+            if entry.lifecycle.end_ts is None and not self._closed_by_timeout(entry.lifecycle.request_id, last):
+                horizon = min(horizon, entry.queue_ts)
+        self.forget_before(horizon)
+        if self._window.over_capacity():
+            self._inference.refresh()
+            self._evict(self._window.evictable(None))
+
+    def _closed_by_timeout(self, rid: str, now: float) -> bool:
+        """An inferred finish whose span never came (lost, or tracing off) stops holding the window open."""
+        departed = self._inference.departure(rid)
+        return departed is not None and now - departed.end_ts > self._open_timeout_s
+
+    def forget_before(self, ts: float) -> None:
+        """Forget steps that ended before `ts` (in whole checkpoint chunks), the samples before it, and the
+        requests that ended before the oldest step still held (re-inference from there may need the others)."""
+        self._inference.refresh()
+        self._evict(self._window.evictable(ts))
+        while self._samples and self._samples[0].ts < ts:
+            self._samples.popleft()
+        first = self._window.start_of(self._window.first_seq)
+        cutoff = ts if first is None else min(ts, first)
+        for entry in self._book.entries():
+            end = entry.lifecycle.end_ts
+            departed = self._inference.departure(entry.lifecycle.request_id)
+            if departed is not None and end is None and self._closed_by_timeout(departed.request_id, cutoff):
+                end = departed.end_ts
+            if end is not None and end < cutoff:
+                self._book.forget(entry.lifecycle.request_id)
+                self._inference.forget(entry.lifecycle.request_id)
+
+    def _evict(self, upto_seq: int | None) -> None:
+        if upto_seq is not None and upto_seq > self._window.first_seq:
+            self._inference.drop_before(upto_seq)
+            self._version += 1
+
+    # ---- queries -----------------------------------------------------------------------------------------
+    def lifecycle(self, request_id: str) -> RequestLifecycle | None:
+        """vLLM's times once the span has landed; before that, what the log lines and steps show."""
+        self._inference.refresh()
+        lc = self._book.get(request_id)
+        if lc is None:
+            return None
+        return lc if lc.complete else self._partial(lc)
+
+    def lifecycles(self) -> list[RequestLifecycle]:
+        self._inference.refresh()
+        return [lc if lc.complete else self._partial(lc) for lc in self._book.lifecycles()]
+
+    def _partial(self, lc: RequestLifecycle) -> RequestLifecycle:
+        departed = self._inference.departure(lc.request_id)
+        source = departed if departed is not None else self._inference.track(lc.request_id)
+        if source is None:
+            return lc
+        w = self._window
+        finish = departed.end_ts if departed is not None and departed.reason == "finished" else None
+        return replace(lc, scheduled_ts=lc.scheduled_ts or w.start_of(source.admitted_seq),
+                       first_token_ts=lc.first_token_ts or w.end_of(source.first_token_seq),
+                       finish_ts=lc.finish_ts or finish, prompt_tokens=lc.prompt_tokens or source.prompt)
+
+    def outcomes(self) -> list[tuple[StepInput, StepOutcome]]:
+        """Every step held with what was inferred for it (departures, preemptions, KV holdings)."""
+        self._inference.refresh()
+        return self._window.outcomes()
+
+    def steps(self) -> list[StepRecord]:
+        return [out.record for _, out in self.outcomes()]
+
+    def steps_between(self, t0: float, t1: float) -> list[StepRecord]:
+        """Steps whose execution overlaps [t0, t1], members included."""
+        return [out.record for si, out in self.outcomes() if si.end_ts >= t0 and si.start_ts <= t1]
+
+    @property
+    def ledger(self) -> KvBlockLedger:
+        outcomes = self.outcomes()
+        if self._ledger is None or self._ledger[0] != self._version:
+            lifetimes = {lc.request_id: (lc.arrival_ts, lc.end_ts) for lc in self._book.lifecycles()}
+            self._ledger = (self._version, KvBlockLedger(self._inference.geometry, outcomes, list(self._samples),
+                                                         lifetimes))
+        return self._ledger[1]
+
+    def preemptions(self) -> list[InferredPreemption]:
+        outcomes = self.outcomes()
+        return infer_preemptions(outcomes, list(self._samples), {lc.request_id: lc for lc in self._book.lifecycles()})
+
+    def preemption_counts(self) -> PreemptionCounts:
+        return preemption_counts(self.preemptions(), list(self._samples))
+
+    def pool(self) -> tuple[int | None, int | None]:
+        return self._inference.geometry.block_size, self._inference.geometry.num_blocks
+
+    def token_budget(self) -> int:
+        """vLLM's max_num_batched_tokens: as configured, else the largest step seen (context plus generation
+        tokens; a step cut by the budget fills it), else DEFAULT_TOKEN_BUDGET before any step."""
+        if self._configured_budget is not None:
+            return self._configured_budget
+        return self._window.largest_step() or DEFAULT_TOKEN_BUDGET
+
+    def membership_quality(self) -> MembershipQuality:
+        errors = [r.membership_error for r in self.steps()]
+        if not errors:
+            return MembershipQuality(0, 1.0, 0.0, 0)
+        return MembershipQuality(len(errors), sum(e == 0 for e in errors) / len(errors),
+                                 sum(errors) / len(errors), max(errors))
+
+    def sizes(self) -> dict[str, int]:
+        """How much is held, for the memory-bound tests and the agent's own metrics."""
+        return {"steps": len(self._window), "requests": len(self._book), "samples": len(self._samples),
+                "departed": self._inference.departures(), "checkpoints": self._window.checkpoints()}

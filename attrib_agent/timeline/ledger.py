@@ -1,0 +1,165 @@
+"""KV block ledger: who holds how many KV blocks after each step, checked against what vLLM reports.
+
+A request holds ceil(tokens in its KV / block_size) blocks (prompt tokens computed so far plus tokens
+generated, prefix hits included) from the step that allocates them until it finishes, is aborted or is
+preempted. Summed over requests this predicts vLLM's `kv_cache_usage_perc`; the difference (the residual,
+in blocks) is prefix-cache sharing plus model error. vLLM's usage is used / (num_gpu_blocks - 1): block 0
+is its reserved null block. Block-seconds per request give the memory-fair view of who used the pool.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from attrib_agent.timeline.sched_state import Geometry, StepInput
+from attrib_agent.timeline.step_outcome import StepOutcome
+
+SCRAPE_WINDOW_S = 0.1  # how long before its receipt a /metrics body may have been rendered (fetch time bound)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSample:
+    """What the timeline keeps of one /metrics scrape."""
+
+    ts: float
+    kv_usage: float | None
+    preemptions_total: float | None
+    counter_reset: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class KvReconciliation:
+    """Predicted blocks in use against vLLM's own figure at one moment (a step line or a metrics sample)."""
+
+    ts: float
+    iteration: int | None  # the step whose state is compared
+    observed_blocks: float  # kv_usage x usable blocks
+    predicted_blocks: int
+
+    @property
+    def residual(self) -> float:
+        return self.observed_blocks - self.predicted_blocks
+
+
+@dataclass(frozen=True, slots=True)
+class RequestKv:
+    """One request's use of the KV pool over its life (as far as the timeline still holds it)."""
+
+    request_id: str
+    block_seconds: float
+    peak_blocks: int
+    start_ts: float
+    end_ts: float
+    mean_share: float  # block-seconds / (usable blocks x life): its average share of the pool
+
+
+@dataclass(frozen=True, slots=True)
+class ResidualStats:
+    n: int
+    median_abs: float
+    p95_abs: float
+    max_abs: float
+
+
+def residual_stats(recs: Sequence[KvReconciliation]) -> ResidualStats:
+    values = sorted(abs(r.residual) for r in recs)
+    if not values:
+        return ResidualStats(0, 0.0, 0.0, 0.0)
+    p95 = values[min(len(values) - 1, math.ceil(0.95 * len(values)) - 1)]
+    return ResidualStats(len(values), values[len(values) // 2], p95, values[-1])
+
+
+class KvBlockLedger:
+    """Built from the timeline's steps (in order), its metrics samples and the requests' lifetimes."""
+
+    def __init__(self, geometry: Geometry, steps: Sequence[tuple[StepInput, StepOutcome]],
+                 samples: Sequence[MetricsSample], lifetimes: Mapping[str, tuple[float | None, float | None]]) -> None:
+        self.geometry = geometry
+        self._steps = list(steps)
+        self._samples = list(samples)
+        self._ends = [si.end_ts for si, _ in self._steps]
+        self._requests = self._integrate(lifetimes)
+
+    def blocks(self, request_id: str, iteration: int) -> int:
+        """Blocks the request held after the step with this iteration number (0 if it held none)."""
+        for si, out in self._steps:
+            if si.iteration == iteration:
+                return dict(out.holdings).get(request_id, 0)
+        return 0
+
+    def held_at(self, ts: float) -> dict[str, int]:
+        """Blocks per request in force at `ts`: as left by the last step that ended by then."""
+        i = _last_at_or_before(self._ends, ts)
+        return {} if i is None else dict(self._steps[i][1].holdings)
+
+    def step_reconciliations(self) -> list[KvReconciliation]:
+        """At every step line: predicted blocks against the line's own KV usage."""
+        return [KvReconciliation(si.end_ts, si.iteration, out.observed_blocks, out.predicted_blocks)
+                for si, out in self._steps if out.observed_blocks is not None and out.predicted_blocks is not None]
+
+    def reconciliations(self) -> list[KvReconciliation]:
+        """At every metrics sample with a KV figure: the step whose state the gauge showed, and the residual.
+
+        The gauge is set when a step's output is processed, and the scrape renders it at some moment before
+        its receipt time: the state shown is that of the last step before the scrape, or of one that was
+        current within SCRAPE_WINDOW_S before it; the one whose logged usage matches the sample is taken.
+        """
+        usable = self.geometry.usable_blocks
+        if usable is None or self.geometry.block_size is None:
+            return []
+        out: list[KvReconciliation] = []
+        for sample in self._samples:
+            i = _last_at_or_before(self._ends, sample.ts)
+            if sample.kv_usage is None or i is None:
+                continue
+            observed = sample.kv_usage * usable
+            candidates = [i]  # steps whose state may have been current while the scrape was served
+            while candidates[-1] > 0 and self._ends[candidates[-1]] >= sample.ts - SCRAPE_WINDOW_S:
+                candidates.append(candidates[-1] - 1)
+            j = min(candidates, key=lambda j: (abs(_obs(self._steps[j][1]) - observed), candidates.index(j)))
+            si, step_out = self._steps[j]
+            if step_out.predicted_blocks is not None:
+                out.append(KvReconciliation(sample.ts, si.iteration, observed, step_out.predicted_blocks))
+        return out
+
+    def request(self, request_id: str) -> RequestKv | None:
+        return self._requests.get(request_id)
+
+    def requests(self) -> list[RequestKv]:
+        return sorted(self._requests.values(), key=lambda r: (r.start_ts, r.request_id))
+
+    def _integrate(self, lifetimes: Mapping[str, tuple[float | None, float | None]]) -> dict[str, RequestKv]:
+        """Holdings are piecewise constant between step ends: each step's holdings last until the next step."""
+        seconds: dict[str, float] = {}
+        peak: dict[str, int] = {}
+        first_seen: dict[str, float] = {}
+        last_seen: dict[str, float] = {}
+        for k, (si, out) in enumerate(self._steps):
+            span = self._ends[k + 1] - si.end_ts if k + 1 < len(self._steps) else 0.0
+            for rid, blocks in out.holdings:
+                seconds[rid] = seconds.get(rid, 0.0) + blocks * max(span, 0.0)
+                peak[rid] = max(peak.get(rid, 0), blocks)
+                first_seen.setdefault(rid, si.start_ts)
+                last_seen[rid] = si.end_ts + max(span, 0.0)
+        usable = self.geometry.usable_blocks
+        result: dict[str, RequestKv] = {}
+        for rid, bs in seconds.items():
+            start, end = lifetimes.get(rid, (None, None))
+            start = first_seen[rid] if start is None else min(start, first_seen[rid])
+            end = last_seen[rid] if end is None else end
+            life = end - start
+            share = bs / (usable * life) if usable and life > 0 else 0.0
+            result[rid] = RequestKv(rid, bs, peak[rid], start, end, share)
+        return result
+
+
+def _obs(out: StepOutcome) -> float:
+    return out.observed_blocks if out.observed_blocks is not None else float("inf")
+
+
+def _last_at_or_before(ends: Sequence[float], ts: float) -> int | None:
+    i = bisect.bisect_right(ends, ts) - 1
+    return i if i >= 0 else None

@@ -1,0 +1,160 @@
+"""Request lifecycles from log lines and spans: partial while the request runs, complete when its span lands.
+
+Live, a request is known from `Received`/`Added` long before vLLM exports its span (spans come only for
+finished requests, seconds later). The book keeps those partial lifecycles and overwrites their times with
+vLLM's own once the span lands. It is bounded: past `max_requests` the oldest ended request leaves first.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from attrib_agent.events import RequestAborted, RequestAdded, RequestFailed, RequestReceived, RequestSpan
+from attrib_agent.timeline.model import RequestLifecycle
+
+RequestEvent = RequestReceived | RequestAdded | RequestAborted | RequestFailed | RequestSpan
+
+
+@dataclass(frozen=True, slots=True)
+class BookEntry:
+    """A lifecycle plus what the timeline needs to order it: when it reached the queue and in which order."""
+
+    lifecycle: RequestLifecycle
+    queue_ts: float  # first time seen (Received log time, else span start): FCFS order, fixed once set
+    order: int  # first-seen sequence number: tie-break for equal queue times
+
+
+@dataclass(frozen=True, slots=True)
+class BookChange:
+    """What one event changed: the timeline re-infers the steps that the change can affect."""
+
+    request_id: str
+    new: bool  # the request was not known before
+    span_landed: bool  # this event completed the lifecycle (first span for it)
+    aborted: bool
+
+
+def _log_time(ev: RequestReceived | RequestAdded | RequestAborted | RequestFailed) -> float:
+    return ev.log_ts if ev.log_ts is not None else ev.ts
+
+
+class LifecycleBook:
+    """Lifecycles by request id, with an index in queue order; duplicates and late or repeated spans are harmless."""
+
+    def __init__(self, max_requests: int = 10_000, engine: int = 0) -> None:
+        if max_requests < 1:
+            raise ValueError("max_requests must be positive")
+        self.max_requests = max_requests
+        self.engine = engine
+        self._entries: dict[str, BookEntry] = {}
+        self._queue: list[tuple[float, int, str]] = []  # (queue_ts, order, request_id), sorted
+        self._next_order = 0
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._entries
+
+    def get(self, request_id: str) -> RequestLifecycle | None:
+        entry = self._entries.get(request_id)
+        return None if entry is None else entry.lifecycle
+
+    def entry(self, request_id: str) -> BookEntry | None:
+        return self._entries.get(request_id)
+
+    def entries(self) -> list[BookEntry]:
+        return list(self._entries.values())
+
+    def lifecycles(self) -> list[RequestLifecycle]:
+        """Every held lifecycle, in queue order."""
+        return [self._entries[rid].lifecycle for _, _, rid in self._queue]
+
+    def queued_between(self, after: tuple[float, int] | None, before_ts: float) -> Iterator[BookEntry]:
+        """Entries whose (queue_ts, order) is past `after` and whose queue_ts is before `before_ts`, in order."""
+        i = 0 if after is None else bisect.bisect_right(self._queue, (after[0], after[1], "\uffff"))
+        while i < len(self._queue) and self._queue[i][0] < before_ts:
+            yield self._entries[self._queue[i][2]]
+            i += 1
+
+    def feed(self, ev: RequestEvent) -> BookChange:
+        """Apply one request event; returns what changed so the caller can re-infer."""
+        rid = ev.request_id
+        entry = self._entries.get(rid)
+        new = entry is None
+        if entry is None:
+            first = ev.start_ts if isinstance(ev, RequestSpan) else _log_time(ev)
+            entry = BookEntry(RequestLifecycle(request_id=rid, engine=self.engine), first, self._next_order)
+            self._next_order += 1
+            self._entries[rid] = entry
+            bisect.insort(self._queue, (entry.queue_ts, entry.order, rid))
+        lc = entry.lifecycle
+        landed = False
+        aborted = False
+        if isinstance(ev, RequestSpan):
+            landed = not lc.complete
+            lc = _with_span(lc, ev)
+        elif isinstance(ev, RequestReceived):
+            if lc.arrival_ts is None:
+                lc = replace(lc, arrival_ts=_log_time(ev))
+            if ev.max_tokens is not None and lc.max_tokens is None:
+                lc = replace(lc, max_tokens=ev.max_tokens)
+        elif isinstance(ev, RequestAdded):
+            if lc.arrival_ts is None:
+                lc = replace(lc, arrival_ts=_log_time(ev))
+        elif lc.aborted_ts is None and not lc.complete:  # aborted or failed: the request leaves, no span follows
+            lc = replace(lc, aborted_ts=_log_time(ev))
+            aborted = True
+        if lc != entry.lifecycle:
+            self._entries[rid] = replace(entry, lifecycle=lc)
+        if new:
+            self._bound()
+        return BookChange(rid, new=new, span_landed=landed, aborted=aborted)
+
+    def forget(self, request_id: str) -> None:
+        entry = self._entries.pop(request_id, None)
+        if entry is not None:
+            i = bisect.bisect_left(self._queue, (entry.queue_ts, entry.order, request_id))
+            if i < len(self._queue) and self._queue[i][2] == request_id:
+                del self._queue[i]
+
+    def forget_ended_before(self, ts: float) -> int:
+        """Drop requests that ended (finished or aborted) before `ts`; returns how many left."""
+        gone = [rid for rid, e in self._entries.items() if (end := e.lifecycle.end_ts) is not None and end < ts]
+        for rid in gone:
+            self.forget(rid)
+        return len(gone)
+
+    def _bound(self) -> None:
+        """Past the bound, the earliest-queued ended request leaves; if none has ended, the earliest-queued one."""
+        while len(self._entries) > self.max_requests:
+            victim = next((rid for _, _, rid in self._queue if self._entries[rid].lifecycle.end_ts is not None),
+                          self._queue[0][2])
+            self.forget(victim)
+            self.evicted += 1
+
+
+def _with_span(lc: RequestLifecycle, sp: RequestSpan) -> RequestLifecycle:
+    """vLLM's own times: arrival is the span start, the others are offsets from it."""
+    arrival = sp.start_ts
+
+    def at(offset: float | None) -> float | None:
+        return None if offset is None else arrival + offset
+
+    return replace(
+        lc,
+        arrival_ts=arrival,
+        scheduled_ts=at(sp.queue_s),
+        first_token_ts=at(sp.ttft_s),
+        finish_ts=at(sp.e2e_s) if sp.e2e_s is not None else sp.end_ts,
+        prompt_tokens=sp.prompt_tokens,
+        completion_tokens=sp.completion_tokens,
+        max_tokens=sp.max_tokens if sp.max_tokens is not None else lc.max_tokens,
+        prefill_s=sp.prefill_s,
+        decode_s=sp.decode_s,
+        aborted_ts=None,
+        complete=True,
+    )

@@ -1,0 +1,143 @@
+"""Which request vLLM preempted, and how sure we are.
+
+vLLM 0.32 recomputes preempted requests: their blocks are freed and they go back to the front of the queue.
+Nothing names the victim: `vllm:num_preemptions_total` is global and rises only when the victim next
+produces a token (the PREEMPTED event rides on its next output), and there is no log line. The step
+inference notices a running request missing from a line's counts; the evidence below says how likely that
+was a preemption rather than an unreported finish or a mis-inferred membership.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from attrib_agent.timeline.ledger import MetricsSample
+from attrib_agent.timeline.model import RequestLifecycle
+from attrib_agent.timeline.sched_state import StepInput, fact_ms
+from attrib_agent.timeline.step_outcome import PreemptionSighting, ResumeSighting, StepOutcome
+
+# How strongly each piece of evidence alone points at a preemption; combined as a noisy-OR.
+EVIDENCE_STRENGTH: Mapping[str, float] = {
+    "count_gap": 0.5,  # a running request is missing from the line's counts and nobody reported it finished
+    "kv_pressure": 0.6,  # the blocks free after the previous step could not cover this step's allocations
+    "kv_drop": 0.3,  # the line's KV usage fell by about the blocks it held
+    "resumed": 0.5,  # it was later scheduled again to recompute its context
+    "counter_rise": 0.7,  # vllm:num_preemptions_total rose in the scrape window of its resumption
+    "lifecycle_gap": 0.6,  # its span shows fewer tokens than the steps between its first and last token
+}
+COUNTER_SILENT_FACTOR = 0.3  # the counter was watched across its resumption and did not rise
+
+
+@dataclass(frozen=True, slots=True)
+class InferredPreemption:
+    request_id: str
+    preempted_iteration: int
+    preempted_ts: float
+    resumed_iteration: int | None
+    resumed_ts: float | None
+    confidence: float  # 0..1
+    evidence: tuple[str, ...]  # names from EVIDENCE_STRENGTH, plus "counter_silent" when it counts against
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionCounts:
+    inferred: int
+    counted_by_vllm: float  # rise of vllm:num_preemptions_total over the samples held (resets excluded)
+    matched_to_counter: int  # inferred preemptions whose resumption the counter confirms
+
+
+def infer_preemptions(steps: Sequence[tuple[StepInput, StepOutcome]], samples: Sequence[MetricsSample],
+                      lifecycles: Mapping[str, RequestLifecycle]) -> list[InferredPreemption]:
+    sightings = [(k, p) for k, (_, out) in enumerate(steps) for p in out.preemptions]
+    resumes = [r for _, out in steps for r in out.resumes]
+    confirmed, silent = _counter_matches(resumes, samples)
+    result: list[InferredPreemption] = []
+    for k, p in sightings:
+        resume = next((r for r in resumes if r.request_id == p.request_id and r.seq > p.seq), None)
+        evidence = ["count_gap"]
+        if p.kv_pressure:
+            evidence.append("kv_pressure")
+        if _kv_dropped(steps, k, p):
+            evidence.append("kv_drop")
+        if resume is not None:
+            evidence.append("resumed")
+            if resume in confirmed:
+                evidence.append("counter_rise")
+        lc = lifecycles.get(p.request_id)
+        if lc is not None and _lifecycle_gap(steps, lc):
+            evidence.append("lifecycle_gap")
+        doubt = 1.0
+        if resume is not None and resume in silent:
+            evidence.append("counter_silent")
+            doubt = COUNTER_SILENT_FACTOR
+        miss = 1.0
+        for name in evidence:
+            miss *= 1.0 - EVIDENCE_STRENGTH.get(name, 0.0)
+        result.append(InferredPreemption(
+            p.request_id, p.iteration, p.ts,
+            None if resume is None else resume.iteration, None if resume is None else resume.ts,
+            round((1.0 - miss) * doubt, 4), tuple(evidence)))
+    return result
+
+
+def preemption_counts(inferred: Sequence[InferredPreemption], samples: Sequence[MetricsSample]) -> PreemptionCounts:
+    rise = sum(d for _, _, d in _counter_deltas(samples))
+    return PreemptionCounts(len(inferred), rise, sum("counter_rise" in p.evidence for p in inferred))
+
+
+def _counter_deltas(samples: Sequence[MetricsSample]) -> list[tuple[float, float, float]]:
+    """(previous scrape ts, scrape ts, rise) for consecutive scrapes that both saw the counter."""
+    out: list[tuple[float, float, float]] = []
+    prev: MetricsSample | None = None
+    for s in samples:
+        if s.preemptions_total is None:
+            continue
+        if prev is not None and not s.counter_reset:
+            out.append((prev.ts, s.ts, max(s.preemptions_total - (prev.preemptions_total or 0.0), 0.0)))
+        prev = s
+    return out
+
+
+def _counter_matches(resumes: Sequence[ResumeSighting],
+                     samples: Sequence[MetricsSample]) -> tuple[set[ResumeSighting], set[ResumeSighting]]:
+    """Resumptions the counter's rises account for, and those it was watching but did not count.
+
+    A rise shows at the first scrape after the step's output was processed, or the next one if the step
+    landed while that scrape was in flight; each unit of rise confirms one resumption, earliest first.
+    """
+    deltas = _counter_deltas(samples)
+    budget = [d for _, _, d in deltas]
+    confirmed: set[ResumeSighting] = set()
+    silent: set[ResumeSighting] = set()
+    for r in sorted(resumes, key=lambda r: r.ts):
+        windows = [i for i, (t0, t1, _) in enumerate(deltas) if t0 < r.ts <= t1]
+        if not windows:
+            continue
+        i = windows[0]
+        for j in (i, i + 1):
+            if j < len(budget) and budget[j] >= 1.0:
+                budget[j] -= 1.0
+                confirmed.add(r)
+                break
+        else:
+            silent.add(r)
+    return confirmed, silent
+
+
+def _kv_dropped(steps: Sequence[tuple[StepInput, StepOutcome]], k: int, p: PreemptionSighting) -> bool:
+    if k == 0 or p.blocks_freed <= 0:
+        return False
+    before, after = steps[k - 1][1].observed_blocks, steps[k][1].observed_blocks
+    if before is None or after is None:
+        return False
+    return before - after >= 0.5 * p.blocks_freed
+
+
+def _lifecycle_gap(steps: Sequence[tuple[StepInput, StepOutcome]], lc: RequestLifecycle) -> bool:
+    """A complete lifecycle spanning more steps than it has tokens to show for: it sat out some of them."""
+    if not lc.complete or lc.first_token_ts is None or lc.finish_ts is None or not lc.completion_tokens:
+        return False
+    first_ms, last_ms = fact_ms(lc.first_token_ts), fact_ms(lc.finish_ts)
+    spanned = sum(1 for si, _ in steps if first_ms < si.end_ms <= last_ms)
+    return spanned > lc.completion_tokens - 1

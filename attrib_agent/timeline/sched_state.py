@@ -1,0 +1,143 @@
+"""The scheduler state the step inference carries from one engine step to the next.
+
+It mirrors what vLLM's scheduler holds (running list in admission order, waiting queue with preempted requests
+at the front, tokens computed per request) as far as an outside observer can reconstruct it. Copies of it
+are the checkpoints the timeline rewinds to when a late span corrects an earlier guess.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+MS_PER_S = 1000.0
+
+
+def end_ms(end_ts: float) -> int:
+    """A step's end as integer milliseconds (log stamps are millisecond-truncated)."""
+    return round(end_ts * MS_PER_S)
+
+
+def fact_ms(ts: float) -> int:
+    """A vLLM time (span offset) in the same milliseconds: it belongs to the first step whose end_ms >= this."""
+    return math.floor(ts * MS_PER_S)
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size) if tokens > 0 else 0
+
+
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """KV pool geometry from `vllm:cache_config_info`; usable blocks exclude vLLM's reserved null block."""
+
+    block_size: int | None = None
+    num_blocks: int | None = None
+
+    @property
+    def usable_blocks(self) -> int | None:
+        return None if self.num_blocks is None else max(self.num_blocks - 1, 1)
+
+    @property
+    def known(self) -> bool:
+        return self.block_size is not None and self.num_blocks is not None
+
+
+@dataclass(frozen=True, slots=True)
+class StepInput:
+    """One `Iteration` line, normalised: `seq` is its feed position (iteration numbers restart with vLLM)."""
+
+    seq: int
+    engine: int
+    iteration: int
+    end_ts: float
+    elapsed_s: float
+    context_requests: int
+    context_tokens: int
+    generation_requests: int
+    generation_tokens: int
+    kv_usage: float
+
+    @property
+    def start_ts(self) -> float:
+        return self.end_ts - self.elapsed_s
+
+    @property
+    def end_ms(self) -> int:
+        return end_ms(self.end_ts)
+
+    @property
+    def scheduled_tokens(self) -> int:
+        return self.context_tokens + self.generation_tokens
+
+
+@dataclass(slots=True, eq=False)
+class Track:
+    """One request as the scheduler holds it (compared by identity: it is the scheduler's own object)."""
+
+    rid: str
+    queue_ts: float
+    order: int
+    prompt: int | None = None  # prompt tokens: from the span, or inferred when its prefill completed
+    computed: int = 0  # tokens whose KV it holds (vLLM's num_computed_tokens, prefix hits included)
+    outputs: int = 0  # tokens generated so far
+    prefilled: int = 0  # context tokens computed in prefill chunks (infers an unknown prompt)
+    admitted_seq: int | None = None
+    first_token_seq: int | None = None
+    resuming: bool = False  # preempted: its KV is gone and its next scheduling recomputes it
+    held_before_preempt: int = 0  # tokens it held when last preempted (their blocks may still be cached)
+    preempt_seqs: tuple[int, ...] = ()
+    resume_seqs: tuple[int, ...] = ()
+
+    @property
+    def num_tokens(self) -> int | None:
+        return None if self.prompt is None else self.prompt + self.outputs
+
+    @property
+    def phase(self) -> str:
+        """How vLLM's iteration line counts it: no output yet is context, else generation."""
+        if self.outputs == 0:
+            return "prefill"
+        return "recompute" if self.resuming else "decode"
+
+    def blocks(self, block_size: int) -> int:
+        return blocks_for(self.computed, block_size)
+
+    def key(self) -> tuple[object, ...]:
+        return (self.rid, self.queue_ts, self.order, self.prompt, self.computed, self.outputs, self.prefilled,
+                self.admitted_seq, self.first_token_seq, self.resuming, self.held_before_preempt, self.preempt_seqs,
+                self.resume_seqs)
+
+
+@dataclass(slots=True)
+class SchedState:
+    running: list[Track] = field(default_factory=list)
+    waiting: list[Track] = field(default_factory=list)
+    cursor: tuple[float, int] | None = None  # (queue_ts, order) of the last request taken into the queue
+    last_end_ms: int | None = None
+    last_iteration: int | None = None
+    observed_used: float | None = None  # blocks in use after the previous step, from its logged KV usage
+    budget: int = 0  # the token budget so far: the configured one, or the largest step seen
+
+    def copy(self) -> SchedState:
+        return SchedState(
+            running=[replace(t) for t in self.running],
+            waiting=[replace(t) for t in self.waiting],
+            cursor=self.cursor,
+            last_end_ms=self.last_end_ms,
+            last_iteration=self.last_iteration,
+            observed_used=self.observed_used,
+            budget=self.budget,
+        )
+
+    def same_as(self, other: SchedState) -> bool:
+        """Equal in everything the next steps' inference reads: re-inference can stop where it converges."""
+        return (self.cursor == other.cursor and self.last_end_ms == other.last_end_ms
+                and self.last_iteration == other.last_iteration and self.observed_used == other.observed_used
+                and self.budget == other.budget
+                and [t.key() for t in self.running] == [t.key() for t in other.running]
+                and [t.key() for t in self.waiting] == [t.key() for t in other.waiting])
+
+    def tracked(self) -> dict[str, Track]:
+        return {t.rid: t for t in (*self.running, *self.waiting)}
+

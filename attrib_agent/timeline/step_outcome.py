@@ -1,0 +1,70 @@
+"""What inferring one engine step produces: its record plus the departures, preemptions and resumptions seen.
+
+Kept apart from the inference so that the ledger, the preemption inference and the timeline window can
+read outcomes without depending on how they were inferred.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from attrib_agent.timeline.model import StepRecord
+from attrib_agent.timeline.step_counts import Slot
+
+
+@dataclass(frozen=True, slots=True)
+class Departure:
+    """A request leaving the scheduler, with what the inference saw of it."""
+
+    request_id: str
+    seq: int  # the last step in which it could have held KV
+    end_ts: float  # when it left: the end of that step
+    reason: str  # "finished" | "aborted" | "restart"
+    prompt: int | None
+    outputs: int
+    admitted_seq: int | None
+    first_token_seq: int | None
+    preempt_seqs: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionSighting:
+    """A running request that left a step without finishing: its KV is dropped and it waits to recompute."""
+
+    request_id: str
+    seq: int
+    iteration: int
+    ts: float  # start of the step in which it was dropped
+    kv_pressure: bool  # the block model says this step's allocation did not fit: vLLM's preemption trigger
+    tokens_dropped: int
+    blocks_freed: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeSighting:
+    request_id: str
+    seq: int
+    iteration: int
+    ts: float  # end of the step in which it was scheduled again
+    recompute_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    record: StepRecord
+    departures: tuple[Departure, ...] = ()
+    preemptions: tuple[PreemptionSighting, ...] = ()
+    resumes: tuple[ResumeSighting, ...] = ()
+    holdings: tuple[tuple[str, int], ...] = ()  # (request id, blocks) held after the step by every running request
+    predicted_blocks: int | None = None  # their sum (None without geometry)
+    observed_blocks: float | None = None  # the line's KV usage x usable blocks
+
+
+@dataclass(slots=True)
+class StepWork:
+    """Scratch for one step: what was decided, in scheduling order."""
+
+    slots: list[Slot] = field(default_factory=list)
+    departures: list[Departure] = field(default_factory=list)
+    preemptions: list[PreemptionSighting] = field(default_factory=list)
+    resumes: list[ResumeSighting] = field(default_factory=list)

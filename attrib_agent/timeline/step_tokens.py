@@ -1,0 +1,143 @@
+"""Tokens per member of one engine step, and what computing them does to each request.
+
+Known chunks (a decode's one token, what is left of a known prompt) take the token budget in scheduling
+order; what the line's counts leave over goes to the members whose size is not known yet. Then each member
+advances: a prefill that reaches its prompt's end samples the first token, a recompute after preemption
+that completes samples the next one, a decode adds one token to its KV.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from attrib_agent.timeline.lifecycle import LifecycleBook
+from attrib_agent.timeline.model import RequestLifecycle
+from attrib_agent.timeline.sched_state import Geometry, SchedState, StepInput, Track, blocks_for, fact_ms
+from attrib_agent.timeline.step_counts import Slot, split_context, split_unknown
+from attrib_agent.timeline.step_outcome import ResumeSighting, StepWork
+
+
+def assign_tokens(st: SchedState, si: StepInput, geo: Geometry, work: StepWork) -> None:
+    """Known chunks take the budget in scheduling order; the counts' remainder goes to the unknown ones.
+
+    Generation members are settled first (a decode is one token; recomputes share the rest of the line's
+    generation tokens) so that a known prompt's chunk sees the budget they left.
+    """
+    live = [s for s in work.slots if not s.dropped]
+    gen = [s for s in live if s.phase != "prefill"]
+    gen_unknown = [s for s in gen if s.tokens is None]
+    for s, n in zip(gen_unknown, _split_recompute(si.generation_tokens - sum(s.tokens or 0 for s in gen),
+                                                  gen_unknown, geo), strict=True):
+        s.tokens = n
+    left = st.budget
+    for s in live:
+        if s.tokens is None:  # an unknown chunk still takes its turn: a resumed prompt roughly its uncached tail
+            left -= _resume_estimate(s.track, geo)
+            continue
+        if s.phase == "prefill":
+            s.tokens = max(min(s.tokens, left), 0)
+        left -= s.tokens
+    ctx = [s for s in live if s.phase == "prefill"]
+    unknown = [s for s in ctx if s.tokens is None]
+    if not unknown:
+        return
+    rest = si.context_tokens - sum(s.tokens or 0 for s in ctx)
+    shares = split_context(rest, unknown, _kv_misfit(st, si, geo, work, unknown), geo.block_size)
+    for s, n in zip(unknown, shares, strict=True):
+        s.tokens = n
+
+
+def _kv_misfit(st: SchedState, si: StepInput, geo: Geometry, work: StepWork,
+               unknown: list[Slot]) -> Callable[[list[int]], float] | None:
+    """How far a split of the unknown chunks leaves the predicted blocks from the line's KV usage."""
+    usable, bs = geo.usable_blocks, geo.block_size
+    if usable is None or bs is None or len(unknown) < 2:
+        return None
+    size = bs
+    scheduled = {id(s.track): s for s in work.slots if not s.dropped}
+    base = 0
+    for t in st.running:
+        s = scheduled.get(id(t))
+        if s is None or all(s is not u for u in unknown):
+            after = t.num_tokens if s is not None and s.phase == "recompute" and t.num_tokens else t.computed
+            base += blocks_for(after + (s.tokens or 0) if s is not None and s.phase != "recompute" else after, size)
+    target = si.kv_usage * usable
+
+    def misfit(shares: list[int]) -> float:
+        return abs(base + sum(blocks_for(u.track.computed + n, size) for u, n in zip(unknown, shares, strict=True))
+                   - target)
+
+    return misfit
+
+
+def apply_tokens(st: SchedState, si: StepInput, book: LifecycleBook, geo: Geometry, work: StepWork) -> None:
+    """Advance every member by its tokens; the last member of a step that filled the budget may be mid-chunk."""
+    live = [s for s in work.slots if not s.dropped and (s.tokens or 0) > 0]
+    budget_limited = si.scheduled_tokens >= st.budget
+    last = live[-1] if live else None
+    for s in live:
+        t, n = s.track, s.tokens or 0
+        lc = book.get(t.rid)
+        cut = budget_limited and s is last  # the budget ran out on it: it may not have finished its chunk work
+        if s.phase == "decode":
+            t.computed += 1
+            t.outputs += 1
+        elif s.phase == "prefill":
+            if t.computed == 0 and t.resuming:
+                t.computed = _cached_prefix(t, n, geo)
+            t.computed += n
+            t.prefilled += n
+            if _prefill_done(t, lc, si, cut):
+                t.prompt = t.computed if t.prompt is None else t.prompt
+                t.computed = max(t.computed, t.prompt)
+                t.outputs, t.first_token_seq, t.resuming = 1, si.seq, False
+        else:  # recompute after preemption, counted as generation
+            total = t.num_tokens or (t.held_before_preempt + 1)
+            if t.computed == 0:
+                t.computed = _cached_prefix(t, n, geo)
+            t.computed = min(t.computed + n, total)
+            if not cut or t.computed >= total:
+                t.computed, t.resuming = total, False
+                t.outputs += 1
+                t.resume_seqs = (*t.resume_seqs, si.seq)
+                work.resumes.append(ResumeSighting(t.rid, si.seq, si.iteration, si.end_ts, n))
+
+
+def _split_recompute(total: int, members: list[Slot], geo: Geometry) -> list[int]:
+    """Share the generation tokens left over among resumed requests: each its uncached tail when those add
+    up to at most the total (the excess going to the first, whose cache was likely reused), else evenly."""
+    estimates = [_resume_estimate(s.track, geo) for s in members]
+    if not members or not all(estimates) or sum(estimates) > total:
+        return split_unknown(total, len(members))
+    estimates[0] += total - sum(estimates)
+    return estimates
+
+
+def _resume_estimate(t: Track, geo: Geometry) -> int:
+    """What a resumed prompt should recompute if its own blocks are still cached (0 when nothing is known)."""
+    if not t.resuming or t.num_tokens is None:
+        return 0
+    return t.num_tokens - (t.computed or _cached_prefix(t, 1, geo))
+
+
+def _cached_prefix(t: Track, recompute: int, geo: Geometry) -> int:
+    """Tokens a resumed request finds in the prefix cache: its own full blocks from before the preemption, as
+    far as the recompute the line shows leaves room for (blocks reused by others meanwhile are recomputed)."""
+    if not t.held_before_preempt:
+        return 0
+    total = t.num_tokens if t.num_tokens is not None else t.held_before_preempt
+    bs = geo.block_size
+    cached = t.held_before_preempt // bs * bs if bs else t.held_before_preempt
+    return max(min(cached, total - recompute), 0)
+
+
+def _prefill_done(t: Track, lc: RequestLifecycle | None, si: StepInput, cut: bool) -> bool:
+    """Whether this chunk ended the prompt: the span's first-token time when it is unambiguous, else the count
+    (a known prompt with no prefix-cache guess in it), else whether the budget cut the step short."""
+    if lc is not None and lc.complete and lc.first_token_ts is not None and t.first_token_seq is None:
+        first_ms = fact_ms(lc.first_token_ts)
+        if first_ms != si.end_ms:
+            return first_ms < si.end_ms
+    if t.prompt is not None and (t.computed >= t.prompt or not t.resuming):
+        return t.computed >= t.prompt
+    return not cut

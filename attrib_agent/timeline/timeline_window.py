@@ -1,0 +1,139 @@
+"""The window of engine steps a timeline holds: inputs, inferred outcomes and periodic state checkpoints.
+
+Steps are numbered by feed position (`seq`). Every `checkpoint_every`-th step keeps a copy of the scheduler
+state it starts from, so a late correction re-infers from the nearest checkpoint instead of from the start,
+and eviction drops whole chunks so the oldest step held always has its checkpoint.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from attrib_agent.timeline.sched_state import SchedState, StepInput, fact_ms
+from attrib_agent.timeline.step_outcome import StepOutcome
+
+
+@dataclass(slots=True)
+class StepSlot:
+    si: StepInput
+    before: SchedState | None = None  # checkpoint: the state this step starts from
+    clock: int = 0  # the timeline's fact clock when the checkpoint was taken
+    outcome: StepOutcome | None = None
+
+
+class StepWindow:
+    def __init__(self, max_steps: int, checkpoint_every: int) -> None:
+        if checkpoint_every < 1 or max_steps < 2 * checkpoint_every:
+            raise ValueError("need checkpoint_every >= 1 and max_steps >= 2 * checkpoint_every")
+        self.max_steps = max_steps
+        self.checkpoint_every = checkpoint_every
+        self._slots: list[StepSlot] = []
+        self._ends: list[float] = []
+        self.first_seq = 0
+        self.next_seq = 0
+        self.computed_to = 0  # steps before this seq have outcomes
+        self._largest = 0
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def append(self, si: StepInput) -> None:
+        self._slots.append(StepSlot(si))
+        self._ends.append(si.end_ts)
+        self.next_seq += 1
+        self._largest = max(self._largest, si.scheduled_tokens)
+
+    def over_capacity(self) -> bool:
+        return len(self._slots) > self.max_steps
+
+    def last_end(self) -> float | None:
+        return self._ends[-1] if self._ends else None
+
+    def largest_step(self) -> int:
+        return self._largest
+
+    def slot(self, seq: int) -> StepSlot:
+        return self._slots[seq - self.first_seq]
+
+    def _get(self, seq: int | None) -> StepSlot | None:
+        if seq is None or not self.first_seq <= seq < self.next_seq:
+            return None
+        return self._slots[seq - self.first_seq]
+
+    def is_checkpoint(self, seq: int) -> bool:
+        return seq == self.first_seq or seq % self.checkpoint_every == 0
+
+    def oldest_clock(self) -> int | None:
+        clocks = [s.clock for s in self._slots if s.before is not None]
+        return min(clocks) if clocks else None
+
+    def checkpoints(self) -> int:
+        return sum(s.before is not None for s in self._slots)
+
+    def rewind(self, seq: int) -> SchedState:
+        """Move the computed frontier back to the last checkpoint at or before `seq`; returns its state."""
+        idx = seq - self.first_seq
+        while idx > 0 and self._slots[idx].before is None:
+            idx -= 1
+        before = self._slots[idx].before
+        if before is None:
+            raise RuntimeError("the oldest step held has no checkpoint")
+        self.computed_to = self.first_seq + idx
+        return before
+
+    def first_seq_ending_after(self, ts: float) -> int | None:
+        i = bisect.bisect_right(self._ends, ts)
+        return self.first_seq + i if i < len(self._ends) else None
+
+    def start_of(self, seq: int | None) -> float | None:
+        slot = self._get(seq)
+        return None if slot is None else slot.si.start_ts
+
+    def end_of(self, seq: int | None) -> float | None:
+        slot = self._get(seq)
+        return None if slot is None else slot.si.end_ts
+
+    def seq_matches(self, seq: int | None, ts: float | None) -> bool:
+        """Whether vLLM's time `ts` falls on step `seq` (an equal millisecond on the previous step is allowed)."""
+        if ts is None:
+            return True
+        if seq is None:
+            return False
+        if seq < self.first_seq:
+            return True  # gone from the window: nothing left to correct
+        slot = self._get(seq)
+        if slot is None:
+            return False
+        m = fact_ms(ts)
+        prev = self._get(seq - 1)
+        return slot.si.end_ms >= m and (prev is None or prev.si.end_ms <= m)
+
+    def outcomes(self) -> list[tuple[StepInput, StepOutcome]]:
+        return [(s.si, s.outcome) for s in self._slots if s.outcome is not None]
+
+    def evictable(self, before_ts: float | None) -> int | None:
+        """The checkpoint up to which steps may go: all earlier steps end before `before_ts` (or every step
+        does), or (None) the first checkpoint that brings the window back within `max_steps`."""
+        if before_ts is not None and self._ends and self._ends[-1] < before_ts and self.computed_to == self.next_seq:
+            return self.next_seq  # all of it: the inference's current state starts the next step
+        best: int | None = None
+        floor = self.next_seq - self.max_steps
+        for i, slot in enumerate(self._slots):
+            seq = slot.si.seq
+            if i == 0 or slot.before is None or seq > self.computed_to:
+                continue
+            if before_ts is None:
+                if seq >= floor:
+                    return seq
+            elif self._ends[i - 1] < before_ts:
+                best = seq
+            else:
+                break
+        return best
+
+    def drop_before(self, seq: int) -> None:
+        n = seq - self.first_seq
+        del self._slots[:n]
+        del self._ends[:n]
+        self.first_seq = seq

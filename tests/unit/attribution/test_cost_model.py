@@ -1,0 +1,181 @@
+"""The baseline step-cost model: prior until fitted, robust non-negative fit, bounded window, solo TTFT/ITL."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior, StepFeatures, prefill_pairs
+from attrib_agent.attribution.sim_types import PrefillAwareStepCost, StepCost
+from attrib_agent.timeline.model import StepMember, StepRecord
+
+TRUE = StepCostPrior(intercept_s=0.004, per_prefill_token_s=8e-5, per_decode_request_s=5e-4,
+                     per_decode_context_token_s=4e-7, per_prefill_pair_s=2e-8, step_gap_s=0.001)
+
+
+def true_seconds(f: StepFeatures) -> float:
+    return (TRUE.intercept_s + TRUE.per_prefill_token_s * f.prefill_tokens + TRUE.per_decode_request_s
+            * f.decode_requests + TRUE.per_decode_context_token_s * f.decode_context_sum
+            + TRUE.per_prefill_pair_s * f.prefill_pairs)
+
+
+def random_step(rng: random.Random) -> StepFeatures:
+    """A mix like a real engine's: mostly decode batches, some short prefills, some long-context chunks."""
+    decoders = [rng.randint(32, 8000) for _ in range(rng.randint(0, 6))]
+    kind = rng.random()
+    if kind < 0.6:
+        tokens, prior = 0, 0
+    elif kind < 0.85:
+        tokens, prior = rng.randint(16, 1024), 0
+    else:
+        tokens, prior = 2048 - len(decoders), rng.choice([0, 2048, 4096, 6144])
+    if tokens == 0 and not decoders:
+        decoders = [rng.randint(32, 8000)]
+    return StepFeatures(tokens, len(decoders), sum(decoders), prefill_pairs(prior, tokens) if tokens else 0)
+
+
+def feed(model: StepCostModel, n: int, seed: int = 1, noise: float = 0.0005, outliers: float = 0.0) -> None:
+    rng = random.Random(seed)
+    for _ in range(n):
+        f = random_step(rng)
+        y = true_seconds(f) + rng.gauss(0, noise)
+        if rng.random() < outliers:
+            y += rng.uniform(0.05, 0.3)  # a hiccup: GC, another process, a page fault storm
+        model.observe_features(f, max(y, 0.0), gap_s=TRUE.step_gap_s + rng.gauss(0, 0.0005))
+
+
+def test_implements_the_simulator_protocols() -> None:
+    model: StepCost = StepCostModel()  # checked by mypy
+    assert isinstance(model, PrefillAwareStepCost)
+
+
+def test_prior_until_enough_steps_then_fitted() -> None:
+    prior = StepCostPrior()
+    model = StepCostModel(prior, min_steps=50)
+    feed(model, 49)
+    assert not model.fitted and model.residual_scale is None
+    assert model.coefficients.as_tuple() == prior.as_tuple()
+    assert model.step_seconds(0, 1, 100) == pytest.approx(prior.intercept_s + prior.per_decode_request_s
+                                                          + 100 * prior.per_decode_context_token_s
+                                                          + prior.step_gap_s)
+    feed(model, 1, seed=2)
+    assert model.fitted and model.residual_scale is not None
+
+
+def test_recovers_coefficients_despite_outliers() -> None:
+    model = StepCostModel(StepCostPrior(), min_steps=64, max_window=1024)
+    feed(model, 1024, outliers=0.05)
+    model.refit()
+    c = model.coefficients
+    assert c.per_prefill_token_s == pytest.approx(TRUE.per_prefill_token_s, rel=0.1)
+    assert c.per_decode_context_token_s == pytest.approx(TRUE.per_decode_context_token_s, rel=0.1)
+    assert c.per_prefill_pair_s == pytest.approx(TRUE.per_prefill_pair_s, rel=0.1)
+    assert c.intercept_s == pytest.approx(TRUE.intercept_s, abs=0.001)
+    # 5% hiccups of 50-300 ms: a least-squares fit would be dragged far off; Huber barely moves.
+    rng = random.Random(9)
+    errors = [abs(model.step_seconds_with_prefill(f.prefill_tokens, f.decode_requests, f.decode_context_sum,
+                                                  f.prefill_pairs) - c.step_gap_s - true_seconds(f))
+              for f in (random_step(rng) for _ in range(200))]
+    assert max(errors) < 0.01
+    assert model.residual_scale is not None and model.residual_scale < 0.002
+
+
+def test_unexercised_feature_keeps_its_prior() -> None:
+    prior = StepCostPrior(per_prefill_pair_s=3e-8, per_prefill_token_s=7e-5)
+    model = StepCostModel(prior, min_steps=20)
+    rng = random.Random(3)
+    for _ in range(200):  # decode only: prefill terms never seen
+        k = rng.randint(1, 6)
+        f = StepFeatures(0, k, k * rng.randint(100, 5000))
+        model.observe_features(f, true_seconds(f))
+    c = model.coefficients
+    assert c.per_prefill_pair_s == prior.per_prefill_pair_s
+    assert c.per_prefill_token_s == prior.per_prefill_token_s
+    assert c.per_decode_context_token_s == pytest.approx(TRUE.per_decode_context_token_s, rel=0.05)
+
+
+def test_refits_as_the_data_changes_and_the_window_is_bounded() -> None:
+    model = StepCostModel(min_steps=32, refit_every=32, max_window=256)
+    for _ in range(400):
+        model.observe(0, 2, 2000, 0.010)
+    assert model.step_seconds(0, 2, 2000) - model.coefficients.step_gap_s == pytest.approx(0.010, rel=0.02)
+    for _ in range(400):  # the machine got twice as slow: the window forgets the old regime
+        model.observe(0, 2, 2000, 0.020)
+    assert model.step_seconds(0, 2, 2000) - model.coefficients.step_gap_s == pytest.approx(0.020, rel=0.02)
+    assert model.window_steps == 256 and len(model._gaps) <= 256
+    assert model.steps_seen == 800
+
+
+def test_bad_observations_are_counted_not_fitted() -> None:
+    model = StepCostModel(min_steps=1)
+    model.observe(0, 1, 10, float("nan"))
+    model.observe(0, 1, 10, -1.0)
+    model.observe(-5, 1, 10, 0.01)
+    assert model.skipped == 3 and model.steps_seen == 0 and not model.fitted
+
+
+def test_rejects_bad_configuration() -> None:
+    with pytest.raises(ValueError):
+        StepCostPrior(intercept_s=-1.0)
+    with pytest.raises(ValueError):
+        StepCostModel(min_steps=10, max_window=5)
+    with pytest.raises(ValueError):
+        StepCostModel().solo_ttft_s(100, 0)
+
+
+def test_solo_ttft_is_the_prefill_in_budget_chunks() -> None:
+    model = StepCostModel(TRUE)
+    one = model.step_seconds_with_prefill(2048, 0, 0, prefill_pairs(0, 2048))
+    assert model.solo_ttft_s(2048, 2048) == pytest.approx(one)
+    chunks = [(0, 2048), (2048, 2048), (4096, 904)]  # 5000 tokens: the first token comes with the last chunk
+    expected = sum(model.step_seconds_with_prefill(n, 0, 0, prefill_pairs(p, n)) for p, n in chunks)
+    assert model.solo_ttft_s(5000, 2048) == pytest.approx(expected)
+    assert model.solo_ttft_s(5000, 8192) < model.solo_ttft_s(5000, 2048)  # fewer steps, same attention work
+
+
+def test_solo_itl_is_one_decode_step_and_grows_with_context() -> None:
+    model = StepCostModel(TRUE)
+    assert model.solo_itl_s(1000) == pytest.approx(model.step_seconds(0, 1, 1000))
+    assert model.solo_itl_s(8000) > model.solo_itl_s(1000) > 0
+
+
+def test_features_from_a_timeline_step() -> None:
+    record = StepRecord(engine=0, iteration=7, end_ts=1.0, elapsed_s=0.2, context_requests=1, context_tokens=2000,
+                        generation_requests=2, generation_tokens=2, kv_usage=0.5,
+                        members=(StepMember("w", "prefill", 2000, 6000, 47), StepMember("a", "decode", 1, 40, 1),
+                                 StepMember("b", "decode", 1, 900, 8)))
+    f = StepFeatures.from_record(record)
+    assert f == StepFeatures(2000, 2, 940, prefill_pairs(4000, 2000))
+    bare = StepRecord(engine=0, iteration=8, end_ts=1.0, elapsed_s=0.2, context_requests=1, context_tokens=32,
+                      generation_requests=2, generation_tokens=40, kv_usage=0.5)
+    assert StepFeatures.from_record(bare) == StepFeatures(32 + 38, 2, 0, 0)  # a resumed request's recompute
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4096), st.integers(0, 64), st.integers(0, 200_000),
+                          st.integers(0, 10**8), st.floats(0.0, 2.0)), min_size=8, max_size=80))
+def test_any_data_gives_finite_non_negative_coefficients(rows: list[tuple[int, int, int, int, float]]) -> None:
+    model = StepCostModel(min_steps=8, refit_every=8, max_window=64)
+    for t, r, c, p, y in rows:
+        model.observe_features(StepFeatures(t, r, c, p), y)
+    coefficients = model.coefficients.as_tuple() + (model.coefficients.step_gap_s,)
+    assert all(v >= 0 and v == v and v != float("inf") for v in coefficients)
+    assert model.step_seconds(100, 3, 3000) > 0
+
+
+def test_a_window_of_short_prefills_does_not_extrapolate_wildly_to_a_whale_chunk() -> None:
+    # Only 32-token prefills: their tokens and attention pairs move together, so the data cannot separate the
+    # two terms; the fit must not hand the difference to the pair term (2M pairs in a whale chunk, 528 here).
+    model = StepCostModel(StepCostPrior(), min_steps=32)
+    rng = random.Random(5)
+    for _ in range(600):
+        f = StepFeatures(32, 1, 200, prefill_pairs(0, 32)) if rng.random() < 0.1 else \
+            StepFeatures(0, rng.randint(1, 3), rng.randint(40, 300))
+        model.observe_features(f, true_seconds(f) + 0.002 * (f.prefill_tokens > 0) + rng.gauss(0, 0.0003))
+    model.refit()
+    whale_chunk = StepFeatures(2048, 0, 0, prefill_pairs(4096, 2048))
+    predicted = model.step_seconds_with_prefill(2048, 0, 0, whale_chunk.prefill_pairs) - model.coefficients.step_gap_s
+    assert 0.5 < predicted / true_seconds(whale_chunk) < 2.0

@@ -1,0 +1,127 @@
+"""LifecycleBook: partial lifecycles from log lines, completed by spans; bounded; duplicates harmless."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attrib_agent.events import RequestAborted, RequestAdded, RequestFailed, RequestReceived, RequestSpan
+from attrib_agent.timeline.lifecycle import LifecycleBook, RequestEvent
+
+T0 = 1_800_000_000.0
+
+
+def received(rid: str, t: float, max_tokens: int | None = 16) -> RequestReceived:
+    return RequestReceived(T0 + t + 0.001, T0 + t, rid, max_tokens)
+
+
+def span(rid: str, t: float, ttft: float = 0.05, e2e: float = 0.5) -> RequestSpan:
+    return RequestSpan(T0 + t + e2e + 5.0, rid, "a" * 32, "b" * 16, T0 + t, T0 + t + e2e, 0.01, ttft, e2e, 0.04,
+                       e2e - ttft, e2e - 0.01, 100, 16, 16)
+
+
+def test_a_partial_lifecycle_is_completed_by_its_span() -> None:
+    book = LifecycleBook()
+    change = book.feed(received("a", 1.0))
+    assert change.new and not change.span_landed
+    book.feed(RequestAdded(T0 + 1.003, T0 + 1.002, "a", "a-01234567"))
+    lc = book.get("a")
+    assert lc is not None and not lc.complete and lc.arrival_ts == T0 + 1.0 and lc.max_tokens == 16
+    assert lc.first_token_ts is None and lc.end_ts is None
+    change = book.feed(span("a", 0.999))
+    assert change.span_landed and not change.new
+    lc = book.get("a")
+    assert lc is not None and lc.complete
+    assert lc.arrival_ts == T0 + 0.999  # vLLM's own arrival replaces the log line's
+    assert lc.scheduled_ts == pytest.approx(T0 + 1.009) and lc.first_token_ts == pytest.approx(T0 + 1.049)
+    assert lc.finish_ts == pytest.approx(T0 + 1.499) and lc.ttft_s == pytest.approx(0.05)
+    assert lc.prompt_tokens == 100 and lc.completion_tokens == 16 and lc.mean_itl_s == pytest.approx(0.45 / 15)
+    assert book.entry("a").queue_ts == T0 + 1.0  # type: ignore[union-attr]  # the queue order is kept
+
+
+def test_a_span_alone_makes_a_complete_lifecycle() -> None:
+    book = LifecycleBook()
+    change = book.feed(span("x", 2.0))
+    assert change.new and change.span_landed
+    assert book.get("x").complete  # type: ignore[union-attr]
+
+
+def test_aborts_and_failures_end_a_request_but_not_a_finished_one() -> None:
+    book = LifecycleBook()
+    book.feed(received("a", 1.0))
+    assert book.feed(RequestAborted(T0 + 2.1, T0 + 2.0, "a")).aborted
+    assert book.get("a").end_ts == T0 + 2.0  # type: ignore[union-attr]
+    book.feed(received("b", 1.0))
+    assert book.feed(RequestFailed(T0 + 3.1, None, "b", "ValueError")).aborted
+    assert book.get("b").aborted_ts == T0 + 3.1  # type: ignore[union-attr]  # no log time: receipt time
+    book.feed(span("c", 1.0))
+    assert not book.feed(RequestAborted(T0 + 9.0, T0 + 9.0, "c")).aborted
+    assert book.get("c").aborted_ts is None  # type: ignore[union-attr]
+
+
+def test_queue_order_and_the_window_query() -> None:
+    book = LifecycleBook()
+    for rid, t in (("b", 2.0), ("a", 1.0), ("c", 3.0)):
+        book.feed(received(rid, t))
+    assert [lc.request_id for lc in book.lifecycles()] == ["a", "b", "c"]
+    assert [e.lifecycle.request_id for e in book.queued_between(None, T0 + 2.5)] == ["a", "b"]
+    first = book.entry("a")
+    assert first is not None
+    assert [e.lifecycle.request_id for e in book.queued_between((first.queue_ts, first.order), T0 + 9)] == ["b", "c"]
+
+
+def test_the_book_is_bounded_and_evicts_ended_requests_first() -> None:
+    book = LifecycleBook(max_requests=3)
+    book.feed(received("open-old", 0.0))
+    book.feed(span("done", 1.0))
+    book.feed(received("open-2", 2.0))
+    book.feed(received("open-3", 3.0))
+    assert len(book) == 3 and "done" not in book and "open-old" in book
+    book.feed(received("open-4", 4.0))
+    assert len(book) == 3 and "open-old" not in book and book.evicted == 2
+    with pytest.raises(ValueError):
+        LifecycleBook(0)
+
+
+def test_forget_ended_before() -> None:
+    book = LifecycleBook()
+    book.feed(span("old", 0.0))
+    book.feed(span("new", 10.0))
+    book.feed(received("open", 0.0))
+    assert book.forget_ended_before(T0 + 5.0) == 1
+    assert "old" not in book and "new" in book and "open" in book
+
+
+def _events() -> st.SearchStrategy[list[RequestEvent]]:
+    ids = st.sampled_from(["a", "b", "c"])
+    t = st.floats(0.0, 5.0, allow_nan=False)
+    one = st.one_of(
+        st.builds(received, ids, t),
+        st.builds(lambda r, x: RequestAdded(T0 + x + 0.002, T0 + x, r, r + "-00000000"), ids, t),
+        st.builds(lambda r, x: RequestAborted(T0 + x + 1, T0 + x + 1, r), ids, t),
+        st.builds(span, ids, t),
+    )
+    return st.lists(one, max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_events())
+def test_duplicated_events_change_nothing(evs: list[RequestEvent]) -> None:
+    once, twice = LifecycleBook(), LifecycleBook()
+    for ev in evs:
+        once.feed(ev)
+        twice.feed(ev)
+        twice.feed(ev)
+    assert once.lifecycles() == twice.lifecycles()
+
+
+@settings(max_examples=300, deadline=None)
+@given(_events(), st.integers(1, 3))
+def test_bounded_whatever_arrives(evs: list[RequestEvent], bound: int) -> None:
+    book = LifecycleBook(max_requests=bound)
+    for ev in evs:
+        book.feed(ev)
+        assert len(book) <= bound
+        assert [lc.request_id for lc in book.lifecycles()] == [e.lifecycle.request_id for e in
+                                                               book.queued_between(None, float("inf"))]
