@@ -114,7 +114,8 @@ def format_scores(scores: list[Score]) -> str:
     lines = [head]
     for s in scores:
         lines.append(f"{s.name:<24} {pct(s.top1):>10} ({s.top1_hits}/{s.top1_total})"
-                     f" {pct(s.median_whale_error):>24} {pct(s.null_false_alarm):>12} ({s.null_flagged}/{s.null_total})")
+                     f" {pct(s.median_whale_error):>24} {pct(s.null_false_alarm):>12}"
+                     f" ({s.null_flagged}/{s.null_total})")
     lines.append("goals: top-1 >= 95 % on shorts slowed >= 2x; median error <= 20 %; null false alarms <= 5 %")
     return "\n".join(lines)
 
