@@ -16,10 +16,10 @@ from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 
+from attrib_agent.attribution.shapley import shapley_values
 from attrib_agent.attribution.sim_step import FreeBlockQueue, LiveRequest, blocks_for, holders, schedule_step
 from attrib_agent.attribution.sim_trace import Pricer, VictimTracer, VictimView
 from attrib_agent.attribution.sim_types import SchedulerConfig, SimOutcome, SimRequest, SimResult, StepCost
-from attrib_agent.lab.shapley import shapley_values
 
 
 def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: StepCost, *,

@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from attrib_agent.attribution.shapley import all_subsets, shapley_values
 from attrib_agent.lab.record import RunRejected, record_run
 from attrib_agent.lab.server import LabEndpoints, LabError
-from attrib_agent.lab.shapley import all_subsets, shapley_values
 from attrib_agent.lab.summary import Spread, group_latency, mean_itl_s, shorts, ttft_s
 from attrib_agent.lab.workload import Scenario
 

@@ -1,6 +1,6 @@
 import pytest
 
-from attrib_agent.lab.shapley import all_subsets, shapley_values
+from attrib_agent.attribution.shapley import all_subsets, shapley_values
 
 
 def test_subsets_smallest_first_and_complete():

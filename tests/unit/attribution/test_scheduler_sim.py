@@ -6,10 +6,10 @@ import pytest
 
 from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior
 from attrib_agent.attribution.scheduler_sim import shapley, simulate, slowdown_shares
+from attrib_agent.attribution.shapley import shapley_values
 from attrib_agent.attribution.sim_step import FreeBlockQueue
 from attrib_agent.attribution.sim_trace import Member, Pricer, VictimTracer, VictimView
 from attrib_agent.attribution.sim_types import SchedulerConfig, SimRequest, SimResult, WaitCause
-from attrib_agent.lab.shapley import shapley_values
 
 BS = 16
 # 10 ms per step, +1 ms per prefill token, +1 ms per decoding request: easy to add up by hand.

@@ -1,7 +1,8 @@
 """Exact Shapley values over a small set of players (whales), from a value for every subset.
 
-The lab measures v(S) = a short request's slowdown when only the whales in S run beside it; the
-Shapley share is the fair split of v(all) when only a combination of whales causes the delay.
+v(S) is a victim's slowdown when only the whales in S run beside it: measured by the lab's
+counterfactual runs (the truth) and re-simulated by the attribution engine. The Shapley share is the
+fair split of v(all) when only a combination of whales causes the delay.
 """
 
 from __future__ import annotations
