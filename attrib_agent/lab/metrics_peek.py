@@ -1,13 +1,13 @@
 """The few numbers the lab itself needs from vLLM's /metrics: idle check, pool size, preemptions.
 
-The agent's own metrics source is a separate, complete parser; this is a lab-side glance only.
+A summary over engines of what the agent's own metrics parser reads (one parser per format).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client.parser import text_string_to_metric_families
+from attrib_agent.sources.metrics_parser import parse_metrics
 
 
 @dataclass(frozen=True)
@@ -21,22 +21,14 @@ class MetricsPeek:
 
 
 def peek(text: str) -> MetricsPeek:
-    """Sum over engines of the gauges/counters above; cache geometry from `vllm:cache_config_info`."""
-    vals = {"running": 0.0, "waiting": 0.0, "kv_usage": 0.0, "preemptions": 0.0}
-    block_size = num_blocks = None
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == "vllm:num_requests_running":
-                vals["running"] += s.value
-            elif s.name == "vllm:num_requests_waiting":
-                vals["waiting"] += s.value
-            elif s.name == "vllm:kv_cache_usage_perc":
-                vals["kv_usage"] = max(vals["kv_usage"], s.value)
-            elif s.name == "vllm:num_preemptions_total":
-                vals["preemptions"] += s.value
-            elif s.name == "vllm:cache_config_info":
-                if s.labels.get("block_size", "").isdigit():
-                    block_size = int(s.labels["block_size"])
-                if s.labels.get("num_gpu_blocks", "").isdigit():
-                    num_blocks = int(s.labels["num_gpu_blocks"])
-    return MetricsPeek(block_size=block_size, num_gpu_blocks=num_blocks, **vals)
+    """Sums over engines of the gauges/counters above (KV usage: the fullest engine); cache geometry."""
+    snaps = parse_metrics(text, 0.0)
+    geometry = next((s for s in snaps if s.block_size is not None), None)
+    return MetricsPeek(
+        running=sum(s.running or 0.0 for s in snaps),
+        waiting=sum(s.waiting or 0.0 for s in snaps),
+        kv_usage=max((s.kv_usage or 0.0 for s in snaps), default=0.0),
+        preemptions=sum(s.preemptions_total or 0.0 for s in snaps),
+        block_size=geometry.block_size if geometry else None,
+        num_gpu_blocks=geometry.num_gpu_blocks if geometry else None,
+    )

@@ -8,6 +8,7 @@ check that the engine reports no interference where there was none.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 from collections import defaultdict
@@ -120,7 +121,9 @@ def format_scores(scores: list[Score]) -> str:
     return "\n".join(lines)
 
 
+@functools.lru_cache(maxsize=64)
 def _attributed(path: Path) -> tuple[list[Any], dict[str, Any], dict[str, str]]:
+    """Replay + attribution of one recording, once: the engine and the naive baseline both read it."""
     from attrib_agent.attribution.attributor import Attributor
     from attrib_agent.sources.replay import ReplaySource
     from attrib_agent.timeline.engine_timeline import EngineTimeline

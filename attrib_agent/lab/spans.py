@@ -1,31 +1,29 @@
 """Lab-side reading of recorded OTLP bodies: which requests' spans have arrived.
 
 The recorder waits on this before closing a recording, because vLLM's BatchSpanProcessor exports
-spans up to ~5 s after a request finishes.
+spans up to ~5 s after a request finishes. Decoding is the agent's own (sources/otlp_decode.py).
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Final
 
-from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from attrib_agent.recording import otlp_body
+from attrib_agent.sources.otlp_decode import OtlpError, parse_export_request, request_spans
 
-REQUEST_ID_ATTR = "gen_ai.request.id"
+MAX_DECOMPRESSED: Final = 64 * 1024 * 1024
 
 
 def decode_export(body: bytes, content_encoding: str | None = None) -> ExportTraceServiceRequest:
-    if content_encoding == "gzip":
-        body = gzip.decompress(body)
-    req = ExportTraceServiceRequest()
-    req.ParseFromString(body)
-    return req
+    """A recorded protobuf export (the lab's vLLM sends http/protobuf)."""
+    return parse_export_request(body, content_type="application/x-protobuf", content_encoding=content_encoding,
+                                max_decompressed=MAX_DECOMPRESSED)
 
 
 def iter_spans(req: ExportTraceServiceRequest) -> Iterator[Span]:
@@ -43,7 +41,7 @@ def span_attr(span: Span, key: str) -> str | int | float | None:
 
 
 def span_request_ids(otlp_jsonl: Path) -> set[str]:
-    """Request ids of every span in a (possibly still growing) otlp.jsonl; bad lines are skipped."""
+    """Request ids of every `llm_request` span in a (possibly still growing) otlp.jsonl; bad lines skipped."""
     ids: set[str] = set()
     try:
         lines = otlp_jsonl.read_text().splitlines()
@@ -53,10 +51,7 @@ def span_request_ids(otlp_jsonl: Path) -> set[str]:
         try:
             rec = json.loads(line)
             req = decode_export(otlp_body(rec), rec.get("content_encoding"))
-        except (ValueError, KeyError, DecodeError, OSError):
+        except (ValueError, KeyError, OtlpError):
             continue
-        for span in iter_spans(req):
-            rid = span_attr(span, REQUEST_ID_ATTR)
-            if isinstance(rid, str):
-                ids.add(rid)
+        ids.update(s.request_id for s in request_spans(req, 0.0).spans)
     return ids
