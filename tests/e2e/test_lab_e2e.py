@@ -9,7 +9,7 @@ import pytest
 
 from attrib_agent.lab.metrics_peek import peek
 from attrib_agent.lab.spans import decode_export, iter_spans, span_attr
-from attrib_agent.lab.summary import group_latency, shorts
+from attrib_agent.lab.summary import group_latency, shorts, ttft_s
 from attrib_agent.recording import CLIENT, LOG, METRICS, OTLP, Recording, otlp_body
 
 CLI = [sys.executable, "-m", "attrib_agent"]
@@ -34,10 +34,14 @@ def recorded(lab_state, tmp_path_factory) -> dict[str, Recording]:
 
 
 def test_whales_slow_short_requests_at_least_5x(recorded):
+    """Which shorts the whales hit depends on timing (the median moved 33-260 ms between runs); the tail does not."""
     alone = group_latency(shorts(recorded["shorts"].records(CLIENT)))
-    crowded = group_latency(shorts(recorded["preempt"].records(CLIENT)))
+    crowded_rows = shorts(recorded["preempt"].records(CLIENT))
+    crowded = group_latency(crowded_rows)
     assert alone.ok == alone.count and crowded.ok == crowded.count
-    assert crowded.ttft_p50_s >= 5 * alone.ttft_p50_s, (alone, crowded)
+    assert crowded.ttft_p95_s >= 10 * alone.ttft_p95_s, (alone, crowded)
+    hit = [t for r in crowded_rows if (t := ttft_s(r)) is not None and t >= 5 * alone.ttft_p50_s]
+    assert len(hit) >= 3, (alone, crowded, hit)
 
 
 def test_runs_are_accepted_only_when_the_client_was_punctual(recorded):
