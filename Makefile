@@ -1,13 +1,17 @@
 # Every target sets up .venv first (idempotent), so a fresh clone needs nothing else.
-.PHONY: setup demo test unit lint
+.PHONY: setup system demo test unit lint
 
 setup:
 	@bash scripts/setup-venv.sh
 
+# Debian packages the tests drive (prometheus, promtool, chromium, go + sprig)
+system:
+	@bash scripts/setup-system.sh
+
 demo: setup
 	.venv/bin/attrib-agent demo
 
-test: setup
+test: setup system
 	.venv/bin/python -m pytest
 
 unit: setup

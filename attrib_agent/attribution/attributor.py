@@ -227,7 +227,8 @@ class Attributor:
             ttft_slowdown_s=ttft_slow, itl_s=obs_itl, itl_baseline_s=base_itl, itl_slowdown_s=itl_slow,
             culprits=tuple(culprits), unexplained_ttft_s=unexplained_ttft, unexplained_itl_s=unexplained_itl,
             no_interference=ttft_slow == 0.0 and itl_slow == 0.0, quality=max(0.0, fidelity) * membership,
-            is_whale=rid in whale_set)
+            is_whale=rid in whale_set, engine=v.lc.engine, arrival_ts=v.lc.arrival_ts,
+            prompt_tokens=v.lc.prompt_tokens, completion_tokens=v.lc.completion_tokens)
 
     def _light_split(self, period: list[SimRequest], players: list[str], own: frozenset[str], rid: str,
                      cfg: SchedulerConfig, which: str) -> dict[str, float]:

@@ -41,6 +41,18 @@ class AttributionResult:
     no_interference: bool  # slowdowns below the noise floor
     quality: float  # 0..1: how well the reconstruction explained what vLLM reported
     is_whale: bool = False
+    engine: int = 0
+    arrival_ts: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    trace_id: str | None = None  # vLLM's `llm_request` span (32 hex), set by the pipeline when the span landed
+    span_id: str | None = None  # (16 hex)
+    final: bool = True  # False while requests that overlapped this one are still running (may be refined)
+
+    @property
+    def itl_gaps(self) -> int:
+        """Gaps between output tokens: a per-token ITL figure times this is seconds of decode time."""
+        return max((self.completion_tokens or 1) - 1, 0)
 
     def culprit(self, request_id: str) -> Culprit | None:
         return next((c for c in self.culprits if c.request_id == request_id), None)

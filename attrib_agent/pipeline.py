@@ -1,0 +1,205 @@
+"""The pure pipeline: typed events in, attribution results out; the same object live and in replay.
+
+It never reads a clock: time is the receipt time of the events fed. Attribution runs when event time
+passes the next settle tick, for the requests whose spans landed since, so feeding a recording event by
+event (live) or all at once (replay) produces the same results at the same points. A victim whose
+overlapping requests are still running gets a *partial* result (`final=False`), refined when they land
+(or finalised after `partial_timeout_s`); only final results are tallied and handed to the sinks' `final`
+stream, so no counter counts a victim twice.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field, replace
+
+from attrib_agent.attribution.attributor import AttributionConfig, Attributor
+from attrib_agent.attribution.result import AttributionResult, ResultStore
+from attrib_agent.attribution.tally import SlowdownTally
+from attrib_agent.events import EngineStep, Event, MetricsSnapshot, RequestSpan
+from attrib_agent.timeline.engine_timeline import EngineTimeline
+from attrib_agent.timeline.model import RequestLifecycle
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    engine: int = 0
+    block_size: int | None = None  # override vllm:cache_config_info
+    num_blocks: int | None = None
+    token_budget: int | None = None  # vLLM's max_num_batched_tokens (default: inferred from the steps)
+    settle_interval_s: float = 0.25  # event time between attribution passes
+    partial_timeout_s: float = 120.0  # a partial result is finalised this long after the victim finished
+    max_results: int = 100_000
+    max_result_age_s: float = 3600.0
+    max_pending: int = 10_000  # victims waiting for attribution or refinement
+    victim_threshold_s: float = 0.1  # slowdown that makes a request a "slowed" victim in the counters
+    attribution: AttributionConfig = field(default_factory=AttributionConfig)
+
+    def __post_init__(self) -> None:
+        if self.settle_interval_s <= 0 or self.partial_timeout_s <= 0 or self.max_pending < 1:
+            raise ValueError("settle_interval_s and partial_timeout_s must be > 0, max_pending >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class KvNow:
+    """The KV picture at the latest step: who holds how much of the pool."""
+
+    ts: float | None
+    pool_blocks: int | None
+    ledger_blocks: int
+    vllm_blocks: float | None  # vLLM's own gauge x pool at the last metrics sample
+    residual_blocks: float | None  # vLLM minus ledger at the last metrics sample
+    held: dict[str, int]  # request id -> blocks held at the latest step
+    whales: tuple[str, ...]  # requests in flight whose footprint makes them whales
+    top_request_id: str | None
+    top_share: float  # of the pool, 0..1
+
+
+class AttributionPipeline:
+    """Feed events; collect results from `feed`'s return (or `settle`). Read state for the sinks."""
+
+    def __init__(self, config: PipelineConfig | None = None) -> None:
+        self.config = cfg = config or PipelineConfig()
+        self.timeline = EngineTimeline(cfg.block_size, cfg.num_blocks, engine=cfg.engine,
+                                       token_budget=cfg.token_budget)
+        self.attributor = Attributor(cfg.attribution)
+        self.store = ResultStore(cfg.max_results, cfg.max_result_age_s)
+        self.tally = SlowdownTally(victim_threshold_s=cfg.victim_threshold_s)
+        self.events: Counter[str] = Counter()
+        self.vllm_restarts = 0
+        self.steps_total = 0
+        self.step_seconds_total = 0.0
+        self.dropped_pending = 0
+        self.last_event_ts: float | None = None
+        self._spans: OrderedDict[str, tuple[str, str]] = OrderedDict()  # request id -> (trace id, span id)
+        self._due: OrderedDict[str, None] = OrderedDict()  # spans landed, not yet attributed
+        self._partial: OrderedDict[str, float] = OrderedDict()  # victim -> its finish time
+        self._next_settle: float | None = None
+
+    # ---- input -------------------------------------------------------------------------------------------
+    def feed(self, event: Event) -> list[AttributionResult]:
+        """Take one event; returns the results (partial and final) of a settle pass if this event began one."""
+        self.events[type(event).__name__] += 1
+        ts = event.ts
+        self.last_event_ts = ts if self.last_event_ts is None else max(self.last_event_ts, ts)
+        if isinstance(event, MetricsSnapshot) and event.counter_reset and event.engine == str(self.config.engine):
+            self.vllm_restarts += 1
+        if isinstance(event, EngineStep) and event.engine == self.config.engine and not event.dummy:
+            self.steps_total += 1
+            self.step_seconds_total += event.elapsed_ms / 1000.0
+        self.timeline.feed(event)
+        if isinstance(event, RequestSpan):
+            self._remember_span(event)
+        if self._next_settle is None:
+            self._next_settle = ts + self.config.settle_interval_s
+        if ts < self._next_settle:
+            return []
+        return self.settle()
+
+    def feed_all(self, events: list[Event] | tuple[Event, ...]) -> list[AttributionResult]:
+        out: list[AttributionResult] = []
+        for ev in events:
+            out.extend(self.feed(ev))
+        return out
+
+    def _remember_span(self, span: RequestSpan) -> None:
+        self._spans[span.request_id] = (span.trace_id, span.span_id)
+        self._spans.move_to_end(span.request_id)
+        while len(self._spans) > self.config.max_results:
+            self._spans.popitem(last=False)
+        self._due[span.request_id] = None
+        self._due.move_to_end(span.request_id)
+        while len(self._due) + len(self._partial) > self.config.max_pending and self._due:
+            self._due.popitem(last=False)
+            self.dropped_pending += 1
+
+    # ---- attribution -------------------------------------------------------------------------------------
+    def settle(self) -> list[AttributionResult]:
+        """Attribute what is due: new spans, and partial results whose blockers have landed or timed out."""
+        now = self.last_event_ts
+        if now is None:
+            return []
+        self._next_settle = now + self.config.settle_interval_s
+        lcs = {lc.request_id: lc for lc in self.timeline.lifecycles()}
+        wanted = set(self._due)
+        for rid, finished in self._partial.items():
+            if now - finished >= self.config.partial_timeout_s or not self._blockers(rid, lcs):
+                wanted.add(rid)
+        self._due.clear()
+        if not wanted:
+            return []
+        out: list[AttributionResult] = []
+        for r in self.attributor.attribute(self.timeline, wanted):
+            lc = lcs.get(r.request_id)
+            ids = self._spans.get(r.request_id)
+            timed_out = now - r.finished_ts >= self.config.partial_timeout_s
+            final = timed_out or lc is None or not self._blockers(r.request_id, lcs)
+            r = replace(r, final=final, trace_id=ids[0] if ids else None, span_id=ids[1] if ids else None)
+            self.store.put(r)
+            if final:
+                self._partial.pop(r.request_id, None)
+                self.tally.add(r)
+            else:
+                self._partial[r.request_id] = r.finished_ts
+            out.append(r)
+        for rid in wanted:  # forgotten by the timeline before it could be attributed
+            if rid not in {r.request_id for r in out}:
+                self._partial.pop(rid, None)
+        while len(self._partial) > self.config.max_pending:
+            self._partial.popitem(last=False)
+            self.dropped_pending += 1
+        self.store.expire(now)
+        return out
+
+    @staticmethod
+    def _blockers(rid: str, lcs: dict[str, RequestLifecycle]) -> list[str]:
+        """Requests that overlapped `rid` in time and are still running (their spans have not landed)."""
+        me = lcs.get(rid)
+        if me is None or me.arrival_ts is None:
+            return []
+        end = me.end_ts if me.end_ts is not None else float("inf")
+        return [lc.request_id for lc in lcs.values()
+                if lc.request_id != rid and not lc.complete and lc.aborted_ts is None
+                and lc.arrival_ts is not None and lc.arrival_ts < end]
+
+    # ---- reads for the sinks -----------------------------------------------------------------------------
+    def status(self, request_id: str) -> str:
+        """`final`, `partial` (culprits still running), `running` (known, not finished), or `unknown`."""
+        r = self.store.get(request_id)
+        if r is not None:
+            return "final" if r.final else "partial"
+        if request_id in self._due or self.timeline.lifecycle(request_id) is not None:
+            return "running"
+        return "unknown"
+
+    def kv_now(self) -> KvNow:
+        ledger = self.timeline.ledger
+        steps = ledger.step_reconciliations()
+        recs = ledger.reconciliations()
+        block_size, pool = self.timeline.pool()
+        last_ts = steps[-1].ts if steps else None
+        held = {k: v for k, v in ledger.held_at(last_ts).items() if v > 0} if last_ts is not None else {}
+        lcs = self.timeline.lifecycles()
+        footprints = [_footprint(lc) for lc in lcs if _footprint(lc) > 0]
+        median = statistics.median(footprints) if footprints else 0
+        factor = self.config.attribution.whale_factor
+        by_id = {lc.request_id: lc for lc in lcs}
+        whales = tuple(sorted(rid for rid in held if rid in by_id and median > 0
+                              and _footprint(by_id[rid]) >= factor * median))
+        top = max(held.items(), key=lambda kv: (kv[1], kv[0]), default=None)
+        last_rec = recs[-1] if recs else None
+        return KvNow(ts=last_ts, pool_blocks=pool, ledger_blocks=sum(held.values()),
+                     vllm_blocks=last_rec.observed_blocks if last_rec else None,
+                     residual_blocks=last_rec.residual if last_rec else None, held=held, whales=whales,
+                     top_request_id=top[0] if top else None,
+                     top_share=(top[1] / pool) if top and pool else 0.0)
+
+    def recent(self, since_ts: float | None = None) -> list[AttributionResult]:
+        """Stored results that finished at or after `since_ts` (all when None), oldest first."""
+        return [r for r in self.store if since_ts is None or r.finished_ts >= since_ts]
+
+
+def _footprint(lc: RequestLifecycle) -> int:
+    out = lc.completion_tokens if lc.completion_tokens is not None else (lc.max_tokens or 0)
+    return (lc.prompt_tokens or 0) + out
