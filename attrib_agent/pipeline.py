@@ -195,6 +195,10 @@ class AttributionPipeline:
                      top_request_id=top[0] if top else None,
                      top_share=(top[1] / pool) if top and pool else 0.0)
 
+    def span_of(self, request_id: str) -> tuple[str, str] | None:
+        """(trace id, span id) of the request's `llm_request` span, if it landed (bounded like the store)."""
+        return self._spans.get(request_id)
+
     def recent(self, since_ts: float | None = None) -> list[AttributionResult]:
         """Stored results that finished at or after `since_ts` (all when None), oldest first."""
         return [r for r in self.store if since_ts is None or r.finished_ts >= since_ts]

@@ -1,0 +1,47 @@
+"""What the running agent knows, in one place the sinks read: the pipeline, each source's health, the clock.
+
+The app owns it and mutates it from one asyncio loop; sinks (collector, API, page) only read, so no locks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from attrib_agent import __version__
+from attrib_agent.pipeline import AttributionPipeline
+from attrib_agent.sources.health import SourceHealth
+
+SOURCES = ("vllm_metrics", "vllm_log", "otlp", "nvml", "replay")
+
+
+@dataclass
+class AgentState:
+    pipeline: AttributionPipeline
+    health: dict[str, SourceHealth] = field(default_factory=dict)  # by source name (SOURCES)
+    clock: Callable[[], float] = time.time
+    started_ts: float = field(default_factory=time.time)
+    version: str = __version__
+    journal_written: int = 0
+    journal_errors: Counter[str] = field(default_factory=Counter)
+    vllm_gaps: int = 0  # times vLLM went unreachable or restarted while the agent ran
+    vllm_gap_since: float | None = None  # set while vLLM is unreachable now
+    replay_done: bool = True  # False while a replay is still feeding events (readyz waits for it)
+
+    def source(self, name: str) -> SourceHealth:
+        """The health record of a source, created on first use."""
+        if name not in self.health:
+            self.health[name] = SourceHealth(name)
+        return self.health[name]
+
+    @property
+    def ready(self) -> bool:
+        """Sources up (those configured) and the step-cost model fitted, or a replay finished."""
+        sources_up = all(h.up for h in self.health.values())
+        return sources_up and (self.pipeline.attributor.cost.fitted or self.replay_done and not self.live)
+
+    @property
+    def live(self) -> bool:
+        return "replay" not in self.health
