@@ -14,7 +14,7 @@ from attrib_agent import __version__
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.sources.health import SourceHealth
 
-SOURCES = ("vllm_metrics", "vllm_log", "otlp", "nvml", "replay")
+SOURCES = ("vllm_metrics", "vllm_log", "otlp", "otlp_forward", "nvml", "replay", "pipeline", "journal")
 
 
 @dataclass

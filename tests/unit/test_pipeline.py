@@ -1,0 +1,105 @@
+"""The pure pipeline on real recordings: one final result per finished request, same answers however fed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from attrib_agent.attribution.result import AttributionResult
+from attrib_agent.events import Event, RequestSpan
+from attrib_agent.pipeline import AttributionPipeline, PipelineConfig
+from attrib_agent.sources.replay import ReplaySource
+
+RECORDINGS = Path(__file__).parents[1] / "fixtures" / "recordings"
+NAMES = ("shorts", "whale1", "whale2", "preempt", "canary")
+
+
+@lru_cache(maxsize=None)
+def events_of(name: str) -> tuple[Event, ...]:
+    return tuple(ReplaySource(RECORDINGS / name).events())
+
+
+def run(name: str, config: PipelineConfig | None = None, probe: bool = False) -> tuple[AttributionPipeline,
+                                                                                      list[AttributionResult]]:
+    p = AttributionPipeline(config)
+    out: list[AttributionResult] = []
+    for ev in events_of(name):
+        out += p.feed(ev)
+        if probe:  # reads between events must not change what the pipeline concludes
+            p.kv_now()
+            p.status(getattr(ev, "request_id", "x"))
+    out += p.settle()
+    return p, out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_finished_request_gets_exactly_one_final_result(name):
+    p, out = run(name)
+    spans = {e.request_id for e in events_of(name) if isinstance(e, RequestSpan)}
+    finals = [r.request_id for r in out if r.final]
+    assert sorted(finals) == sorted(spans)
+    assert sum(p.tally.requests.values()) == len(finals)
+    for rid in spans:  # partial versions, if any, come before the final one
+        versions = [r.final for r in out if r.request_id == rid]
+        assert versions[-1] is True and all(v is False for v in versions[:-1])
+        assert p.status(rid) == "final"
+    assert all(r.trace_id and len(r.trace_id) == 32 for r in out)
+
+
+def test_results_do_not_depend_on_reads_between_events():
+    _, plain = run("whale2")
+    _, probed = run("whale2", probe=True)
+    assert plain == probed
+
+
+def test_victims_of_whales_see_them_partial_first_then_blamed():
+    p, out = run("preempt")
+    partial = [r for r in out if not r.final]
+    assert partial, "shorts finishing while whales still decode get partial results first"
+    worst = max((r for r in p.store if not r.is_whale), key=lambda r: r.ttft_slowdown_s)
+    top = worst.top_culprit()
+    assert worst.ttft_slowdown_s > 1.0 and top is not None and top.is_whale
+    parts = sum(c.ttft_s for c in worst.culprits) + worst.unexplained_ttft_s
+    assert parts == pytest.approx(worst.ttft_slowdown_s, abs=1e-9)
+
+
+def test_tally_counts_final_slowdown_once():
+    p, _ = run("preempt")
+    finals = list(p.store)
+    attributed = sum(v for (phase, *_), v in p.tally.attributed_s.items() if phase == "ttft")
+    unexplained = sum(v for (phase, _), v in p.tally.unexplained_s.items() if phase == "ttft")
+    assert attributed + unexplained == pytest.approx(sum(r.ttft_slowdown_s for r in finals), rel=1e-9)
+    hist = p.tally.histograms[("ttft", "short")]
+    assert hist.count == sum(1 for r in finals if not r.is_whale)
+    with pytest.raises(ValueError):
+        p.tally.add(replace(finals[0], final=False))
+
+
+def test_partial_results_are_finalised_after_the_timeout():
+    p, out = run("preempt", PipelineConfig(partial_timeout_s=0.01))
+    assert all(r.final for r in out)
+
+
+def test_bounds_hold_and_drops_are_counted():
+    p, _ = run("preempt", PipelineConfig(max_results=5))
+    assert len(p.store) == 5 and p.store.evicted >= 23 - 5
+    p, _ = run("preempt", PipelineConfig(max_pending=2, settle_interval_s=30.0))
+    assert p.dropped_pending > 0 and len(p.store) < 23
+
+
+def test_status_and_kv_view():
+    p, _ = run("whale2")
+    assert p.status("no-such-request") == "unknown"
+    kv = p.kv_now()
+    assert kv.pool_blocks and kv.pool_blocks > 0 and kv.ts is not None
+    assert 0.0 <= kv.top_share <= 1.0
+    assert p.steps_total > 100 and p.step_seconds_total > 0
+    assert p.events["EngineStep"] == p.steps_total
+
+
+def test_config_is_validated():
+    with pytest.raises(ValueError):
+        PipelineConfig(settle_interval_s=0)
