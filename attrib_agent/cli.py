@@ -11,6 +11,7 @@ from pathlib import Path
 from types import FrameType
 
 from attrib_agent import __version__
+from attrib_agent.cli_agent import add_agent_commands, parse_listen
 from attrib_agent.lab.server import LabConfig, LabError, VllmLab, running_lab
 from attrib_agent.lab.workload import SCENARIOS, get_scenario
 
@@ -101,27 +102,64 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    import httpx
+
     from attrib_agent.lab.record import record_run
-    from attrib_agent.lab.summary import format_table, group_latency, shorts
+    from attrib_agent.lab.sidecar import agent_beside
+    from attrib_agent.lab.summary import format_table, group_latency, shorts, ttft_s
+    from attrib_agent.report import explain_table
 
     scenario = get_scenario(args.scenario)
     baseline = scenario.with_whales(())
     out = args.out or Path(".lab") / "demo" / time.strftime("%Y%m%d-%H%M%S")
     print("starting vLLM (CPU build, tiny random-weight model); this takes about a minute ...", flush=True)
-    with running_lab(_lab_config(args), args.attach) as ep:
+    with running_lab(_lab_config(args), args.attach) as ep, \
+            agent_beside(ep, out / "agent", api_port=args.listen[1] or None, journal_dir=out / "journal") as agent:
+        print(f"attrib-agent is running beside vLLM: {agent.api_url}/ (log {agent.log_path})", flush=True)
         rows = []
         for s, sub in ((baseline, "alone"), (scenario, "with-whales")):
             print(f"running {s.name} ...", flush=True)
             res = record_run(ep, s, out / sub, command=_command(), max_lateness_s=args.max_lateness_ms / 1000,
                              attempts=args.attempts)
             rows.append((f"{sub} ({len(s.whales)} whales)", group_latency(shorts(res.results)), res))
-    print()
-    print(format_table([(label, g) for label, g, _ in rows]))
-    alone, crowded = rows[0][1], rows[1][1]
-    if alone.ttft_p50_s and crowded.ttft_p50_s:
-        print(f"\nshort requests' TTFT p50 is {crowded.ttft_p50_s / alone.ttft_p50_s:.1f}x slower beside the whales "
-              f"(preemptions: {rows[1][2].meta['preemptions']:.0f}); recordings in {out}")
+        print()
+        print(format_table([(label, g) for label, g, _ in rows]))
+        crowded = rows[1][2]
+        slowest = sorted(shorts(crowded.results), key=lambda r: ttft_s(r) or 0.0, reverse=True)[: args.explain]
+        print(f"\nwho slowed the {len(slowest)} slowest short requests (asked of the agent's API):\n")
+        with httpx.Client(trust_env=False, timeout=10.0) as c:
+            for r in slowest:
+                url = f"{agent.api_url}/v1/requests/{r['vllm_request_id']}/culprits"
+                body = _wait_final(c, url)
+                print(explain_table(body) if body else f"request {r['vllm_request_id']}: not attributed yet")
+                print()
+        print(f"the picture: {agent.api_url}/   series: {agent.api_url}/metrics")
+        print(f"ask about any request: attrib-agent explain <request id> --api {agent.api_url}")
+        if args.duration == 0:
+            print("Ctrl-C to stop", flush=True)
+        deadline = time.monotonic() + args.duration if args.duration > 0 else None
+        while deadline is None or time.monotonic() < deadline:
+            time.sleep(0.5)
+            if agent.proc is not None and agent.proc.poll() is not None:
+                raise LabError(f"the agent exited ({agent.proc.returncode}); see {agent.log_path}")
     return 0
+
+
+def _wait_final(client: object, url: str, timeout_s: float = 30.0) -> dict[str, object] | None:
+    """The API's answer once final (200), else the last partial one (202) after `timeout_s`."""
+    import httpx
+
+    assert isinstance(client, httpx.Client)
+    deadline = time.monotonic() + timeout_s
+    body = None
+    while time.monotonic() < deadline:
+        resp = client.get(url)
+        if resp.status_code in (200, 202):
+            body = resp.json()
+            if resp.status_code == 200:
+                return dict(body)
+        time.sleep(0.5)
+    return dict(body) if body and body.get("culprits") is not None else None
 
 
 def _command() -> str:
@@ -133,11 +171,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"attrib-agent {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="the whale scenario against a real vLLM: shorts alone vs beside whales")
+    demo = sub.add_parser("demo", help="real vLLM + the agent beside it: a whale scenario, and who slowed the shorts")
     demo.add_argument("--scenario", default="preempt", choices=sorted(SCENARIOS))
     demo.add_argument("--out", type=Path, help="where to keep the two recordings (default .lab/demo/<time>)")
+    demo.add_argument("--listen", type=parse_listen, default=("127.0.0.1", 9400), metavar="HOST:PORT",
+                      help="the agent's API, /metrics and page (default %(default)s; port 0 picks a free one)")
+    demo.add_argument("--duration", type=float, default=0,
+                      help="keep the agent up this many seconds after the run (default: until Ctrl-C)")
+    demo.add_argument("--explain", type=int, default=3, help="how many of the slowest shorts to explain")
     _add_lab_options(demo)
     demo.set_defaults(func=cmd_demo)
+
+    add_agent_commands(sub)
 
     lab = sub.add_parser("lab", help="real-vLLM lab: scenarios, recordings, counterfactual truth")
     lsub = lab.add_subparsers(dest="lab_command", required=True)

@@ -71,6 +71,7 @@ class AttributionPipeline:
         self.steps_total = 0
         self.step_seconds_total = 0.0
         self.dropped_pending = 0
+        self.preemptions_inferred = 0  # of requests whose results became final (each counted once)
         self.last_event_ts: float | None = None
         self._spans: OrderedDict[str, tuple[str, str]] = OrderedDict()  # request id -> (trace id, span id)
         self._due: OrderedDict[str, None] = OrderedDict()  # spans landed, not yet attributed
@@ -149,8 +150,15 @@ class AttributionPipeline:
         while len(self._partial) > self.config.max_pending:
             self._partial.popitem(last=False)
             self.dropped_pending += 1
+        self._count_preemptions({r.request_id for r in out if r.final})
         self.store.expire(now)
         return out
+
+    def _count_preemptions(self, finalised: set[str]) -> None:
+        """Count a request's inferred preemptions once, when its result is final: the timeline's own list
+        covers only the steps it still holds, so it cannot back a monotonic counter."""
+        if finalised:
+            self.preemptions_inferred += sum(p.request_id in finalised for p in self.timeline.preemptions())
 
     @staticmethod
     def _blockers(rid: str, lcs: dict[str, RequestLifecycle]) -> list[str]:

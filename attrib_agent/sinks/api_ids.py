@@ -1,0 +1,53 @@
+"""Request ids as the API accepts them: vLLM's own, or the client's X-Request-Id / response id forms.
+
+vLLM 0.32 names a completion `cmpl-<X-Request-Id>-0` (the response body says `cmpl-<X-Request-Id>`) and a chat
+completion `chatcmpl-<X-Request-Id>`. A caller usually holds one of the shorter forms, so the API tries the
+few forms vLLM derives from it and answers when exactly one of them is a request the agent knows.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+MAX_ID_CHARS: Final = 256
+# What X-Request-Id values look like in practice (uuids, tags, dashes): no slashes, spaces or control chars.
+_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=~-]*")
+_PREFIXES: Final = ("", "cmpl-", "chatcmpl-")
+_SUFFIXES: Final = ("", "-0")
+
+
+class BadRequestId(ValueError):
+    """The id cannot be a request id (too long, empty, path-like or with characters ids never have)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    request_id: str | None  # the vLLM id, when exactly one form is known
+    candidates: tuple[str, ...]  # every known form (more than one: ambiguous)
+
+
+def check_id(raw: str) -> str:
+    """The id unchanged if it can be one; raises BadRequestId with a message safe to return to the caller."""
+    if len(raw) > MAX_ID_CHARS:
+        raise BadRequestId(f"request id longer than {MAX_ID_CHARS} characters")
+    if not _ID_RE.fullmatch(raw) or ".." in raw:
+        raise BadRequestId("malformed request id: expected letters, digits and . _ : @ + = ~ -")
+    return raw
+
+
+def id_forms(raw: str) -> tuple[str, ...]:
+    """The id itself first, then the forms vLLM derives from a client id (`cmpl-X-0`, `chatcmpl-X`, `X-0` ...)."""
+    forms = [raw] + [p + raw + s for p in _PREFIXES for s in _SUFFIXES]
+    return tuple(dict.fromkeys(f for f in forms if len(f) <= MAX_ID_CHARS))
+
+
+def resolve(raw: str, known: Callable[[str], bool]) -> Resolved:
+    """vLLM's id for `raw`: the id itself when known, else the single known derived form (none if ambiguous)."""
+    check_id(raw)
+    if known(raw):
+        return Resolved(raw, (raw,))
+    hits = tuple(f for f in id_forms(raw)[1:] if known(f))
+    return Resolved(hits[0] if len(hits) == 1 else None, hits)

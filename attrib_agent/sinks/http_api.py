@@ -1,0 +1,149 @@
+"""The agent's HTTP API and page: who slowed request X, who slows everyone lately, and the timeline behind it.
+
+Endpoints (JSON; errors are `{"error": "..."}`):
+  GET /v1/requests/{id}/culprits   200 final result, 202 partial or still running, 404 unknown, 400 bad id
+  GET /v1/culprits/top?window=5m&limit=10   culprits ranked by victim seconds caused
+  GET /v1/timeline?since=&until=&max_steps=  steps, KV ledger, request lanes, victims (bounded)
+  GET /healthz, /readyz            probes (never need the token)
+  GET /metrics                     the ASGI app the caller passes (Prometheus exposition)
+  GET /                            the page (static shell; it fetches /v1/timeline)
+
+Handlers read the AgentState on the event loop that mutates it, so they see a consistent state without
+locks; every read is bounded (steps, lanes, results), so none holds the loop for long.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from importlib import resources
+from typing import Final
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.gzip import GZipMiddleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from attrib_agent.agent_state import AgentState
+from attrib_agent.attribution.result_codec import to_dict
+from attrib_agent.sinks.api_http import PAGE_CSP, BearerAuth, error, error_handlers, json_response
+from attrib_agent.sinks.api_ids import BadRequestId, resolve
+from attrib_agent.sinks.api_timeline import parse_max_steps, parse_ts, timeline_json
+from attrib_agent.sinks.api_top import BadQuery, parse_duration, parse_limit, top_culprits
+
+DEFAULT_WINDOW: Final = "5m"
+PAGE_FILES: Final = {"index.html": "text/html; charset=utf-8", "page.js": "text/javascript; charset=utf-8",
+                     "draw.js": "text/javascript; charset=utf-8", "page.css": "text/css; charset=utf-8"}
+# The probes, and the page's static shell: a browser cannot add a header when it navigates, the shell holds no data.
+OPEN_PATHS: Final = ("/healthz", "/readyz", "/", *(f"/page/{name}" for name in PAGE_FILES if name != "index.html"))
+
+
+def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp | None = None,
+            errors: Counter[str] | None = None) -> Starlette:
+    """The API over `state`. With `token`, everything but the probes and the page shell needs the bearer token.
+
+    `errors` (also at `app.state.api_errors`) counts rejected requests by kind: bad_id, bad_query,
+    unauthorized, http_404, internal ...
+    """
+    if token is not None and not isinstance(token, str):  # e.g. a config Secret not revealed: fail at start-up
+        raise TypeError(f"the API token must be a str, not {type(token).__name__}")
+    if token is not None and not token:
+        raise ValueError("the API token must not be empty (None turns auth off)")
+    errs: Counter[str] = Counter() if errors is None else errors
+    pipeline = state.pipeline
+
+    async def culprits(request: Request) -> Response:
+        try:
+            found = resolve(request.path_params["request_id"], lambda rid: pipeline.status(rid) != "unknown")
+        except BadRequestId as exc:
+            return error(400, str(exc), errs, "bad_id")
+        if found.request_id is None and found.candidates:
+            return error(400, f"ambiguous request id: {len(found.candidates)} requests match; use vLLM's full id",
+                         errs, "ambiguous_id", candidates=list(found.candidates))
+        if found.request_id is None:
+            return error(404, "unknown request id (never seen, or older than the result store keeps)", errs,
+                         "unknown_id")
+        rid = found.request_id
+        status = pipeline.status(rid)
+        result = pipeline.store.get(rid)
+        if result is None:
+            return json_response({"request_id": rid, "status": status}, 202)
+        return json_response(to_dict(result) | {"status": status}, 200 if status == "final" else 202)
+
+    async def top(request: Request) -> Response:
+        try:
+            window_s = parse_duration(request.query_params.get("window", DEFAULT_WINDOW))
+            limit = parse_limit(request.query_params.get("limit"))
+        except BadQuery as exc:
+            return error(400, str(exc), errs, "bad_query")
+        until = pipeline.last_event_ts  # event time: the agent's clock live, the recording's end in replay
+        since = None if until is None else until - window_s
+        results = [] if until is None else [r for r in pipeline.recent(until - window_s) if r.finished_ts <= until]
+        ranked, n = top_culprits(results, limit)
+        return json_response({"window_s": window_s, "since": since, "until": until, "results": n,
+                              "partial_results": sum(not r.final for r in results),
+                              "culprits": [t.as_dict() for t in ranked]})
+
+    async def timeline(request: Request) -> Response:
+        q = request.query_params
+        try:
+            body = timeline_json(pipeline, parse_ts("since", q.get("since")), parse_ts("until", q.get("until")),
+                                 max_steps=parse_max_steps(q.get("max_steps")))
+        except BadQuery as exc:
+            return error(400, str(exc), errs, "bad_query")
+        return json_response(body | {"live": state.live, "version": state.version})
+
+    async def healthz(request: Request) -> Response:
+        return json_response({"status": "ok", "version": state.version, "uptime_s": state.clock() - state.started_ts})
+
+    async def readyz(request: Request) -> Response:
+        missing = [f"source {name} down" + (f" ({h.last_error})" if h.last_error else "")
+                   for name, h in sorted(state.health.items()) if not h.up]
+        fitted = pipeline.attributor.cost.fitted
+        if not state.replay_done:
+            missing.append("replay still running")
+        if not fitted and (state.live or not state.replay_done):
+            missing.append("step-cost model not fitted yet (it needs quiet engine steps)")
+        ready = state.ready
+        return json_response({"ready": ready, "missing": [] if ready else missing}, 200 if ready else 503)
+
+    page = {name: resources.files("attrib_agent.sinks").joinpath("page", name).read_bytes() for name in PAGE_FILES}
+
+    async def page_file(request: Request) -> Response:
+        name = request.path_params.get("name", "index.html")
+        if name not in page:
+            return error(404, "not found", errs, "http_404")
+        return Response(page[name], media_type=PAGE_FILES[name],
+                        headers={"Content-Security-Policy": PAGE_CSP, "X-Content-Type-Options": "nosniff",
+                                 "Cache-Control": "no-cache"})
+
+    routes = [
+        Route("/v1/requests/{request_id}/culprits", culprits, methods=["GET"]),
+        Route("/v1/culprits/top", top, methods=["GET"]),
+        Route("/v1/timeline", timeline, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/", page_file, methods=["GET"]),
+        Route("/page/{name}", page_file, methods=["GET"]),
+    ]
+    if metrics_app is not None:
+        routes.append(Route("/metrics", _Asgi(metrics_app)))
+    middleware = [Middleware(GZipMiddleware, minimum_size=2048)]  # the timeline's ids repeat: ~10x smaller
+    if token is not None:
+        middleware.append(Middleware(BearerAuth, token=token, open_paths=OPEN_PATHS, errors=errs))
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers=error_handlers(errs))
+    app.state.api_errors = errs
+    return app
+
+
+class _Asgi:
+    """Wraps an ASGI callable so that Starlette's Route passes it the raw scope (a plain function, like
+    prometheus_client's `make_asgi_app()`, would be taken for a request handler)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)

@@ -1,0 +1,229 @@
+// Drawing for the agent's page: the stacked KV area, request lanes, culprit links and the legend, as SVG.
+// Pure functions of the timeline JSON (see sinks/api_timeline.py); page.js fetches it and wires the events.
+'use strict';
+const AttribDraw = (function () {
+  const NS = 'http://www.w3.org/2000/svg';
+  const WHALE_COLOURS = ['#1f77b4', '#ff7f0e', '#9467bd', '#17becf', '#8c564b', '#e377c2', '#bcbd22', '#2ca02c'];
+  const GREYS = ['#b9b9b9', '#d2d2d2'];
+  const LANE_GREY = '#8a8a8a';
+  const RED = '#d62728';
+  const MAX_GREY_AREAS = 300;  // beyond this, the other requests' KV is drawn as one grey area
+
+  function el(tag, attrs, parent) {
+    const e = document.createElementNS(NS, tag);
+    for (const k in attrs) e.setAttribute(k, attrs[k]);
+    if (parent) parent.appendChild(e);
+    return e;
+  }
+  function text(parent, x, y, s, attrs) {
+    const t = el('text', Object.assign({ x: x, y: y }, attrs || {}), parent);
+    t.textContent = s;
+    return t;
+  }
+  function fmtS(s) {
+    if (s == null) return '–';
+    const a = Math.abs(s);
+    return a >= 10 ? s.toFixed(1) + ' s' : a >= 0.1 ? s.toFixed(2) + ' s' : (s * 1000).toFixed(0) + ' ms';
+  }
+  function niceStep(span, target) {
+    const raw = span / Math.max(target, 1);
+    const p = Math.pow(10, Math.floor(Math.log10(raw)));
+    const m = raw / p;
+    return (m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10) * p;
+  }
+
+  function defs(svg) {
+    const defs = el('defs', {}, svg);
+    const hatch = el('pattern', { id: 'hatch-red', width: 6, height: 6, patternUnits: 'userSpaceOnUse',
+                                  patternTransform: 'rotate(45)' }, defs);
+    el('rect', { width: 6, height: 6, fill: '#fde0e0' }, hatch);
+    el('line', { x1: 0, y1: 0, x2: 0, y2: 6, stroke: RED, 'stroke-width': 2.5 }, hatch);
+    const pre = el('pattern', { id: 'hatch-preempt', width: 5, height: 5, patternUnits: 'userSpaceOnUse',
+                                patternTransform: 'rotate(-45)' }, defs);
+    el('rect', { width: 5, height: 5, fill: '#ffffff' }, pre);
+    el('line', { x1: 0, y1: 0, x2: 0, y2: 5, stroke: '#333', 'stroke-width': 1.2 }, pre);
+  }
+
+  function drawKv(svg, d, lanes, steps, whaleColour, x, top, areaH, t1, xMin, xMax) {
+    const g = el('g', { class: 'kv' }, svg);
+    const n = steps.length;
+    const ts = steps.map(function (s) { return s.ts; });
+    const arrival = {};
+    lanes.forEach(function (r, i) { arrival[r.request_id] = i; });
+    const ids = Object.keys(d.kv).sort(function (a, b) {
+      const wa = whaleColour[a] ? 0 : 1, wb = whaleColour[b] ? 0 : 1;
+      if (wa !== wb) return wa - wb;
+      const ia = a in arrival ? arrival[a] : 1e9, ib = b in arrival ? arrival[b] : 1e9;
+      return ia - ib || (a < b ? -1 : 1);
+    });
+    // Blocks per request at each step (change points expanded), stacked whales first.
+    const series = [];
+    let others = null;
+    ids.forEach(function (id) {
+      const vals = new Array(n).fill(0);
+      let j = 0, v = 0;
+      const pts = d.kv[id];
+      for (let i = 0; i < n; i++) {
+        while (j < pts.length && pts[j][0] <= ts[i]) { v = pts[j][1]; j++; }
+        vals[i] = v;
+      }
+      if (!whaleColour[id] && series.filter(function (s) { return !s.whale; }).length >= MAX_GREY_AREAS) {
+        if (!others) { others = { id: 'others', whale: false, vals: new Array(n).fill(0) }; }
+        for (let i = 0; i < n; i++) others.vals[i] += vals[i];
+      } else {
+        series.push({ id: id, whale: !!whaleColour[id], vals: vals });
+      }
+    });
+    if (others) series.push(others);
+    const base = new Array(n).fill(0);
+    let maxStack = 0;
+    const stacks = series.map(function (s) {
+      const lo = base.slice();
+      for (let i = 0; i < n; i++) base[i] += s.vals[i];
+      return { s: s, lo: lo, hi: base.slice() };
+    });
+    base.forEach(function (b) { maxStack = Math.max(maxStack, b); });
+    const ymax = Math.max(d.pool_blocks || 0, maxStack, 1) * 1.06;
+    const y = function (b) { return top + areaH - b / ymax * areaH; };
+    const xs = ts.map(x).concat([x(t1)]);
+
+    // Axis
+    const ax = el('g', { class: 'axis' }, g);
+    el('line', { x1: xMin, x2: xMax, y1: y(0), y2: y(0), stroke: '#999' }, ax);
+    const bt = niceStep(ymax, 4);
+    for (let b = 0; b <= ymax; b += bt) {
+      el('line', { x1: xMin - 4, x2: xMin, y1: y(b), y2: y(b), stroke: '#999' }, ax);
+      text(ax, xMin - 7, y(b) + 4, String(b), { 'text-anchor': 'end' });
+    }
+    text(ax, 14, top + areaH / 2, 'KV blocks held', { transform: 'rotate(-90 14 ' + (top + areaH / 2) + ')',
+                                                      'text-anchor': 'middle' });
+
+    let grey = 0;
+    stacks.forEach(function (st) {
+      let first = -1, last = -1;
+      for (let i = 0; i < n; i++) if (st.s.vals[i] > 0) { if (first < 0) first = i; last = i; }
+      if (first < 0) return;
+      let p = 'M' + xs[first].toFixed(1) + ',' + y(st.hi[first]).toFixed(1);
+      for (let i = first; i <= last; i++) {
+        p += 'H' + xs[i + 1].toFixed(1);
+        if (i < last && st.hi[i + 1] !== st.hi[i]) p += 'V' + y(st.hi[i + 1]).toFixed(1);
+      }
+      p += 'V' + y(st.lo[last]).toFixed(1);
+      for (let i = last; i >= first; i--) {
+        p += 'H' + xs[i].toFixed(1);
+        if (i > first && st.lo[i - 1] !== st.lo[i]) p += 'V' + y(st.lo[i - 1]).toFixed(1);
+      }
+      const fill = st.s.whale ? whaleColour[st.s.id] : GREYS[grey++ % GREYS.length];
+      const path = el('path', { d: p + 'Z', fill: fill, stroke: '#ffffff', 'stroke-width': 0.4,
+                                class: 'kv-area' + (st.s.whale ? ' whale' : ''), 'data-request-id': st.s.id }, g);
+      el('title', {}, path).textContent = st.s.id + ': up to ' + Math.max.apply(null, st.s.vals) + ' KV blocks';
+    });
+
+    // vLLM's own KV figure and the pool size
+    let vp = '';
+    steps.forEach(function (s, i) {
+      if (s.vllm_kv_blocks == null) return;
+      vp += (vp ? 'H' + xs[i].toFixed(1) + 'V' : 'M' + xs[i].toFixed(1) + ',') + y(s.vllm_kv_blocks).toFixed(1);
+    });
+    if (vp) el('path', { d: vp + 'H' + xs[n].toFixed(1), fill: 'none', stroke: '#222', 'stroke-width': 1,
+                         'stroke-dasharray': '2 2', class: 'vllm-kv' }, g);
+    if (d.pool_blocks) {
+      el('line', { x1: xMin, x2: xMax, y1: y(d.pool_blocks), y2: y(d.pool_blocks), stroke: RED,
+                   'stroke-dasharray': '6 4', 'stroke-width': 1.2 }, g);
+      text(g, xMax + 6, y(d.pool_blocks) + 4, 'pool: ' + d.pool_blocks + ' blocks', { fill: RED });
+    }
+  }
+
+  function drawLane(g, r, i, y0, rowH, x, now, names, whaleColour, victim, threshold, W, right, left) {
+    const lane = el('g', { class: 'lane', 'data-request-id': r.request_id }, g);
+    el('rect', { class: 'lane-bg', x: 0, y: y0, width: W - right + 190, height: rowH,
+                 fill: i % 2 ? '#fafafa' : '#ffffff' }, lane);
+    const colour = whaleColour[r.request_id] || LANE_GREY;
+    text(lane, left - 8, y0 + rowH / 2 + 4, names[r.request_id],
+         { 'text-anchor': 'end', class: 'lane-label' + (r.is_whale ? ' whale' : ''),
+           fill: r.is_whale ? colour : '#333' });
+    const h = rowH - 6, yb = y0 + 3;
+    const end = r.finish_ts != null ? r.finish_ts : r.aborted_ts != null ? r.aborted_ts : now;
+    const seg = function (a, b, attrs) {
+      if (a == null || b == null || b < a) return;
+      el('rect', Object.assign({ x: x(a), y: yb, width: Math.max(x(b) - x(a), 1), height: h }, attrs), lane);
+    };
+    const sched = r.scheduled_ts != null ? r.scheduled_ts : (r.first_token_ts != null ? r.first_token_ts : end);
+    seg(r.arrival_ts, sched, { fill: '#ffffff', stroke: colour, 'stroke-dasharray': '3 2', class: 'queued' });
+    const first = r.first_token_ts != null ? r.first_token_ts : end;
+    seg(sched, first, { fill: colour, 'fill-opacity': 0.45, class: 'prefill' });
+    seg(first, end, { fill: colour, class: 'decode' });
+    (r.preemptions || []).forEach(function (p) {
+      const back = p.resumed_ts != null ? p.resumed_ts : end;
+      seg(p.ts, back, { fill: 'url(#hatch-preempt)', stroke: '#333', class: 'preempted' });
+    });
+    if (r.aborted_ts != null) text(lane, x(r.aborted_ts) + 3, y0 + rowH / 2 + 4, '✕ aborted', { class: 'muted' });
+    if (victim && victim.slowdown_s >= threshold) {
+      if (victim.ttft_slowdown_s > 0 && r.first_token_ts != null) {
+        seg(r.first_token_ts - victim.ttft_slowdown_s, r.first_token_ts,
+            { fill: 'url(#hatch-red)', stroke: RED, class: 'wait' });
+      }
+      const decodeExtra = victim.itl_slowdown_s * victim.itl_gaps;
+      if (decodeExtra > 0 && r.finish_ts != null) {
+        el('rect', { x: x(r.finish_ts - decodeExtra), y: yb + h - 3, width: Math.max(x(r.finish_ts) -
+                     x(r.finish_ts - decodeExtra), 1), height: 3, fill: RED, class: 'decode-extra' }, lane);
+      }
+      const top = victim.culprits[0];
+      const label = '+' + fmtS(victim.slowdown_s) + (top ? ' ← ' + (names[top.request_id] || top.request_id) : '');
+      text(lane, W - right + 8, y0 + rowH / 2 + 4, label, { class: 'victim-label' });
+    }
+    return lane;
+  }
+
+  function drawLinks(g, v, laneIndex, lanes, lanesTop, rowH, x) {
+    const r = lanes[laneIndex[v.request_id]];
+    if (!r) return;
+    const at = r.first_token_ts != null && v.ttft_slowdown_s > 0 ? r.first_token_ts - v.ttft_slowdown_s / 2
+      : r.finish_ts != null ? r.finish_ts - v.itl_slowdown_s * v.itl_gaps / 2 : r.arrival_ts;
+    const yv = lanesTop + laneIndex[v.request_id] * rowH + rowH / 2;
+    v.culprits.forEach(function (c, k) {
+      if (!(c.request_id in laneIndex)) return;
+      const yc = lanesTop + laneIndex[c.request_id] * rowH + rowH / 2;
+      const xl = x(at) + k * 5;
+      el('line', { x1: xl, x2: xl, y1: yv, y2: yc, stroke: RED, 'stroke-width': k === 0 ? 2 : 1,
+                   'stroke-dasharray': k === 0 ? '' : '3 3', class: 'culprit-link' }, g);
+      el('circle', { cx: xl, cy: yc, r: k === 0 ? 4.5 : 3, fill: RED, stroke: '#fff' }, g);
+    });
+    el('circle', { cx: x(at), cy: yv, r: 4.5, fill: '#fff', stroke: RED, 'stroke-width': 2 }, g);
+  }
+
+  function legend(whaleColour, names) {
+    const box = document.getElementById('legend');
+    box.textContent = '';
+    const item = function (draw, label) {
+      const span = document.createElement('span');
+      span.className = 'item';
+      const s = el('svg', { width: 26, height: 14 }, span);
+      draw(s);
+      span.appendChild(document.createTextNode(label));
+      box.appendChild(span);
+    };
+    Object.keys(whaleColour).forEach(function (id) {
+      item(function (s) { el('rect', { x: 1, y: 1, width: 24, height: 12, fill: whaleColour[id] }, s); },
+           'whale ' + names[id]);
+    });
+    item(function (s) { el('rect', { x: 1, y: 1, width: 24, height: 12, fill: GREYS[0] }, s); }, 'other requests');
+    item(function (s) { el('rect', { x: 1, y: 2, width: 24, height: 10, fill: '#fff', stroke: LANE_GREY,
+                                     'stroke-dasharray': '3 2' }, s); }, 'queued');
+    item(function (s) { el('rect', { x: 1, y: 2, width: 24, height: 10, fill: LANE_GREY, 'fill-opacity': 0.45 }, s); },
+         'prefill');
+    item(function (s) { el('rect', { x: 1, y: 2, width: 24, height: 10, fill: LANE_GREY }, s); }, 'decode');
+    item(function (s) { el('rect', { x: 1, y: 2, width: 24, height: 10, fill: 'url(#hatch-red)',
+                                              stroke: RED }, s); }, 'extra wait for first token');
+    item(function (s) { el('rect', { x: 1, y: 8, width: 24, height: 3, fill: RED }, s); }, 'extra decode time');
+    item(function (s) { el('rect', { x: 1, y: 2, width: 24, height: 10, fill: 'url(#hatch-preempt)',
+                                     stroke: '#333' }, s); }, 'preempted');
+    item(function (s) { el('line', { x1: 1, x2: 25, y1: 7, y2: 7, stroke: RED, 'stroke-dasharray': '6 4' }, s); },
+         'KV pool');
+    item(function (s) { el('line', { x1: 1, x2: 25, y1: 7, y2: 7, stroke: '#222', 'stroke-dasharray': '2 2' }, s); },
+         'vLLM’s KV usage');
+  }
+
+  return { el: el, text: text, fmtS: fmtS, niceStep: niceStep, defs: defs, drawKv: drawKv, drawLane: drawLane,
+           drawLinks: drawLinks, legend: legend, WHALE_COLOURS: WHALE_COLOURS };
+})();

@@ -1,0 +1,84 @@
+"""The agent's /metrics: a prometheus_client custom collector over AgentState, served from its own registry.
+
+Every scrape builds fresh families from the state (nothing cached, so no stale series linger), in sections;
+a section that fails is left out of that scrape, counted in attrib_collector_errors_total{section} and
+logged, and the rest is still served: a scrape never fails as a whole. Series and labels are the contract
+in docs/metrics.md (prom_families.SPECS mirrors it); no label carries a request id, ids ride in exemplars.
+
+Mount with `prometheus_client.make_asgi_app(registry_for(state))`: it negotiates OpenMetrics, the format
+that carries the exemplars.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Final
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from attrib_agent.agent_state import AgentState
+from attrib_agent.sinks.prom_engine import cost_families, kv_families, pipeline_families
+from attrib_agent.sinks.prom_families import SPECS, counter, empty_family
+from attrib_agent.sinks.prom_health import agent_families, source_families
+from attrib_agent.sinks.prom_slowdown import slowdown_families
+
+logger = logging.getLogger(__name__)
+
+Section = Callable[[AgentState], list[Metric]]
+_BUILDERS: Final[dict[str, Section]] = {
+    "agent": agent_families,
+    "slowdown": lambda state: slowdown_families(state.pipeline.tally),
+    "pipeline": pipeline_families,
+    "kv": kv_families,
+    "cost": cost_families,
+    "sources": source_families,
+}
+SECTIONS: Final = tuple(_BUILDERS)  # the `section` label's values
+
+
+class AgentCollector(Collector):
+    """Reads AgentState on each scrape. Runs on the agent's event loop (make_asgi_app bakes the output
+    synchronously), so it sees the state between two events, never halfway through one."""
+
+    def __init__(self, state: AgentState) -> None:
+        self.state = state
+        self.section_errors: Counter[str] = Counter({s: 0 for s in SECTIONS})
+
+    def collect(self) -> Iterable[Metric]:
+        out: list[Metric] = []
+        for section, build in _BUILDERS.items():
+            try:
+                out.extend(build(self.state))
+            except Exception:  # the boundary: one broken section must not take the whole scrape down
+                first = self.section_errors[section] == 0
+                self.section_errors[section] += 1
+                logger.warning("metrics section %s failed; its series are left out of this scrape (%d so far)",
+                               section, self.section_errors[section], exc_info=first)
+        errors = counter("attrib_collector_errors_total")
+        for section, n in self.section_errors.items():
+            errors.add_metric([section], n)
+        out.append(errors)
+        return out
+
+    def describe(self) -> Iterable[Metric]:
+        """Names and types without samples, so registering the collector computes nothing."""
+        return [empty_family(spec) for spec in SPECS]
+
+
+def registry_for(state: AgentState, *, process_metrics: bool = False) -> CollectorRegistry:
+    """A fresh registry holding only the agent's collector.
+
+    No default collectors: in Kubernetes the kubelet already reports the sidecar container's CPU and memory
+    (container_cpu_usage_seconds_total, container_memory_working_set_bytes), the numbers overhead should be
+    judged by, and python_gc_* is noise; outside Kubernetes, `process_metrics=True` adds prometheus_client's
+    process_* series (CPU seconds, resident memory, open fds, start time).
+    """
+    registry = CollectorRegistry()
+    registry.register(AgentCollector(state))
+    if process_metrics:
+        ProcessCollector(registry=registry)
+    return registry

@@ -1,0 +1,81 @@
+"""The engine-side series: what the pipeline has seen and holds, the KV picture now, and the step-cost model.
+
+An unknown value (pool size before vLLM's cache config arrives, the residual before the fit) is served as a
+family with no sample, Prometheus' way of saying "unknown" that 0 would not be.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+
+from attrib_agent.agent_state import AgentState
+from attrib_agent.sinks.prom_families import COST_TERMS, EVENT_KINDS, counter, gauge, snake_case
+
+
+def pipeline_families(state: AgentState) -> list[Metric]:
+    """Counters of what went through the pipeline, and the bounded stores' current sizes."""
+    p = state.pipeline
+    events = counter("attrib_events_total")
+    by_kind = dict.fromkeys(EVENT_KINDS, 0)
+    for name, n in p.events.items():
+        kind = snake_case(name)
+        by_kind[kind] = by_kind.get(kind, 0) + n
+    for kind, n in by_kind.items():
+        events.add_metric([kind], n)
+
+    steps = counter("attrib_engine_steps_total")
+    steps.add_metric([], p.steps_total)
+    step_s = counter("attrib_engine_step_seconds_total")
+    step_s.add_metric([], p.step_seconds_total)
+    restarts = counter("attrib_vllm_restarts_total")
+    restarts.add_metric([], p.vllm_restarts)
+    preemptions = counter("attrib_preemptions_inferred_total")
+    preemptions.add_metric([], p.preemptions_inferred)
+    dropped = counter("attrib_victims_dropped_total")
+    dropped.add_metric([], p.dropped_pending)
+
+    stored = gauge("attrib_results_stored")
+    stored.add_metric([], len(p.store))
+    evicted = counter("attrib_results_evicted_total")
+    evicted.add_metric([], p.store.evicted)
+    held = gauge("attrib_timeline_held")
+    for kind, n in p.timeline.sizes().items():
+        held.add_metric([kind], n)
+    lag = gauge("attrib_pipeline_lag_seconds")
+    if p.last_event_ts is not None:
+        lag.add_metric([], state.clock() - p.last_event_ts)
+    return [events, steps, step_s, restarts, preemptions, dropped, stored, evicted, held, lag]
+
+
+def kv_families(state: AgentState) -> list[Metric]:
+    """The KV pool at the latest step: whales in flight, the largest holder's share, ledger versus vLLM."""
+    kv = state.pipeline.kv_now()
+    whales = gauge("attrib_whales")
+    whales.add_metric([], len(kv.whales))
+    share = gauge("attrib_top_request_kv_share_ratio")
+    share.add_metric([], kv.top_share)
+    ledger = gauge("attrib_kv_ledger_blocks")
+    ledger.add_metric([], kv.ledger_blocks)
+    return [whales, share, _maybe("attrib_kv_pool_blocks", kv.pool_blocks), ledger,
+            _maybe("attrib_kv_vllm_blocks", kv.vllm_blocks),
+            _maybe("attrib_kv_ledger_residual_blocks", kv.residual_blocks)]
+
+
+def cost_families(state: AgentState) -> list[Metric]:
+    """The uncontended step-cost model every baseline comes from: is it fitted, to what, how well."""
+    model = state.pipeline.attributor.cost
+    coef = gauge("attrib_cost_model_coefficient")
+    for field, value in asdict(model.coefficients).items():
+        coef.add_metric([COST_TERMS[field]], value)
+    fitted = gauge("attrib_cost_model_fitted")
+    fitted.add_metric([], 1.0 if model.fitted else 0.0)
+    return [coef, fitted, _maybe("attrib_cost_model_residual_seconds", model.residual_scale)]
+
+
+def _maybe(name: str, value: float | None) -> GaugeMetricFamily:
+    fam = gauge(name)
+    if value is not None:
+        fam.add_metric([], value)
+    return fam

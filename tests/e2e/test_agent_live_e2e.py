@@ -1,0 +1,133 @@
+"""`attrib-agent run` beside a real vLLM during a whale scenario: the API names the whale, /metrics shows the
+series, slowdown spans with links reach an OTLP receiver, and after SIGKILL the journal serves the results."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+
+from attrib_agent.lab.record import record_run
+from attrib_agent.lab.server import free_port
+from attrib_agent.lab.sidecar import agent_beside
+from attrib_agent.lab.summary import shorts, ttft_s
+from attrib_agent.lab.workload import get_scenario
+from attrib_agent.recording import CLIENT, Recording
+from attrib_agent.sources.health import SourceHealth
+from attrib_agent.sources.otlp_http import otlp_http_app
+
+
+class SpanCollector:
+    """A real OTLP/HTTP receiver (the project's own) that keeps the raw export bodies it gets."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        self.port = free_port()
+        app = otlp_http_app(lambda res: None, health=SourceHealth("test"),
+                            on_raw=lambda ts, ctype, body, enc: self.bodies.append(body))
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> SpanCollector:
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+    def slowdown_spans(self) -> list:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+        out = []
+        for body in self.bodies:
+            req = ExportTraceServiceRequest.FromString(body)
+            for rs in req.resource_spans:
+                for ss in rs.scope_spans:
+                    out += [s for s in ss.spans if s.name == "attrib.slowdown"]
+        return out
+
+
+def _wait_for(fn, timeout_s: float = 30.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = fn()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def live_run(lab, tmp_path_factory):
+    root = tmp_path_factory.mktemp("agent")
+    journal = root / "journal"
+    with SpanCollector() as spans, agent_beside(lab, root, journal_dir=journal,
+                                                otlp_export=f"http://127.0.0.1:{spans.port}/v1/traces") as agent:
+        res = record_run(lab, get_scenario("preempt"), root / "rec", attempts=5)
+        rec = Recording(root / "rec")
+        ids = {c["vllm_request_id"]: c for c in rec.records(CLIENT)}
+        with httpx.Client(trust_env=False, timeout=10) as c:
+            def all_final():
+                got = {rid: c.get(f"{agent.api_url}/v1/requests/{rid}/culprits") for rid in ids}
+                return got if all(r.status_code == 200 for r in got.values()) else None
+            answers = _wait_for(all_final, 60) or {rid: c.get(f"{agent.api_url}/v1/requests/{rid}/culprits")
+                                                   for rid in ids}
+            metrics = c.get(f"{agent.api_url}/metrics").text
+            top = c.get(f"{agent.api_url}/v1/culprits/top", params={"window": "1h"}).json()
+        _wait_for(lambda: spans.slowdown_spans(), 15)
+        agent.kill()
+        agent.start()  # the same journal: earlier results are served again
+        with httpx.Client(trust_env=False, timeout=10) as c:
+            after = {rid: c.get(f"{agent.api_url}/v1/requests/{rid}/culprits") for rid in ids}
+        yield {"res": res, "client": ids, "answers": answers, "metrics": metrics, "top": top,
+               "spans": spans.slowdown_spans(), "after": after, "log": (root / "agent.log").read_text()}
+
+
+def test_every_request_of_the_run_is_attributed(live_run):
+    codes = {rid: r.status_code for rid, r in live_run["answers"].items()}
+    assert set(codes.values()) == {200}, (codes, live_run["log"][-3000:])
+
+
+def test_the_api_names_a_whale_as_top_culprit_of_the_slowed_shorts(live_run):
+    client = live_run["client"]
+    slowed = sorted((r for r in shorts(client.values()) if (ttft_s(r) or 0) > 0.5), key=ttft_s, reverse=True)
+    assert slowed, "the scenario should slow some shorts"
+    named = 0
+    for r in slowed:
+        body = live_run["answers"][r["vllm_request_id"]].json()
+        assert body["ttft_slowdown_s"] > 0.2
+        top = body["culprits"][0] if body["culprits"] else None
+        whales = {c["vllm_request_id"] for c in client.values() if c["is_whale"]}
+        named += top is not None and top["request_id"] in whales
+    assert named >= 0.8 * len(slowed), (named, len(slowed))
+    assert live_run["top"]["culprits"][0]["request_id"] in whales
+
+
+def test_metrics_show_the_attributed_slowdown(live_run):
+    text = live_run["metrics"]
+    whale_rows = [ln for ln in text.splitlines()
+                  if ln.startswith("attrib_attributed_slowdown_seconds_total{") and 'culprit_class="whale"' in ln]
+    assert whale_rows and sum(float(ln.rsplit(" ", 1)[1]) for ln in whale_rows) > 0.5
+    assert 'attrib_source_up{source="vllm_metrics"} 1.0' in text
+
+
+def test_slowdown_spans_with_links_reach_the_collector(live_run):
+    spans = live_run["spans"]
+    assert spans
+    linked = [s for s in spans if len(s.links) > 0]
+    assert linked
+    s = linked[0]
+    assert len(s.trace_id) == 16 and len(s.parent_span_id) == 8  # child of vLLM's llm_request span
+
+
+def test_after_sigkill_the_journal_serves_the_earlier_results(live_run):
+    before, after = live_run["answers"], live_run["after"]
+    lost = [rid for rid in before if after[rid].status_code != 200]
+    assert not lost
+    for rid in before:
+        assert after[rid].json()["culprits"] == before[rid].json()["culprits"]

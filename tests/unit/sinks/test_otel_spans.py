@@ -1,0 +1,185 @@
+"""`attrib.slowdown` spans from the real `preempt` recording, caught by the SDK's in-memory exporter."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+from attrib_agent.attribution.result import AttributionResult
+from attrib_agent.pipeline import AttributionPipeline
+from attrib_agent.sinks.otel_spans import SPAN_NAME, SlowdownSpans, top_cause
+from attrib_agent.sources.replay import ReplaySource
+
+RECORDINGS = Path(__file__).parents[2] / "fixtures" / "recordings"
+
+
+@dataclass
+class Replayed:
+    pipeline: AttributionPipeline
+    results: list[AttributionResult]  # everything feed/settle returned, partial and final, in order
+
+
+@pytest.fixture(scope="module")
+def preempt() -> Replayed:
+    p = AttributionPipeline()
+    out: list[AttributionResult] = []
+    for ev in ReplaySource(RECORDINGS / "preempt").events():
+        out.extend(p.feed(ev))
+    out.extend(p.settle())
+    return Replayed(p, out)
+
+
+@pytest.fixture
+def memory() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield provider, exporter
+    provider.shutdown()
+
+
+def by_victim(spans: tuple[ReadableSpan, ...]) -> dict[str, ReadableSpan]:
+    return {str((s.attributes or {})["gen_ai.request.id"]): s for s in spans}
+
+
+def test_each_final_slowed_victim_becomes_a_child_of_its_vllm_span_linked_to_its_culprits(
+        preempt: Replayed, memory: tuple[TracerProvider, InMemorySpanExporter]) -> None:
+    provider, exporter = memory
+    spans = SlowdownSpans(provider)
+    p = preempt.pipeline
+    emitted = spans.emit_all(preempt.results, p.span_of, p.timeline)
+    finals = [r for r in preempt.results if r.final]
+    slowed = [r for r in finals if not r.no_interference]
+    assert len(finals) == len(p.store) == 23 and emitted == len(slowed) == 16
+    assert spans.skipped == {"partial": len(preempt.results) - len(finals), "quiet": 7}
+    got = by_victim(exporter.get_finished_spans())
+    assert set(got) == {r.request_id for r in slowed}
+    for r in slowed:
+        s = got[r.request_id]
+        trace_id, span_id = p.span_of(r.request_id) or ("", "")
+        assert s.name == SPAN_NAME and s.kind is SpanKind.INTERNAL
+        assert f"{s.context.trace_id:032x}" == trace_id == r.trace_id  # in vLLM's trace, under its llm_request
+        assert s.parent is not None and f"{s.parent.span_id:016x}" == span_id and s.parent.is_remote
+        assert r.arrival_ts is not None and s.start_time == round(r.arrival_ts * 1e9)
+        assert s.end_time == round(r.finished_ts * 1e9)
+        a = s.attributes or {}
+        assert a["gen_ai.usage.input_tokens"] == r.prompt_tokens
+        assert a["gen_ai.usage.output_tokens"] == r.completion_tokens
+        assert a["attrib.victim_class"] == ("whale" if r.is_whale else "short")
+        assert a["attrib.ttft.slowdown_s"] == r.ttft_slowdown_s and a["attrib.ttft.baseline_s"] == r.ttft_baseline_s
+        assert a["attrib.itl.slowdown_s"] == r.itl_slowdown_s and a["attrib.unexplained_s"] == r.unexplained_ttft_s
+        assert a["attrib.slowdown_s"] == pytest.approx(r.ttft_slowdown_s + r.itl_slowdown_s * r.itl_gaps)
+        assert a["attrib.quality"] == r.quality and a["attrib.culprits.count"] == len(r.culprits)
+        top = r.top_culprit()
+        assert top is not None and a["attrib.top_culprit.request_id"] == top.request_id
+        assert "attrib.culprits.unlinked" not in a  # every culprit's span landed in this recording
+        assert len(s.links) == len(r.culprits)
+        for link, c in zip(s.links, sorted(r.culprits, key=lambda c: (c.ttft_s + c.itl_s, c.request_id),
+                                           reverse=True), strict=True):
+            la = link.attributes or {}
+            assert la["attrib.culprit.request_id"] == c.request_id
+            assert (f"{link.context.trace_id:032x}", f"{link.context.span_id:016x}") == p.span_of(c.request_id)
+            assert la["attrib.blamed.ttft_s"] == c.ttft_s and la["attrib.blamed.itl_s"] == c.itl_s
+            assert la["attrib.share"] == c.share and la["attrib.culprit.is_whale"] == c.is_whale
+            assert la["attrib.cause"] == top_cause(c, r.itl_gaps)
+    assert spans.links_total == sum(len(r.culprits) for r in slowed) and spans.unlinked_culprits_total == 0
+    # the short queued longest: the preempted whale blocked its admission, the other two whales slowed the steps
+    s003 = got["cmpl-a11e94-s003-0"]
+    causes = {str((k.attributes or {})["attrib.culprit.request_id"]): (k.attributes or {})["attrib.cause"]
+              for k in s003.links}
+    assert causes == {"cmpl-a11e94-w1-0": "kv_bandwidth", "cmpl-a11e94-w2-0": "kv_bandwidth",
+                      "cmpl-a11e94-w3-0": "head_of_line"}
+    assert (s003.attributes or {})["attrib.top_cause"] == causes[str((s003.attributes or {})[
+        "attrib.top_culprit.request_id"])]
+
+
+def test_queue_wait_and_the_inferred_preemption_become_events(
+        preempt: Replayed, memory: tuple[TracerProvider, InMemorySpanExporter]) -> None:
+    provider, exporter = memory
+    p = preempt.pipeline
+    SlowdownSpans(provider).emit_all(preempt.results, p.span_of, p.timeline)
+    got = by_victim(exporter.get_finished_spans())
+    [pre] = p.timeline.preemptions()
+    assert pre.request_id == "cmpl-a11e94-w3-0" and pre.confidence > 0.9
+    for rid, s in got.items():
+        lc = p.timeline.lifecycle(rid)
+        assert lc is not None and lc.queue_s is not None and lc.scheduled_ts is not None
+        queue = [e for e in s.events if e.name == "attrib.queue_wait"]
+        assert len(queue) == 1 and (queue[0].attributes or {})["attrib.queue.wait_s"] == lc.queue_s
+        assert queue[0].timestamp == round(lc.scheduled_ts * 1e9)
+        preempted = [e for e in s.events if e.name == "attrib.preempted"]
+        assert len(preempted) == (rid == pre.request_id)
+    [event] = [e for e in got[pre.request_id].events if e.name == "attrib.preempted"]
+    ea = event.attributes or {}
+    assert ea["attrib.preemption.iteration"] == pre.preempted_iteration and event.timestamp == round(
+        pre.preempted_ts * 1e9)
+    assert tuple(ea["attrib.preemption.evidence"]) == pre.evidence  # type: ignore[arg-type]
+    assert pre.resumed_ts is not None and ea["attrib.preemption.resumed_after_s"] == pytest.approx(
+        pre.resumed_ts - pre.preempted_ts)
+
+
+def test_emit_quiet_option_and_the_lead_call_without_a_timeline(
+        preempt: Replayed, memory: tuple[TracerProvider, InMemorySpanExporter]) -> None:
+    provider, exporter = memory
+    spans = SlowdownSpans(provider, emit_quiet=True)
+    finals = [r for r in preempt.results if r.final]
+    assert sum(spans.emit(r, preempt.pipeline.span_of) for r in finals) == 23
+    got = by_victim(exporter.get_finished_spans())
+    quiet = [r for r in finals if r.no_interference]
+    assert len(quiet) == 7 and all((got[r.request_id].attributes or {})["attrib.no_interference"] for r in quiet)
+    assert all(not got[r.request_id].links and not got[r.request_id].events for r in quiet)
+    assert spans.skipped == {}
+
+
+def test_unknown_spans_are_skipped_or_left_unlinked_and_counted(
+        preempt: Replayed, memory: tuple[TracerProvider, InMemorySpanExporter]) -> None:
+    provider, exporter = memory
+    p = preempt.pipeline
+    victim = p.store.get("cmpl-a11e94-s003-0")
+    assert victim is not None and len(victim.culprits) == 3
+    spans = SlowdownSpans(provider, max_links=2)
+
+    def only_victims(rid: str) -> tuple[str, str] | None:  # culprits' spans lost (e.g. evicted or never sent)
+        return p.span_of(rid) if "-s" in rid else None
+
+    assert spans.emit(victim, only_victims)
+    [s] = exporter.get_finished_spans()
+    assert not s.links and len((s.attributes or {})["attrib.culprits.unlinked"]) == 2  # type: ignore[arg-type]
+    assert spans.unlinked_culprits_total == 2
+    exporter.clear()
+    assert spans.emit(victim, p.span_of)  # max_links bounds the links to the most blamed culprits
+    [s] = exporter.get_finished_spans()
+    assert len(s.links) == 2 and spans.links_total == 2
+    # the result's own ids stand in when the pipeline has forgotten the span (a journal-restored result)
+    assert spans.emit(victim, lambda rid: None)
+    lost = replace(victim, trace_id=None, span_id=None)
+    assert not spans.emit(lost, lambda rid: None)
+    bad = replace(victim, trace_id="0x" + "f" * 30, span_id="00" * 8)
+    assert not spans.emit(bad, lambda rid: None)
+    assert not spans.emit(replace(victim, arrival_ts=None), p.span_of)
+    assert not spans.emit(replace(victim, final=False), p.span_of)
+    assert spans.skipped == {"no_span": 1, "bad_span_context": 1, "no_arrival": 1, "partial": 1}
+    assert spans.emitted_total == 3 and len(exporter.get_finished_spans()) == 2
+
+
+def test_a_failing_lookup_is_counted_never_raised(
+        preempt: Replayed, memory: tuple[TracerProvider, InMemorySpanExporter]) -> None:
+    provider, exporter = memory
+    victim = preempt.pipeline.store.get("cmpl-a11e94-s003-0")
+    assert victim is not None
+
+    def broken(rid: str) -> tuple[str, str] | None:
+        raise RuntimeError("lookup bug")
+
+    spans = SlowdownSpans(provider)
+    assert not spans.emit(victim, broken)
+    assert spans.skipped == {"error": 1} and not exporter.get_finished_spans()
+    with pytest.raises(ValueError):
+        SlowdownSpans(provider, max_links=-1)

@@ -1,0 +1,45 @@
+"""The configured pipeline on a real recording: the overrides reach the pipeline and change what it keeps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_config import load, write_toml
+
+from attrib_agent.attribution.result_codec import to_dict
+from attrib_agent.events import Event
+from attrib_agent.pipeline import AttributionPipeline
+from attrib_agent.sources.replay import ReplaySource
+
+PREEMPT = Path(__file__).parents[1] / "fixtures" / "recordings" / "preempt"
+
+
+@pytest.fixture(scope="module")
+def events() -> list[Event]:
+    return list(ReplaySource(PREEMPT).events())
+
+
+def run(pipeline: AttributionPipeline, events: list[Event]) -> AttributionPipeline:
+    for ev in events:
+        pipeline.feed(ev)
+    pipeline.settle()
+    return pipeline
+
+
+def test_default_config_gives_the_default_pipelines_results(events: list[Event]) -> None:
+    configured = run(AttributionPipeline(load().pipeline_config()), events)
+    plain = run(AttributionPipeline(), events)
+    assert len(configured.store) == len(plain.store) == 23
+    assert [to_dict(r) for r in configured.store] == [to_dict(r) for r in plain.store]
+    assert any(c.is_whale for r in plain.store for c in r.culprits)
+    assert sum(plain.tally.slowed.values()) > 0
+
+
+def test_file_env_and_flag_overrides_reach_the_pipeline(events: list[Event], tmp_path: Path) -> None:
+    cfg_file = write_toml(tmp_path / "agent.toml", attribution={"max_results": 100, "victim_threshold_s": 10.0})
+    cfg = load(["--config", str(cfg_file), "--max-results", "5"], {"ATTRIB_WHALE_FACTOR": "1000"})
+    p = run(AttributionPipeline(cfg.pipeline_config()), events)
+    assert len(p.store) == 5 and p.store.evicted > 0  # the flag's bound, not the file's
+    assert not any(c.is_whale for r in p.store for c in r.culprits)  # nobody holds 1000x the median
+    assert sum(p.tally.requests.values()) == 23 and sum(p.tally.slowed.values()) == 0  # nobody 10 s slower
