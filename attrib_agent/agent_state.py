@@ -14,6 +14,7 @@ from attrib_agent import __version__
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.sources.health import SourceHealth
 
+OPTIONAL_SOURCES = frozenset({"nvml", "otlp_forward"})  # down or absent, attribution still works: never unready
 SOURCES = ("vllm_metrics", "vllm_log", "otlp", "otlp_forward", "nvml", "replay", "pipeline", "journal")
 
 
@@ -38,8 +39,9 @@ class AgentState:
 
     @property
     def ready(self) -> bool:
-        """Sources up (those configured) and the step-cost model fitted, or a replay finished."""
-        sources_up = all(h.up for h in self.health.values())
+        """Required sources up and the step-cost model fitted (or a replay finished). NVML (no GPU, no driver)
+        and the forwarder (the user's collector down) only degrade what is reported, so they never unready."""
+        sources_up = all(h.up for name, h in self.health.items() if name not in OPTIONAL_SOURCES)
         return sources_up and (self.pipeline.attributor.cost.fitted or self.replay_done and not self.live)
 
     @property

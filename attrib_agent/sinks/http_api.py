@@ -26,7 +26,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from attrib_agent.agent_state import AgentState
+from attrib_agent.agent_state import OPTIONAL_SOURCES, AgentState
 from attrib_agent.attribution.result_codec import to_dict
 from attrib_agent.sinks.api_http import PAGE_CSP, BearerAuth, error, error_handlers, json_response
 from attrib_agent.sinks.api_ids import BadRequestId, resolve
@@ -100,7 +100,7 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
 
     async def readyz(request: Request) -> Response:
         missing = [f"source {name} down" + (f" ({h.last_error})" if h.last_error else "")
-                   for name, h in sorted(state.health.items()) if not h.up]
+                   for name, h in sorted(state.health.items()) if not h.up and name not in OPTIONAL_SOURCES]
         fitted = pipeline.attributor.cost.fitted
         if not state.replay_done:
             missing.append("replay still running")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -17,7 +17,7 @@ RECORDINGS = Path(__file__).parents[1] / "fixtures" / "recordings"
 NAMES = ("shorts", "whale1", "whale2", "preempt", "canary")
 
 
-@lru_cache(maxsize=None)
+@cache
 def events_of(name: str) -> tuple[Event, ...]:
     return tuple(ReplaySource(RECORDINGS / name).events())
 
