@@ -107,7 +107,9 @@ class AttributionPipeline:
     def _remember_span(self, span: RequestSpan) -> None:
         self._spans[span.request_id] = (span.trace_id, span.span_id)
         self._spans.move_to_end(span.request_id)
-        while len(self._spans) > self.config.max_results:
+        # Only spans still waiting for a result need keeping here: a stored result carries its span's ids.
+        # (Bounded by max_results, these entries cost ~150 bytes a result: 15 MB at 100,000.)
+        while len(self._spans) > self.config.max_pending:
             self._spans.popitem(last=False)
         self._due[span.request_id] = None
         self._due.move_to_end(span.request_id)
@@ -133,7 +135,7 @@ class AttributionPipeline:
         out: list[AttributionResult] = []
         for r in self.attributor.attribute(self.timeline, wanted):
             lc = lcs.get(r.request_id)
-            ids = self._spans.get(r.request_id)
+            ids = self.span_of(r.request_id)
             timed_out = now - r.finished_ts >= self.config.partial_timeout_s
             final = timed_out or lc is None or not self._blockers(r.request_id, lcs)
             r = replace(r, final=final, trace_id=ids[0] if ids else None, span_id=ids[1] if ids else None)
@@ -204,8 +206,14 @@ class AttributionPipeline:
                      top_share=(top[1] / pool) if top and pool else 0.0)
 
     def span_of(self, request_id: str) -> tuple[str, str] | None:
-        """(trace id, span id) of the request's `llm_request` span, if it landed (bounded like the store)."""
-        return self._spans.get(request_id)
+        """(trace id, span id) of the request's `llm_request` span, if it landed: from its stored result, or
+        for one not attributed yet from the last `max_pending` spans."""
+        ids = self._spans.get(request_id)
+        if ids is None:
+            r = self.store.get(request_id)
+            if r is not None and r.trace_id is not None and r.span_id is not None:
+                ids = (r.trace_id, r.span_id)
+        return ids
 
     def recent(self, since_ts: float | None = None) -> list[AttributionResult]:
         """Stored results that finished at or after `since_ts` (all when None), oldest first."""

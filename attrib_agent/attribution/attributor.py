@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from attrib_agent.attribution.cost_model import StepCostModel, StepFeatures
-from attrib_agent.attribution.result import AttributionResult, Culprit
+from attrib_agent.attribution.result import NO_CAUSES, AttributionResult, Culprit
 from attrib_agent.attribution.scheduler_sim import shapley, simulate
 from attrib_agent.attribution.sim_types import SchedulerConfig, SimOutcome, SimRequest, SimResult
 from attrib_agent.timeline.engine_timeline import EngineTimeline
@@ -42,24 +42,51 @@ class _Victim:
     req: SimRequest
 
 
-class _PeriodPlan:
-    """One busy period's simulations, cached per coalition of whales present (shared by all its victims)."""
+@dataclass(frozen=True, slots=True)
+class _Baseline:
+    """A victim's uncontended TTFT and ITL and its slowdowns over them (0 below the noise floor)."""
 
-    def __init__(self, period: list[SimRequest], config: AttributionConfig, sched: SchedulerConfig,
-                 cost: StepCostModel) -> None:
+    ttft_s: float
+    itl_s: float
+    ttft_slow_s: float
+    itl_slow_s: float
+    blamed: bool  # slowed beyond the noise: culprits and causes are worked out
+
+
+class _PeriodPlan:
+    """One busy period's simulations, cached per coalition of whales present and per traced run (shared by all
+    its victims). A run stops once every victim in it has finished: only the victims' outcomes are read."""
+
+    def __init__(self, period: list[SimRequest], victims: list[str], config: AttributionConfig,
+                 sched: SchedulerConfig, cost: StepCostModel) -> None:
         self.period = period
+        self.victims = victims
         footprint = {r.request_id: r.prompt_tokens + r.output_tokens for r in period}
         median = statistics.median(footprint.values())
         self.whales = sorted((rid for rid, f in footprint.items() if f >= config.whale_factor * median),
                              key=lambda rid: (-footprint[rid], rid))[: config.max_players]
         self._sched, self._cost = sched, cost
+        self.needy: set[str] = set()  # victims slowed beyond the noise: only they read runs but the full one
         self._sims: dict[frozenset[str], SimResult] = {}
+        self._traced: dict[frozenset[str], SimResult] = {}
+
+    def _without(self, removed: frozenset[str], readers: Iterable[str]) -> tuple[list[SimRequest], list[str]]:
+        return [r for r in self.period if r.request_id not in removed], [v for v in readers if v not in removed]
 
     def run(self, present: frozenset[str]) -> SimResult:
+        """Every victim reads the run with all whales; the other coalitions only the slowed victims."""
         if present not in self._sims:
-            kept = [r for r in self.period if r.request_id not in self.whales or r.request_id in present]
-            self._sims[present] = simulate(kept, self._sched, self._cost)
+            whales = frozenset(self.whales)
+            kept, readers = self._without(whales - present, self.victims if present == whales else self.needy)
+            self._sims[present] = simulate(kept, self._sched, self._cost, until_done=readers)
         return self._sims[present]
+
+    def traced(self, removed: frozenset[str]) -> SimResult:
+        """The period without `removed`, each slowed victim left in it traced (one run, not one per victim)."""
+        if removed not in self._traced:
+            kept, readers = self._without(removed, self.needy)
+            self._traced[removed] = simulate(kept, self._sched, self._cost, trace=readers, until_done=readers)
+        return self._traced[removed]
 
 
 def busy_periods(requests: Sequence[tuple[SimRequest, float]], max_len: int) -> list[list[SimRequest]]:
@@ -134,7 +161,7 @@ class Attributor:
             victims = [_Victim(lcs[r.request_id], r) for r in period
                        if lcs[r.request_id].complete and (wanted is None or r.request_id in wanted)]
             if victims:
-                plan = _PeriodPlan(period, self.config, cfg, self.cost)
+                plan = _PeriodPlan(period, [v.req.request_id for v in victims], self.config, cfg, self.cost)
                 plans.append((plan, victims))
                 full = plan.run(frozenset(plan.whales)).outcomes
                 for v in victims:
@@ -144,26 +171,22 @@ class Attributor:
                     if o is not None and v.lc.mean_itl_s is not None and o.mean_itl_s is not None:
                         self._itl_offsets.append(v.lc.mean_itl_s - o.mean_itl_s)
         membership = timeline.membership_quality().exact_share
+        offsets = self.frontend_offsets()  # fixed from here on: only the loop above feeds them
         out: list[AttributionResult] = []
         for plan, victims in plans:
-            for v in victims:
-                out.append(self._victim(v, plan.period, plan.whales, set(plan.whales), plan.run, cfg, kv,
-                                        membership))
+            bases = [self._baseline(v, cfg, offsets) for v in victims]
+            plan.needy = {v.req.request_id for v, b in zip(victims, bases, strict=True) if b.blamed}
+            for v, base in zip(victims, bases, strict=True):
+                out.append(self._victim(v, plan, kv, membership, base))
         return out
 
-    def _victim(self, v: _Victim, period: list[SimRequest], whales: list[str], whale_set: set[str],
-                runner: Callable[[frozenset[str]], SimResult], cfg: SchedulerConfig, kv: dict[str, float],
-                membership: float) -> AttributionResult:
-        rid = v.req.request_id
-        players = [w for w in whales if w != rid]
-        own = frozenset({rid}) if rid in whale_set else frozenset()
-        obs_ttft, obs_itl = v.lc.ttft_s, v.lc.mean_itl_s
-        ttft_off, itl_off = self.frontend_offsets()
+    def _baseline(self, v: _Victim, cfg: SchedulerConfig, offsets: tuple[float, float]) -> _Baseline:
+        ttft_off, itl_off = offsets
         base_ttft = self.cost.solo_ttft_s(v.req.prompt_tokens, cfg.token_budget) + ttft_off
         base_itl = max(0.5 * self.cost.solo_itl_s(v.req.prompt_tokens + v.req.output_tokens // 2),
                        self.cost.solo_itl_s(v.req.prompt_tokens + v.req.output_tokens // 2) + itl_off)
-        ttft_slow = max(0.0, (obs_ttft or 0.0) - base_ttft)
-        itl_slow = max(0.0, (obs_itl or 0.0) - base_itl)
+        ttft_slow = max(0.0, (v.lc.ttft_s or 0.0) - base_ttft)
+        itl_slow = max(0.0, (v.lc.mean_itl_s or 0.0) - base_itl)
         ttft_floor = max(self.config.noise_floor_s, self.config.noise_floor_ratio * base_ttft)
         itl_floor = self.config.itl_noise_floor_ratio * base_itl
         quiet = ttft_slow < ttft_floor and itl_slow < itl_floor
@@ -171,6 +194,16 @@ class Attributor:
             ttft_slow = 0.0
         if itl_slow < itl_floor:
             itl_slow = 0.0
+        return _Baseline(base_ttft, base_itl, ttft_slow, itl_slow, not quiet and (ttft_slow > 0 or itl_slow > 0))
+
+    def _victim(self, v: _Victim, plan: _PeriodPlan, kv: dict[str, float], membership: float,
+                base: _Baseline) -> AttributionResult:
+        period, whales, whale_set, runner = plan.period, plan.whales, set(plan.whales), plan.run
+        rid = v.req.request_id
+        players = [w for w in whales if w != rid]
+        own = frozenset({rid}) if rid in whale_set else frozenset()
+        obs_ttft, obs_itl = v.lc.ttft_s, v.lc.mean_itl_s
+        base_ttft, base_itl, ttft_slow, itl_slow = base.ttft_s, base.itl_s, base.ttft_slow_s, base.itl_slow_s
 
         def metric(present: frozenset[str], which: str) -> float:
             o = runner(present | own).outcomes.get(rid)
@@ -179,7 +212,7 @@ class Attributor:
         blame_ttft: dict[str, float] = defaultdict(float)
         blame_itl: dict[str, float] = defaultdict(float)
         causes: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-        if not quiet and (ttft_slow > 0 or itl_slow > 0):
+        if base.blamed:
             for which, slow, blame in (("ttft", ttft_slow, blame_ttft), ("itl", itl_slow, blame_itl)):
                 if slow <= 0:
                     continue
@@ -193,10 +226,10 @@ class Attributor:
                     blame[p] += max(0.0, val)
                 light = none - (base_ttft if which == "ttft" else base_itl)
                 if light > 0:
-                    for other, secs in self._light_split(period, players, own, rid, cfg, which).items():
+                    for other, secs in self._light_split(plan, players, rid, which).items():
                         blame[other] += light * secs
                 _fit_to(blame, slow)
-            for other, cause_secs in self._causes(period, rid, cfg).items():
+            for other, cause_secs in self._causes(plan, rid).items():
                 for cause, secs in cause_secs.items():
                     causes[other][cause] += secs
         overall: dict[str, float] = defaultdict(float)
@@ -230,15 +263,15 @@ class Attributor:
             is_whale=rid in whale_set, engine=v.lc.engine, arrival_ts=v.lc.arrival_ts,
             prompt_tokens=v.lc.prompt_tokens, completion_tokens=v.lc.completion_tokens)
 
-    def _light_split(self, period: list[SimRequest], players: list[str], own: frozenset[str], rid: str,
-                     cfg: SchedulerConfig, which: str) -> dict[str, float]:
+    @staticmethod
+    def _light_split(plan: _PeriodPlan, players: list[str], rid: str, which: str) -> dict[str, float]:
         """Fractions (summing to 1) of the light crowd's effect, from a traced run without the whales."""
-        kept = [r for r in period if r.request_id not in players or r.request_id in own]
-        traced = simulate(kept, cfg, self.cost, trace=rid).outcomes[rid]
+        traced = plan.traced(frozenset(players)).outcomes[rid]
         return _normalised(_trace_by_request(traced, which))
 
-    def _causes(self, period: list[SimRequest], rid: str, cfg: SchedulerConfig) -> dict[str, dict[str, float]]:
-        traced = simulate(period, cfg, self.cost, trace=rid).outcomes[rid]
+    @staticmethod
+    def _causes(plan: _PeriodPlan, rid: str) -> dict[str, dict[str, float]]:
+        traced = plan.traced(frozenset()).outcomes[rid]
         out: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         first = traced.first_token_ts
         for w in traced.waits:
@@ -290,12 +323,12 @@ def _fit_to(blame: dict[str, float], observed: float) -> None:
             blame[k] *= observed / total
 
 
-def _split_causes(seconds: float, traced: dict[str, float], overall: dict[str, float]) -> dict[str, float]:
+def _split_causes(seconds: float, traced: dict[str, float], overall: dict[str, float]) -> Mapping[str, float]:
     """A culprit's blamed TTFT seconds split by the causes its traced waits show; by the victim's overall
     causes when its own trace shows none (it acted through others, e.g. by holding KV that blocked them)."""
     if seconds <= 0:
-        return {}
+        return NO_CAUSES
     fractions = _normalised(dict(traced)) or _normalised(dict(overall))
     if not fractions:
-        return {}
+        return NO_CAUSES
     return {cause: seconds * f for cause, f in sorted(fractions.items())}

@@ -6,9 +6,10 @@ reads a newer journal.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from attrib_agent.attribution.result import AttributionResult, Culprit
+from attrib_agent.attribution.result import NO_CAUSES, AttributionResult, Culprit
 
 
 def culprit_to_dict(c: Culprit) -> dict[str, Any]:
@@ -43,11 +44,15 @@ def _opt_str(v: Any) -> str | None:
     return None if v is None else str(v)
 
 
+def _causes(raw: Any) -> Mapping[str, float]:
+    return {str(k): float(v) for k, v in dict(raw).items()} if raw else NO_CAUSES
+
+
 def from_dict(d: dict[str, Any]) -> AttributionResult:
     """Inverse of to_dict; raises KeyError/TypeError/ValueError on a record that is not a result."""
     culprits = tuple(
         Culprit(request_id=str(c["request_id"]), ttft_s=float(c["ttft_s"]), itl_s=float(c["itl_s"]),
-                share=float(c["share"]), causes={str(k): float(v) for k, v in dict(c.get("causes") or {}).items()},
+                share=float(c["share"]), causes=_causes(c.get("causes")),
                 kv_block_seconds=float(c.get("kv_block_seconds", 0.0)), is_whale=bool(c.get("is_whale", False)))
         for c in d.get("culprits") or [])
     return AttributionResult(

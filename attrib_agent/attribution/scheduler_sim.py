@@ -17,18 +17,30 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 
 from attrib_agent.attribution.shapley import shapley_values
-from attrib_agent.attribution.sim_step import FreeBlockQueue, LiveRequest, blocks_for, holders, schedule_step
-from attrib_agent.attribution.sim_trace import Pricer, VictimTracer, VictimView
+from attrib_agent.attribution.sim_step import (
+    FreeBlockQueue,
+    LiveRequest,
+    StepPlan,
+    blocks_for,
+    holders,
+    schedule_step,
+)
+from attrib_agent.attribution.sim_trace import Blame, Pricer, StepPrices, VictimTracer, VictimView
 from attrib_agent.attribution.sim_types import SchedulerConfig, SimOutcome, SimRequest, SimResult, StepCost
 
 
 def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: StepCost, *,
-             trace: str | None = None, max_steps: int = 1_000_000) -> SimResult:
-    """Re-run the scheduler over `requests`; with `trace`, explain that request's waits step by step.
+             trace: str | Collection[str] | None = None, max_steps: int = 1_000_000,
+             until_done: Collection[str] | None = None) -> SimResult:
+    """Re-run the scheduler over `requests`; with `trace`, explain that request's (or those requests') waits
+    step by step.
 
     Ties in arrival keep the input order. A request whose whole sequence cannot fit in the pool even alone is
     never scheduled (vLLM refuses it). The run stops after `max_steps` steps; requests unfinished by then have
-    no finish time.
+    no finish time. With `until_done` it also stops once those requests have finished (or were refused): a
+    step never changes what came before it, so their outcomes are exact, while the others' and the run's
+    totals (steps, peaks) cover only the steps run. Tracing several requests in one run gives each the waits
+    it would get traced alone: tracing only observes.
     """
     if config.block_size < 1 or config.num_blocks < 2 or config.token_budget < 1 or config.max_num_seqs < 1:
         raise ValueError(f"invalid scheduler config {config}")
@@ -37,21 +49,23 @@ def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: Step
     by_id = {lv.req.request_id: lv for lv in lives}
     if len(by_id) != len(lives):
         raise ValueError("request ids must be unique")
-    if trace is not None and trace not in by_id:
-        raise ValueError(f"traced request {trace!r} is not among the requests")
+    traced = [] if trace is None else [trace] if isinstance(trace, str) else sorted(set(trace))
+    for rid in (*traced, *(until_done or ())):
+        if rid not in by_id:
+            raise ValueError(f"traced or awaited request {rid!r} is not among the requests")
     bs, usable = config.block_size, config.num_blocks - 1
     for lv in lives:
         lv.refused = blocks_for(lv.req.prompt_tokens + lv.target - 1, bs) > usable
+    awaited = {by_id[rid] for rid in until_done or () if not by_id[rid].refused}
     pool = FreeBlockQueue(usable, config.prefix_caching)
     pending = deque(sorted(lives, key=lambda lv: (lv.req.arrival_ts, lv.index)))
     waiting: deque[LiveRequest] = deque()
     running: list[LiveRequest] = []
     pricer = Pricer(cost)
-    victim = by_id[trace] if trace is not None else None
-    tracer = VictimTracer(trace, pricer) if trace is not None else None
+    tracers = [(by_id[rid], VictimTracer(rid, pricer)) for rid in traced]
     now = pending[0].req.arrival_ts if pending else 0.0
     steps = preemptions = peak_blocks = peak_tokens = empty_rounds = 0
-    while steps < max_steps:
+    while steps < max_steps and (until_done is None or awaited):
         while pending and pending[0].req.arrival_ts <= now:
             lv = pending.popleft()
             lv.queued_ts = now
@@ -73,21 +87,41 @@ def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: Step
         empty_rounds = 0
         end = now + pricer.seconds(plan.members)
         peak_tokens = max(peak_tokens, sum(m.tokens for m in plan.members))
-        if tracer is not None and victim is not None:
-            view = VictimView(victim.req.arrival_ts, victim.finish_ts is None and not victim.refused,
-                              victim in running, victim in plan.preempted, victim.first_token_ts is not None,
-                              victim.forced_by)
-            tracer.step(now, end, plan.members, plan.stop,
-                        plan.blocked.req.request_id if plan.blocked is not None else None,
-                        holders(running), [r.req.request_id for r in running], view)
+        if tracers:
+            _trace_step(tracers, pricer, plan, now, end, running)
         for m in plan.members:
-            _advance(by_id[m.request_id], m.tokens, end, running, pool)
+            lv = by_id[m.request_id]
+            _advance(lv, m.tokens, end, running, pool)
+            if lv.finish_ts is not None:
+                awaited.discard(lv)
         now = end
         steps += 1
+    waits = {victim.req.request_id: tracer.waits() for victim, tracer in tracers}
     outcomes = {lv.req.request_id: SimOutcome(
         lv.req.request_id, lv.scheduled_ts, lv.first_token_ts, lv.finish_ts, tuple(lv.token_ts), lv.preemptions,
-        tracer.waits() if tracer is not None and lv is victim else (), lv.queued_ts) for lv in lives}
+        waits.get(lv.req.request_id, ()), lv.queued_ts) for lv in lives}
     return SimResult(outcomes, steps, preemptions, peak_blocks, peak_tokens)
+
+
+def _trace_step(tracers: list[tuple[LiveRequest, VictimTracer]], pricer: Pricer, plan: StepPlan, now: float,
+                end: float, running: list[LiveRequest]) -> None:
+    """Show one step to every tracer whose request is in flight (the others would ignore it)."""
+    blocked = plan.blocked.req.request_id if plan.blocked is not None else None
+    hold: Blame = ()
+    ids: list[str] = []
+    if plan.stop in ("kv", "preemption"):  # only these stops blame the block holders ...
+        hold = holders(running)
+    elif plan.stop == "seats":  # ... and only this one the running requests
+        ids = [r.req.request_id for r in running]
+    prices: StepPrices | None = None
+    for victim, tracer in tracers:
+        if victim.finish_ts is not None or victim.refused or victim.req.arrival_ts > end:
+            continue
+        if prices is None:
+            prices = StepPrices(pricer, plan.members)
+        view = VictimView(victim.req.arrival_ts, True, victim in running, victim in plan.preempted,
+                          victim.first_token_ts is not None, victim.forced_by)
+        tracer.step(now, end, plan.members, plan.stop, blocked, hold, ids, view, prices)
 
 
 def _advance(lv: LiveRequest, tokens: int, end: float, running: list[LiveRequest], pool: FreeBlockQueue) -> None:

@@ -64,6 +64,31 @@ class Pricer:
         return self.price(self.features(members))
 
 
+class StepPrices:
+    """One step's prices, shared by every tracer shown the step: the step's total and, per member, what
+    leaving it out would save (all traced victims of a run see the same members)."""
+
+    __slots__ = ("_pricer", "members", "total", "full", "_marginals")
+
+    def __init__(self, pricer: Pricer, members: list[Member]) -> None:
+        self._pricer = pricer
+        self.members = members
+        self.total = pricer.features(members)
+        self.full = pricer.price(self.total)
+        self._marginals: dict[int, tuple[float, float]] = {}
+
+    def marginal(self, m: Member) -> tuple[float, float]:
+        """(marginal cost, of which context bandwidth) of member `m` (bandwidth 0 for a prefill)."""
+        got = self._marginals.get(id(m))
+        if got is None:
+            f = m.features()
+            price, total, full = self._pricer.price, self.total, self.full
+            marginal = max(full - price(_minus(total, f)), 0.0)
+            bandwidth = min(max(full - price(_minus(total, (0, 0, f[2], 0))), 0.0), marginal) if m.decode else 0.0
+            got = self._marginals[id(m)] = (marginal, bandwidth)
+        return got
+
+
 @dataclass(frozen=True, slots=True)
 class VictimView:
     """The traced request as the scheduler saw it at this step."""
@@ -93,12 +118,15 @@ class VictimTracer:
                      for cause, _, ts, by in self._entries if by)
 
     def step(self, start: float, end: float, members: list[Member], stop: str, blocked: str | None,
-             holders: Blame, running_ids: list[str], victim: VictimView) -> None:
+             holders: Blame, running_ids: list[str], victim: VictimView, prices: StepPrices | None = None) -> None:
+        """`prices` (of these `members`) may be shared with other tracers of the same run."""
         if not victim.in_flight or victim.arrival_ts > end:
             return
+        if prices is None or prices.members is not members:
+            prices = StepPrices(self._pricer, members)
         itl = victim.first_token_seen
         if victim.arrival_ts > start:  # arrived while this step ran: waits for it to end
-            self._contention(members, members, end - victim.arrival_ts, victim.arrival_ts, itl)
+            self._contention(members, prices, end - victim.arrival_ts, victim.arrival_ts, itl)
             return
         duration = end - start
         mine = next((m for m in members if m.request_id == self.request_id), None)
@@ -108,11 +136,11 @@ class VictimTracer:
             if redo:
                 self._add("preemption", solo * redo / mine.tokens, victim.forced_by, start, itl)
             others = [m for m in members if m is not mine]
-            self._contention(others, members, duration - solo, start, itl)
+            self._contention(others, prices, duration - solo, start, itl)
         elif victim.preempted_now:
             self._add("preemption", duration, victim.forced_by, start, itl)
         elif victim.running or stop == "budget":
-            self._contention(members, members, duration, start, itl)
+            self._contention(members, prices, duration, start, itl)
         elif stop in ("kv", "preemption") and (blocked is None or blocked == self.request_id):
             self._add("kv_pressure", duration, holders, start, itl)
         elif stop == "kv" and blocked is not None:
@@ -121,18 +149,13 @@ class VictimTracer:
             self._add("decode_batching", duration, tuple((r, 1 / len(running_ids)) for r in running_ids), start,
                       itl)
 
-    def _contention(self, others: list[Member], members: list[Member], seconds: float, ts: float,
-                    itl: bool) -> None:
+    def _contention(self, others: list[Member], prices: StepPrices, seconds: float, ts: float, itl: bool) -> None:
         if seconds <= 0 or not others:
             return
-        total = self._pricer.features(members)
-        full = self._pricer.price(total)
         parts: dict[str, dict[str, float]] = {"prefill_contention": {}, "decode_batching": {}, "kv_bandwidth": {}}
         for m in others:
-            f = m.features()
-            marginal = max(full - self._pricer.price(_minus(total, f)), 0.0)
+            marginal, bandwidth = prices.marginal(m)
             if m.decode:
-                bandwidth = min(max(full - self._pricer.price(_minus(total, (0, 0, f[2], 0))), 0.0), marginal)
                 parts["kv_bandwidth"][m.request_id] = bandwidth
                 parts["decode_batching"][m.request_id] = marginal - bandwidth
             else:
