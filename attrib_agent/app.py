@@ -160,7 +160,10 @@ class AgentCore:
 
     # ---- serving -----------------------------------------------------------------------------------------
     def asgi_app(self, token: str | None) -> Any:
-        return api_app(self.state, token=token, metrics_app=make_asgi_app(registry_for(self.state)))
+        # The API's GZipMiddleware compresses /metrics like every other route; prometheus_client's own gzip
+        # beneath it would encode the body twice (Starlette >= 1.0 does not skip an encoded response).
+        metrics = make_asgi_app(registry_for(self.state), disable_compression=True)
+        return api_app(self.state, token=token, metrics_app=metrics)
 
     async def serve(self, opts: ServeOptions, stop: asyncio.Event,
                     started: Callable[[int], None] | None = None) -> None:

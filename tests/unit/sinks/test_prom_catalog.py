@@ -167,3 +167,24 @@ def test_mounted_app_negotiates_openmetrics_where_exemplars_appear(state: AgentS
     assert re.search(r'_bucket\{.*\} \d+\.\d+ # \{trace_id="[0-9a-f]{32}"\}', om.text)
     plain = asyncio.run(get("text/plain"))
     assert plain.headers["content-type"].startswith("text/plain") and '{trace_id=' not in plain.text
+
+
+def test_agent_metrics_route_is_encoded_once_for_a_gzip_scraper(state: AgentState) -> None:
+    """Prometheus asks for gzip; the body must decompress (once) into exposition it can parse."""
+    from attrib_agent.app import AgentCore
+
+    core = AgentCore(state.pipeline)
+    core.state.health.update(state.health)
+
+    async def get() -> httpx.Response:
+        transport = httpx.ASGITransport(app=core.asgi_app(None))
+        async with httpx.AsyncClient(transport=transport, base_url="http://agent") as client:
+            return await client.get("/metrics", headers={
+                "Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+                "Accept-Encoding": "gzip"})
+
+    r = asyncio.run(get())
+    assert r.status_code == 200 and r.headers.get_list("content-encoding") == ["gzip"]
+    body = r.text  # httpx undoes one gzip, as Prometheus does: a body encoded twice stays binary here
+    names = {f.name for f in parse_openmetrics(body)}
+    assert "attrib_victims_dropped" in names and "attrib_source_up" in names
