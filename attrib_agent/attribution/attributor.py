@@ -111,7 +111,8 @@ class Attributor:
     def __init__(self, config: AttributionConfig | None = None, cost: StepCostModel | None = None) -> None:
         self.config = config or AttributionConfig()
         self.cost = cost or StepCostModel()
-        self._observed_steps: set[tuple[int, int]] = set()
+        # (timeline, feed position) learnt up to: iteration numbers restart with vLLM, feed positions do not
+        self._learnt_to: tuple[int, int] = (0, 0)
         # observed minus re-simulated TTFT / ITL of recent requests: what the engine-step model leaves out
         # (the API server's own work before and after the engine: tokenising, queues, detokenising, streaming)
         self._ttft_offsets: deque[float] = deque(maxlen=self.config.offset_window)
@@ -124,16 +125,16 @@ class Attributor:
         return max(0.0, q(self._ttft_offsets)), q(self._itl_offsets)
 
     def learn(self, timeline: EngineTimeline) -> None:
-        """Feed the cost model every step it has not seen yet (bounded by the timeline's own window)."""
-        seen = self._observed_steps
-        for step in timeline.steps():
-            key = (step.engine, step.iteration)
-            if key in seen:
+        """Feed the cost model every step it has not seen yet, once each, in feed order (O(1) memory)."""
+        tid, learnt_to = self._learnt_to
+        if tid != id(timeline):
+            learnt_to = 0
+        for si, out in timeline.outcomes():
+            if si.seq < learnt_to:
                 continue
-            seen.add(key)
-            self.cost.observe_features(StepFeatures.from_record(step), step.elapsed_s)
-        if len(seen) > 200_000:
-            seen.clear()
+            self.cost.observe_features(StepFeatures.from_record(out.record), out.record.elapsed_s)
+            learnt_to = si.seq + 1
+        self._learnt_to = (id(timeline), learnt_to)
 
     def scheduler_config(self, timeline: EngineTimeline) -> SchedulerConfig:
         block_size, num_blocks = timeline.pool()

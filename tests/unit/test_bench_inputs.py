@@ -19,7 +19,7 @@ if str(ROOT) not in sys.path:  # benchmarks/ is not a package on the installed p
     sys.path.insert(0, str(ROOT))
 
 from attrib_agent.attribution.result_codec import to_dict  # noqa: E402
-from attrib_agent.events import Event, RequestAdded, RequestReceived, RequestSpan  # noqa: E402
+from attrib_agent.events import EngineStep, Event, RequestAdded, RequestReceived, RequestSpan  # noqa: E402
 from attrib_agent.pipeline import AttributionPipeline  # noqa: E402
 from attrib_agent.recording import LOG, METRICS, OTLP, Recording  # noqa: E402
 from attrib_agent.sources.replay import ReplaySource  # noqa: E402
@@ -168,6 +168,8 @@ def test_the_concatenation_attributes_every_request_once(events: list[Event], so
     finals = [r.request_id for r in p.store if r.final]
     assert sorted(finals) == sorted(spans)
     assert p.vllm_restarts >= 1  # counters go back at a copy boundary, as after a restart
+    # iteration numbers restart with vLLM: the cost model still learns every step once, after each restart too
+    assert p.attributor.cost.steps_seen == sum(isinstance(e, EngineStep) for e in first_round)
 
 
 def test_plans_and_tags_are_bounded_and_refuse_clearly(sources: list[SourceRecording], tmp_path: Path) -> None:
