@@ -51,6 +51,8 @@ class _Baseline:
     ttft_slow_s: float
     itl_slow_s: float
     blamed: bool  # slowed beyond the noise: culprits and causes are worked out
+    ttft_offset_s: float  # the frontend's own share of TTFT / ITL, outside engine steps
+    itl_offset_s: float
 
 
 class _PeriodPlan:
@@ -195,7 +197,8 @@ class Attributor:
             ttft_slow = 0.0
         if itl_slow < itl_floor:
             itl_slow = 0.0
-        return _Baseline(base_ttft, base_itl, ttft_slow, itl_slow, not quiet and (ttft_slow > 0 or itl_slow > 0))
+        return _Baseline(base_ttft, base_itl, ttft_slow, itl_slow, not quiet and (ttft_slow > 0 or itl_slow > 0),
+                         ttft_off, itl_off)
 
     def _victim(self, v: _Victim, plan: _PeriodPlan, kv: dict[str, float], membership: float,
                 base: _Baseline) -> AttributionResult:
@@ -206,7 +209,16 @@ class Attributor:
         obs_ttft, obs_itl = v.lc.ttft_s, v.lc.mean_itl_s
         base_ttft, base_itl, ttft_slow, itl_slow = base.ttft_s, base.itl_s, base.ttft_slow_s, base.itl_slow_s
 
+        factual = frozenset(players)
+        observed_engine = {"ttft": None if obs_ttft is None else obs_ttft - base.ttft_offset_s,
+                           "itl": None if obs_itl is None else obs_itl - base.itl_offset_s}
+
         def metric(present: frozenset[str], which: str) -> float:
+            """The victim's TTFT/ITL in the world where only `present` of the players ran: the world that
+            happened is observed (less the frontend's own time), the others are re-simulated."""
+            seen = observed_engine[which]
+            if present == factual and seen is not None:
+                return seen
             o = runner(present | own).outcomes.get(rid)
             return _metric(o, v.req.arrival_ts, which)
 
