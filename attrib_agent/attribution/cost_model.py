@@ -16,7 +16,9 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, fields
 from itertools import combinations
-from math import isfinite, sqrt
+from math import isfinite
+
+import numpy as np
 
 from attrib_agent.timeline.model import StepRecord
 
@@ -243,48 +245,43 @@ def huber_nonnegative_fit(rows: list[_Row], ys: list[float], *, prior: _Row, fre
     attention pairs move together) the prior decides, and it gives the correction to the feature that already
     explains most, so a short-only window never predicts a whale's chunk from a tiny pair count. A zero prior
     coefficient thus stays near zero. Coefficients not `free` stay at the prior. Returns (coefficients, MAD
-    scale, mean residual with residuals clipped at 5 scales)."""
+    scale, mean residual with residuals clipped at 5 scales). Vectorised: a refit runs every 128 steps over up
+    to 1,024 of them, and the per-row arithmetic in Python was the pipeline's largest single cost."""
     idx = [j for j in range(len(prior)) if free[j]]
     fixed = [j for j in range(len(prior)) if not free[j]]
-    target = [y - sum(prior[j] * r[j] for j in fixed) for r, y in zip(rows, ys, strict=True)]
+    x_all = np.asarray(rows, dtype=np.float64).reshape(len(rows), len(prior))
+    target = np.asarray(ys, dtype=np.float64) - x_all[:, fixed] @ np.asarray([prior[j] for j in fixed])
     n = len(rows)
-    scales = [sqrt(sum(r[j] * r[j] for r in rows) / n) or 1.0 for j in idx]
-    xs = [[r[j] / s for j, s in zip(idx, scales, strict=True)] for r in rows]
-    pri = [prior[j] * s for j, s in zip(idx, scales, strict=True)]  # each feature's RMS contribution, seconds
-    floor = 1e-4 * max(statistics.median(abs(t) for t in target), 1e-6)
-    theta = [start[j] * s for j, s in zip(idx, scales, strict=True)]
-    m = len(idx)
+    raw = x_all[:, idx]
+    rms = np.sqrt((raw * raw).sum(axis=0) / n)
+    scales = np.where(rms > 0, rms, 1.0)
+    xs = raw / scales
+    pri = np.asarray([prior[j] for j in idx]) * scales  # each feature's RMS contribution, seconds
+    floor = 1e-4 * max(float(np.median(np.abs(target))), 1e-6)
+    theta = [float(v) for v in np.asarray([start[j] for j in idx]) * scales]
     scale = 0.0
     for _ in range(iterations):
-        resid = [t - sum(v * c for v, c in zip(x, theta, strict=True)) for x, t in zip(xs, target, strict=True)]
-        scale = max(1.4826 * statistics.median(abs(r) for r in resid), 1e-6)
+        resid = target - xs @ np.asarray(theta)
+        absr = np.abs(resid)
+        scale = max(1.4826 * float(np.median(absr)), 1e-6)
         cut = huber_k * scale
-        penalty = [(scale / (prior_spread * abs(p) + floor)) ** 2 for p in pri]
-        ata = [[penalty[i] if i == j else 0.0 for j in range(m)] for i in range(m)]
-        atb = [penalty[i] * p for i, p in enumerate(pri)]
-        for x, t, r in zip(xs, target, resid, strict=True):
-            w = 1.0 if abs(r) <= cut else cut / abs(r)
-            for i in range(m):
-                wx = w * x[i]
-                atb[i] += wx * t
-                row = ata[i]
-                for j in range(i, m):
-                    row[j] += wx * x[j]
-        for i in range(m):
-            for j in range(i):
-                ata[i][j] = ata[j][i]
-        new = _nonnegative_solve(ata, atb)
+        w = np.where(absr <= cut, 1.0, cut / np.maximum(absr, 1e-300))
+        penalty = (scale / (prior_spread * np.abs(pri) + floor)) ** 2
+        wx = xs * w[:, None]
+        ata = wx.T @ xs + np.diag(penalty)
+        atb = wx.T @ target + penalty * pri
+        new = _nonnegative_solve(ata.tolist(), atb.tolist())
         done = max(abs(a - b) for a, b in zip(new, theta, strict=True)) <= 1e-7 * (1 + max(map(abs, theta)))
         theta = new
         if done:
             break
-    resid = [t - sum(v * c for v, c in zip(x, theta, strict=True)) for x, t in zip(xs, target, strict=True)]
-    scale = 1.4826 * statistics.median(abs(r) for r in resid)
+    resid = target - xs @ np.asarray(theta)
+    scale = 1.4826 * float(np.median(np.abs(resid)))
     clip = 5 * scale
-    bias = statistics.fmean(min(max(r, -clip), clip) for r in resid)
+    bias = float(np.mean(np.clip(resid, -clip, clip)))
     coef = list(prior)
-    for j, s, v in zip(idx, scales, theta, strict=True):
-        coef[j] = v / s
+    for j, sc, v in zip(idx, scales.tolist(), theta, strict=True):
+        coef[j] = v / sc
     return (coef[0], coef[1], coef[2], coef[3], coef[4]), scale, bias
 
 
