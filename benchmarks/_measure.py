@@ -89,6 +89,5 @@ def pipeline_sizes(p: AttributionPipeline) -> dict[str, Any]:
         "results": len(p.store), **{f"timeline_{k}": v for k, v in p.timeline.sizes().items()},
         "spans": len(p._spans), "due": len(p._due), "partial": len(p._partial),
         "cost_window_steps": p.attributor.cost.window_steps,
-        "attributor_seen_steps": len(p.attributor._observed_steps),
         "tally_keys": len(p.tally.attributed_s) + len(p.tally.unexplained_s) + len(p.tally.histograms),
     }
