@@ -11,6 +11,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from attrib_agent.attribution.culprit_windows import CulpritWindows
+
 CAUSES: Final = ("kv_pressure", "head_of_line", "prefill_contention", "decode_batching", "kv_bandwidth", "preemption")
 NO_CAUSES: Final[Mapping[str, float]] = {}
 """The causes of a culprit with none (two thirds of them): one shared empty dict instead of 64 bytes each,
@@ -65,7 +67,8 @@ class AttributionResult:
 
 
 class ResultStore:
-    """Results of finished requests, bounded by count and by age (oldest dropped first)."""
+    """Results of finished requests, bounded by count and by age (oldest dropped first). Every result in it is
+    also filed in `culprits`, the index `/v1/culprits/top` reads instead of the whole store."""
 
     def __init__(self, max_results: int = 100_000, max_age_s: float = 3600.0) -> None:
         if max_results < 1 or max_age_s <= 0:
@@ -73,13 +76,17 @@ class ResultStore:
         self.max_results = max_results
         self.max_age_s = max_age_s
         self._items: OrderedDict[str, AttributionResult] = OrderedDict()
+        self.culprits = CulpritWindows()
         self.evicted = 0
 
     def put(self, result: AttributionResult) -> None:
-        self._items.pop(result.request_id, None)
+        old = self._items.pop(result.request_id, None)
+        if old is not None:
+            self.culprits.remove(old)
         self._items[result.request_id] = result
+        self.culprits.add(result)
         while len(self._items) > self.max_results:
-            self._items.popitem(last=False)
+            self.culprits.remove(self._items.popitem(last=False)[1])
             self.evicted += 1
 
     def get(self, request_id: str) -> AttributionResult | None:
@@ -92,7 +99,7 @@ class ResultStore:
             first = next(iter(self._items.values()))
             if now - first.finished_ts <= self.max_age_s:
                 break
-            self._items.popitem(last=False)
+            self.culprits.remove(self._items.popitem(last=False)[1])
             n += 1
         self.evicted += n
         return n

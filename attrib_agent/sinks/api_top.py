@@ -1,20 +1,17 @@
 """`/v1/culprits/top`: who caused the most slowdown lately, summed over the victims' results.
 
-A culprit's weight is the victim seconds it cost: its TTFT blame plus its per-token ITL blame times the
-victim's token gaps, the same seconds the `attrib_attributed_slowdown_seconds_total` counter adds up. Causes
-are split the way that counter splits them (ITL blame under `decode_batching`, blame without a traced
-mechanism under `other`), so a culprit's causes sum to its seconds.
+A culprit's weight is the victim seconds it cost (see `attribution/culprit_windows.py`, which keeps the
+totals per window of finish time so a query does not scan the store).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Final
+from collections.abc import Iterable
+from typing import Final
 
+from attrib_agent.attribution.culprit_windows import CulpritTotal, top_of
 from attrib_agent.attribution.result import AttributionResult
 
 MAX_WINDOW_S: Final = 30 * 86400.0
@@ -61,51 +58,8 @@ def victim_seconds(r: AttributionResult) -> float:
     return r.ttft_slowdown_s + r.itl_slowdown_s * r.itl_gaps
 
 
-@dataclass
-class CulpritTotal:
-    request_id: str
-    seconds: float = 0.0
-    ttft_s: float = 0.0
-    itl_s: float = 0.0  # per-token ITL blame times each victim's gaps: seconds
-    is_whale: bool = False
-    victims: set[str] = field(default_factory=set)
-    causes: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"request_id": self.request_id, "seconds": self.seconds, "ttft_s": self.ttft_s, "itl_s": self.itl_s,
-                "victims": len(self.victims), "is_whale": self.is_whale,
-                "causes": dict(sorted(self.causes.items(), key=lambda kv: -kv[1]))}
-
-
-def _split(seconds: float, causes: Mapping[str, float], into: defaultdict[str, float]) -> None:
-    weights = {k: v for k, v in causes.items() if v > 0}
-    total = sum(weights.values())
-    if total <= 0:
-        weights, total = {"other": 1.0}, 1.0
-    for cause, w in weights.items():
-        into[cause] += seconds * w / total
-
-
 def top_culprits(results: Iterable[AttributionResult], limit: int) -> tuple[list[CulpritTotal], int]:
-    """Culprits by seconds caused (largest first, ties by id), and how many results were read."""
-    totals: dict[str, CulpritTotal] = {}
-    n = 0
-    for r in results:
-        n += 1
-        gaps = r.itl_gaps
-        for c in r.culprits:
-            itl = c.itl_s * gaps
-            if c.ttft_s + itl <= 0:
-                continue
-            t = totals.setdefault(c.request_id, CulpritTotal(c.request_id))
-            t.seconds += c.ttft_s + itl
-            t.ttft_s += c.ttft_s
-            t.itl_s += itl
-            t.is_whale = t.is_whale or c.is_whale
-            t.victims.add(r.request_id)
-            if c.ttft_s > 0:
-                _split(c.ttft_s, c.causes, t.causes)
-            if itl > 0:
-                t.causes["decode_batching"] += itl
-    ranked = sorted(totals.values(), key=lambda t: (-t.seconds, t.request_id))
-    return ranked[:limit], n
+    """Culprits by seconds caused (largest first, ties by id), and how many results were read: a plain scan.
+    The API reads the store's `culprits` index instead; this is the reference it is checked against."""
+    top = top_of(results, limit)
+    return top.culprits, top.results

@@ -27,11 +27,12 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from attrib_agent.agent_state import OPTIONAL_SOURCES, AgentState
+from attrib_agent.attribution.culprit_windows import TopCulprits
 from attrib_agent.attribution.result_codec import to_dict
 from attrib_agent.sinks.api_http import PAGE_CSP, BearerAuth, error, error_handlers, json_response
 from attrib_agent.sinks.api_ids import BadRequestId, resolve
 from attrib_agent.sinks.api_timeline import parse_max_steps, parse_ts, timeline_json
-from attrib_agent.sinks.api_top import BadQuery, parse_duration, parse_limit, top_culprits
+from attrib_agent.sinks.api_top import BadQuery, parse_duration, parse_limit
 
 DEFAULT_WINDOW: Final = "5m"
 PAGE_FILES: Final = {"index.html": "text/html; charset=utf-8", "page.js": "text/javascript; charset=utf-8",
@@ -80,11 +81,10 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
             return error(400, str(exc), errs, "bad_query")
         until = pipeline.last_event_ts  # event time: the agent's clock live, the recording's end in replay
         since = None if until is None else until - window_s
-        results = [] if until is None else [r for r in pipeline.recent(until - window_s) if r.finished_ts <= until]
-        ranked, n = top_culprits(results, limit)
-        return json_response({"window_s": window_s, "since": since, "until": until, "results": n,
-                              "partial_results": sum(not r.final for r in results),
-                              "culprits": [t.as_dict() for t in ranked]})
+        top = TopCulprits([], 0, 0) if until is None else pipeline.store.culprits.top(until - window_s, until, limit)
+        return json_response({"window_s": window_s, "since": since, "until": until, "results": top.results,
+                              "partial_results": top.partial_results,
+                              "culprits": [t.as_dict() for t in top.culprits]})
 
     async def timeline(request: Request) -> Response:
         q = request.query_params
