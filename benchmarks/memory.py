@@ -29,48 +29,17 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from attrib_agent.attribution.result import AttributionResult
-from attrib_agent.attribution.result_codec import from_dict, to_dict
+from attrib_agent.attribution.result_codec import to_dict
 from attrib_agent.events import EngineStep, Event, MetricsSnapshot, RequestAdded, RequestReceived
 from attrib_agent.pipeline import AttributionPipeline, PipelineConfig
 from attrib_agent.sources.replay import ReplaySource
 from benchmarks._measure import machine, peak_rss_mb, pin_one_core, pipeline_sizes, rss_mb, timed
 from benchmarks._recordings import SourceRecording, copy_tag, endless_replay, load_sources, round_rate
+from benchmarks._results import base_results, copied_result, fill_store, real_results
+
+__all__ = ["copied_result", "real_results"]  # (moved to _results; still importable from here)
 
 GOAL_MB = 200.0
-_ZERO = 0.0
-
-
-def real_results(sources: list[SourceRecording]) -> list[tuple[str, AttributionResult]]:
-    """(run tag, final result) of every request of every recording."""
-    out = []
-    for src in sources:
-        p = AttributionPipeline()
-        for ev in ReplaySource(src.path).events():
-            p.feed(ev)
-        p.settle()
-        out += [(src.tag, r) for r in p.store if r.final]
-    return out
-
-
-def copied_result(tag: str, r: AttributionResult, copy: int, ids: dict[str, str]) -> AttributionResult:
-    """`r` as copy `copy` would have produced it: ids retagged, every value its own object (decoded afresh),
-    except that one request's id is one string throughout a copy (`ids`), as the pipeline makes it: results
-    and culprits take it from the same timeline lifecycle."""
-    old, new = f"-{tag}-", f"-{copy_tag(tag, copy)}-"
-    d = json.loads(json.dumps(to_dict(r)))
-    d["request_id"] = ids.setdefault(d["request_id"], d["request_id"].replace(old, new))
-    for c in d["culprits"]:
-        c["request_id"] = ids.setdefault(c["request_id"], c["request_id"].replace(old, new))
-    for key, width in (("trace_id", 8), ("span_id", 8)):
-        if d[key]:
-            d[key] = d[key][:-width] + f"{int(d[key][-width:], 16) ^ copy:0{width}x}"
-    d["finished_ts"] += copy * 0.036  # 100,000 results over the hour the store keeps
-    for obj in (d, *d["culprits"]):  # the attributor's zeros are its literal 0.0, one object
-        for k, v in obj.items():
-            if isinstance(v, float) and v == 0.0:
-                obj[k] = _ZERO
-    return from_dict(d)
 
 
 def agent_imports() -> str:
@@ -82,31 +51,13 @@ def agent_imports() -> str:
     return "attrib_agent.app"
 
 
-def base_results() -> list[tuple[str, AttributionResult]]:
-    """real_results, made in a child process: replaying leaves garbage in this one's heap that RSS would count."""
-    cmd = [sys.executable, "-m", "benchmarks.memory", "--part", "base", "--cpu", "-1"]
-    out = json.loads(subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True).stdout)
-    return [(tag, from_dict(d)) for tag, d in out]
-
-
 def part_results(n: int) -> dict[str, Any]:
     base = base_results()
     p = AttributionPipeline()
     gc.collect()
     before = rss_mb()
-    tags = {tag: i for i, tag in enumerate(dict.fromkeys(tag for tag, _ in base))}
     with timed() as fill:
-        rnd = 0
-        while len(p.store) < n:
-            ids: dict[str, str] = {}
-            for tag, r in base:  # copy numbers as the concatenation gives them: one per round and recording
-                r = copied_result(tag, r, rnd * len(tags) + tags[tag], ids)
-                p.store.put(r)
-                if r.trace_id is not None and r.span_id is not None:  # as the pipeline keeps the ids of the
-                    p._spans[r.request_id] = (r.trace_id, r.span_id)  # last max_pending spans
-                    while len(p._spans) > p.config.max_pending:
-                        p._spans.popitem(last=False)
-            rnd += 1
+        fill_store(p, base, n)
     gc.collect()
     after = rss_mb()
     culprits = sum(len(r.culprits) for r in p.store)
