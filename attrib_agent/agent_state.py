@@ -37,6 +37,11 @@ class AgentState:
             self.health[name] = SourceHealth(name)
         return self.health[name]
 
+    def vllm_gap_seconds(self) -> float:
+        """How long the gap open now has lasted (0 when none; never negative, even if the clock stepped back)."""
+        since = self.vllm_gap_since
+        return 0.0 if since is None else max(0.0, self.clock() - since)
+
     @property
     def ready(self) -> bool:
         """Required sources up and the step-cost model fitted (or a replay finished). NVML (no GPU, no driver)

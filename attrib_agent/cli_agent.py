@@ -97,8 +97,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except JournalError as e:
         print(f"attrib-agent: error: {e}", file=sys.stderr)
         return 2
-    token = cfg.reveal_api_token()
-    token = os.environ.get("ATTRIB_API_TOKEN") or None
+    token = cfg.reveal_api_token()  # ATTRIB_API_TOKEN or --api-token-file, as for `run`
     show_progress = sys.stderr.isatty() and not args.json
 
     def progress(n: int) -> None:
@@ -167,6 +166,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(json.dumps(body, indent=1))
     elif body.get("status") == "running":
         print(f"request {args.request_id} is still running; ask again when it has finished")
+    elif body.get("status") == "aborted":
+        print(f"request {args.request_id} ended without finishing (aborted, failed, or lost when vLLM restarted): "
+              "nothing to attribute")
     else:
         print(explain_table(body))
     return 0
@@ -198,3 +200,7 @@ def configure_logging(level: str) -> None:
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.Formatter.converter = time.gmtime
+    # httpx logs every request at INFO with the full URL, password included (--vllm-url http://u:pw@...):
+    # the agent scrapes several times a second and says itself when a source fails, so keep those quiet.
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)

@@ -32,6 +32,7 @@ from attrib_agent.sources.otlp_http import otlp_http_app
 logger = logging.getLogger("attrib_agent")
 
 GAP_CHECK_S = 0.25
+RESTART_SAME_GAP_SCRAPES = 20  # a restart seen within this many scrapes after an outage ended is its gap
 
 
 class LiveAgent:
@@ -160,6 +161,7 @@ class LiveAgent:
         """vLLM unreachable (scrapes failing) or restarted (counters reset) opens a gap; a success closes it."""
         state = self.state
         restarts = state.pipeline.vllm_restarts
+        closed_at_ok: int | None = None  # the poller's success count when the last gap closed
         while not stop.is_set():
             up = poller.health.up and poller.health.ok_total > 0
             if not up and poller.health.errors and state.vllm_gap_since is None:
@@ -167,10 +169,18 @@ class LiveAgent:
                 state.vllm_gap_since = poller.health.last_error_ts or self._clock()
                 logger.warning("vLLM unreachable at %s: %s", poller.url, poller.health.last_error)
             elif up and state.vllm_gap_since is not None:
-                logger.info("vLLM reachable again after %.1f s", self._clock() - state.vllm_gap_since)
+                logger.info("vLLM reachable again after %.1f s", max(0.0, self._clock() - state.vllm_gap_since))
                 state.vllm_gap_since = None
+                closed_at_ok = poller.health.ok_total
             if state.pipeline.vllm_restarts > restarts:
                 restarts = state.pipeline.vllm_restarts
+                # A restart seen on the first scrapes after an outage is that outage's gap; one between two
+                # successful scrapes (a quick restart, a long poll interval) is a gap of its own.
+                same_gap = state.vllm_gap_since is not None or (
+                    closed_at_ok is not None and poller.health.ok_total - closed_at_ok <= RESTART_SAME_GAP_SCRAPES)
+                if not same_gap:
+                    state.vllm_gaps += 1
+                closed_at_ok = None
                 logger.warning("vLLM restarted (its counters reset)")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), GAP_CHECK_S)

@@ -21,6 +21,9 @@ from attrib_agent.events import EngineStep, Event, MetricsSnapshot, RequestSpan
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.model import RequestLifecycle
 
+CLOCK_STEP_BACK_S = 30.0
+"""Event (receipt) time going back further than this is the clock stepping back, not sources' disorder."""
+
 
 @dataclass(frozen=True)
 class PipelineConfig:
@@ -61,18 +64,19 @@ class AttributionPipeline:
 
     def __init__(self, config: PipelineConfig | None = None) -> None:
         self.config = cfg = config or PipelineConfig()
-        self.timeline = EngineTimeline(cfg.block_size, cfg.num_blocks, engine=cfg.engine,
-                                       token_budget=cfg.token_budget)
+        self.timeline = self._new_timeline()
         self.attributor = Attributor(cfg.attribution)
         self.store = ResultStore(cfg.max_results, cfg.max_result_age_s)
         self.tally = SlowdownTally(victim_threshold_s=cfg.victim_threshold_s)
         self.events: Counter[str] = Counter()
         self.vllm_restarts = 0
+        self._restarted_ts: float | None = None  # when the last restart was seen: no span of before it will land
         self.steps_total = 0
         self.step_seconds_total = 0.0
         self.dropped_pending = 0
         self.preemptions_inferred = 0  # of requests whose results became final (each counted once)
         self.last_event_ts: float | None = None
+        self.clock_steps_back = 0  # times event time went back more than CLOCK_STEP_BACK_S (a stepped clock)
         self._spans: OrderedDict[str, tuple[str, str]] = OrderedDict()  # request id -> (trace id, span id)
         self._due: OrderedDict[str, None] = OrderedDict()  # spans landed, not yet attributed
         self._partial: OrderedDict[str, float] = OrderedDict()  # victim -> its finish time
@@ -83,9 +87,13 @@ class AttributionPipeline:
         """Take one event; returns the results (partial and final) of a settle pass if this event began one."""
         self.events[type(event).__name__] += 1
         ts = event.ts
+        stepped: list[AttributionResult] = []
+        if self.last_event_ts is not None and ts < self.last_event_ts - CLOCK_STEP_BACK_S:
+            stepped = self._clock_stepped_back(ts)
         self.last_event_ts = ts if self.last_event_ts is None else max(self.last_event_ts, ts)
         if isinstance(event, MetricsSnapshot) and event.counter_reset and event.engine == str(self.config.engine):
             self.vllm_restarts += 1
+            self._restarted_ts = ts
         if isinstance(event, EngineStep) and event.engine == self.config.engine and not event.dummy:
             self.steps_total += 1
             self.step_seconds_total += event.elapsed_ms / 1000.0
@@ -95,8 +103,33 @@ class AttributionPipeline:
         if self._next_settle is None:
             self._next_settle = ts + self.config.settle_interval_s
         if ts < self._next_settle:
-            return []
-        return self.settle()
+            return stepped
+        return stepped + self.settle()
+
+    def _new_timeline(self) -> EngineTimeline:
+        cfg = self.config
+        return EngineTimeline(cfg.block_size, cfg.num_blocks, engine=cfg.engine, token_budget=cfg.token_budget)
+
+    def _clock_stepped_back(self, ts: float) -> list[AttributionResult]:
+        """The host's clock stepped back (NTP, a restored VM), and vLLM's times with it: attribute what is due on
+        the timeline so far, finalise the partial results as they are (they cannot be refined across the step),
+        then start a fresh timeline and time base. Otherwise the steps after the step would pile onto the last
+        one before it, the requests after it be forgotten unattributed, and settling wait for the clock to catch
+        up. Stored results stay: their age counts from the new time on, so none is dropped for being "new"."""
+        out = self.settle()
+        for rid in list(self._partial):
+            r = self.store.get(rid)
+            if r is not None and not r.final:
+                r = replace(r, final=True)
+                self.store.put(r)
+                self.tally.add(r)
+                out.append(r)
+        self._partial.clear()
+        self.clock_steps_back += 1
+        self.timeline = self._new_timeline()
+        self.last_event_ts = ts
+        self._next_settle = ts + self.config.settle_interval_s
+        return out
 
     def feed_all(self, events: list[Event] | tuple[Event, ...]) -> list[AttributionResult]:
         out: list[AttributionResult] = []
@@ -105,6 +138,9 @@ class AttributionPipeline:
         return out
 
     def _remember_span(self, span: RequestSpan) -> None:
+        done = self.store.get(span.request_id)
+        if done is not None and done.final and (done.trace_id, done.span_id) == (span.trace_id, span.span_id):
+            return  # the same span again (an exporter retrying an export): attributed and counted already
         self._spans[span.request_id] = (span.trace_id, span.span_id)
         self._spans.move_to_end(span.request_id)
         # Only spans still waiting for a result need keeping here: a stored result carries its span's ids.
@@ -162,26 +198,32 @@ class AttributionPipeline:
         if finalised:
             self.preemptions_inferred += sum(p.request_id in finalised for p in self.timeline.preemptions())
 
-    @staticmethod
-    def _blockers(rid: str, lcs: dict[str, RequestLifecycle]) -> list[str]:
-        """Requests that overlapped `rid` in time and are still running (their spans have not landed)."""
+    def _blockers(self, rid: str, lcs: dict[str, RequestLifecycle]) -> list[str]:
+        """Requests that overlapped `rid` in time and are still running (their spans have not landed). One that
+        ended before vLLM last restarted is not waited for: the old server's spans died with it."""
         me = lcs.get(rid)
         if me is None or me.arrival_ts is None:
             return []
         end = me.end_ts if me.end_ts is not None else float("inf")
+        gone = self._restarted_ts if self._restarted_ts is not None else float("-inf")
         return [lc.request_id for lc in lcs.values()
                 if lc.request_id != rid and not lc.complete and lc.aborted_ts is None
-                and lc.arrival_ts is not None and lc.arrival_ts < end]
+                and lc.arrival_ts is not None and lc.arrival_ts < end
+                and not (lc.end_ts is not None and lc.end_ts <= gone)]
 
     # ---- reads for the sinks -----------------------------------------------------------------------------
     def status(self, request_id: str) -> str:
-        """`final`, `partial` (culprits still running), `running` (known, not finished), or `unknown`."""
+        """`final`, `partial` (culprits still running), `running` (known, not finished), `aborted` (ended without
+        finishing: aborted, failed, or lost when vLLM restarted; no result will come), or `unknown`."""
         r = self.store.get(request_id)
         if r is not None:
             return "final" if r.final else "partial"
-        if request_id in self._due or self.timeline.lifecycle(request_id) is not None:
+        if request_id in self._due:
             return "running"
-        return "unknown"
+        lc = self.timeline.lifecycle(request_id)
+        if lc is None:
+            return "unknown"
+        return "aborted" if lc.aborted_ts is not None and not lc.complete else "running"
 
     def kv_now(self) -> KvNow:
         ledger = self.timeline.ledger

@@ -1,10 +1,12 @@
 """The agent's HTTP API and page: who slowed request X, who slows everyone lately, and the timeline behind it.
 
 Endpoints (JSON; errors are `{"error": "..."}`):
-  GET /v1/requests/{id}/culprits   200 final result, 202 partial or still running, 404 unknown, 400 bad id
+  GET /v1/requests/{id}/culprits   200 final result (or `aborted`: no result will come), 202 partial or still
+                                   running, 404 unknown, 400 bad id
   GET /v1/culprits/top?window=5m&limit=10   culprits ranked by victim seconds caused
   GET /v1/timeline?since=&until=&max_steps=  steps, KV ledger, request lanes, victims (bounded)
-  GET /healthz, /readyz            probes (never need the token)
+  GET /healthz, /readyz            probes (never need the token); /readyz also says whether vLLM is in a
+                                   gap now (`vllm_gap_since`, `vllm_gap_s`) and how many there were
   GET /metrics                     the ASGI app the caller passes (Prometheus exposition)
   GET /                            the page (static shell; it fetches /v1/timeline)
 
@@ -69,8 +71,8 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
         rid = found.request_id
         status = pipeline.status(rid)
         result = pipeline.store.get(rid)
-        if result is None:
-            return json_response({"request_id": rid, "status": status}, 202)
+        if result is None:  # running: ask again (202); aborted: vLLM ended it unfinished, nothing to attribute
+            return json_response({"request_id": rid, "status": status}, 200 if status == "aborted" else 202)
         return json_response(to_dict(result) | {"status": status}, 200 if status == "final" else 202)
 
     async def top(request: Request) -> Response:
@@ -107,7 +109,10 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
         if not fitted and (state.live or not state.replay_done):
             missing.append("step-cost model not fitted yet (it needs quiet engine steps)")
         ready = state.ready
-        return json_response({"ready": ready, "missing": [] if ready else missing}, 200 if ready else 503)
+        # vLLM's gaps (unreachable, or restarted): `vllm_gap_since` is set while one is open.
+        gap = {"vllm_gaps": state.vllm_gaps, "vllm_gap_since": state.vllm_gap_since,
+               "vllm_gap_s": state.vllm_gap_seconds()}
+        return json_response({"ready": ready, "missing": [] if ready else missing} | gap, 200 if ready else 503)
 
     page = {name: resources.files("attrib_agent.sinks").joinpath("page", name).read_bytes() for name in PAGE_FILES}
 

@@ -91,6 +91,8 @@ SPECS: Final = (
     _spec("attrib_vllm_restarts_total", "counter", "", "", "vLLM restarts detected (counter resets on /metrics)."),
     _spec("attrib_vllm_gaps_total", "counter", "", "",
           "Times vLLM went unreachable or restarted while the agent ran."),
+    _spec("attrib_vllm_gap_seconds", "gauge", "seconds", "",
+          "How long vLLM has been unreachable in the gap open now (0 while its /metrics answers)."),
     _spec("attrib_events_total", "counter", "", "kind", "Typed events fed to the pipeline, by event kind."),
     _spec("attrib_source_up", "gauge", "", "source", "1 when the source's last attempt succeeded."),
     _spec("attrib_source_success_total", "counter", "", "source",

@@ -18,12 +18,14 @@ def agent_families(state: AgentState) -> list[Metric]:
     started.add_metric([], state.started_ts)
     gaps = counter("attrib_vllm_gaps_total")
     gaps.add_metric([], state.vllm_gaps)
+    gap_s = gauge("attrib_vllm_gap_seconds")
+    gap_s.add_metric([], state.vllm_gap_seconds())
     written = counter("attrib_journal_written_total")
     written.add_metric([], state.journal_written)
     errors = counter("attrib_journal_errors_total")
     for kind, n in fold_kinds(state.journal_errors).items():
         errors.add_metric([kind], n)
-    return [build, started, gaps, written, errors]
+    return [build, started, gaps, gap_s, written, errors]
 
 
 def source_families(state: AgentState) -> list[Metric]:

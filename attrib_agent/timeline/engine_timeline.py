@@ -193,9 +193,12 @@ class EngineTimeline:
             return lc
         w = self._window
         finish = departed.end_ts if departed is not None and departed.reason == "finished" else None
+        # vLLM restarted under it: no span and no abort line will ever come, it ended with the old server
+        lost = departed.end_ts if departed is not None and departed.reason == "restart" else None
         return replace(lc, scheduled_ts=lc.scheduled_ts or w.start_of(source.admitted_seq),
                        first_token_ts=lc.first_token_ts or w.end_of(source.first_token_seq),
-                       finish_ts=lc.finish_ts or finish, prompt_tokens=lc.prompt_tokens or source.prompt)
+                       finish_ts=lc.finish_ts or finish, prompt_tokens=lc.prompt_tokens or source.prompt,
+                       aborted_ts=lc.aborted_ts or lost)
 
     def outcomes(self) -> list[tuple[StepInput, StepOutcome]]:
         """Every step held with what was inferred for it (departures, preemptions, KV holdings)."""

@@ -1,0 +1,61 @@
+"""vLLM killed mid-run and started again: the request it was serving never gets a span or an abort line. The
+agent ends it at the restart (status `aborted`), so it neither holds later results partial nor gets blamed for
+requests sent to the new server.
+
+Input: the committed `whale1` recording cut off half-way through its whale's life (what a killed vLLM leaves:
+nothing more in its log, no more scrapes or spans), then the `shorts` recording moved to after it, whose
+iteration numbers and counters start again as a restarted vLLM's do."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # benchmarks/ is not a package on the installed path
+    sys.path.insert(0, str(ROOT))
+
+from attrib_agent.events import Event, RequestSpan  # noqa: E402
+from attrib_agent.pipeline import AttributionPipeline, PipelineConfig  # noqa: E402
+from attrib_agent.sources.replay import ReplaySource  # noqa: E402
+from benchmarks._recordings import build_concatenated, load_sources  # noqa: E402
+
+FIXTURES = ROOT / "tests" / "fixtures" / "recordings"
+
+
+@pytest.fixture(scope="module")
+def killed_then_restarted(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Event], str, float, float]:
+    by_name = {s.path.name: s for s in load_sources([FIXTURES / "whale1", FIXTURES / "shorts"])}
+    whale1, shorts = by_name["whale1"], by_name["shorts"]
+    built = build_concatenated(tmp_path_factory.mktemp("restart"), [whale1, shorts], min_events=whale1.events + 1,
+                               gap_s=30.0)
+    events = list(ReplaySource(built.path).events())
+    spans = [e for e in events if isinstance(e, RequestSpan)]
+    whale = next(s for s in spans if "-w1-" in s.request_id)
+    killed_at = whale.start_ts + 0.5 * (whale.end_ts - whale.start_ts)
+    # the second copy starts after the 30 s gap between copies: vLLM's restart, its first scrape included
+    restart_at = next(b.ts for a, b in zip(events, events[1:], strict=False) if b.ts - a.ts > 20.0)
+    kept = [e for e in events if e.ts <= killed_at or e.ts >= restart_at]
+    return kept, whale.request_id, killed_at, restart_at
+
+
+def test_a_request_lost_in_the_crash_ends_at_the_restart(
+        killed_then_restarted: tuple[list[Event], str, float, float]) -> None:
+    events, lost, killed_at, restart_at = killed_then_restarted
+    assert not any(isinstance(e, RequestSpan) and e.request_id == lost for e in events)
+    p = AttributionPipeline(PipelineConfig(partial_timeout_s=1e6))  # final only because nobody blocks them
+    for ev in events:
+        p.feed(ev)
+    p.settle()
+    assert p.status(lost) == "aborted"
+    lc = p.timeline.lifecycle(lost)
+    assert lc is not None and lc.aborted_ts is not None and lc.aborted_ts <= killed_at + 1.0
+    after = [e.request_id for e in events if isinstance(e, RequestSpan) and e.start_ts >= restart_at]
+    assert len(after) >= 10
+    results = {rid: p.store.get(rid) for rid in after}
+    assert all(r is not None and r.final for r in results.values()), {rid: r and r.final for rid, r in results.items()}
+    assert not any(c.request_id == lost for r in results.values() if r is not None for c in r.culprits)
+    before = [e.request_id for e in events if isinstance(e, RequestSpan) and e.end_ts <= killed_at]
+    assert before and all((r := p.store.get(rid)) is not None and r.final for rid in before)
