@@ -23,6 +23,7 @@ import httpx
 
 from attrib_agent import __version__
 from attrib_agent.lab.client import PlannedRequest
+from attrib_agent.lab.cpus import client_cpus
 from attrib_agent.lab.metrics_peek import MetricsPeek, peek
 from attrib_agent.lab.server import LabEndpoints, LabError
 from attrib_agent.lab.spans import span_request_ids
@@ -104,6 +105,7 @@ def _attempt(lab: LabEndpoints, scenario: Scenario, out: Path, meta: dict[str, A
             plan_path.write_text(json.dumps({
                 "base_url": lab.vllm_url, "model": lab.model, "start_ts": start_ts,
                 "timeout_s": scenario.timeout_s, "requests": [r.__dict__ for r in plan],
+                "cpus": client_cpus(lab.vllm_pid),  # off the engine's cores (see lab/cpus.py)
             }))
             proc = subprocess.run([sys.executable, "-m", "attrib_agent.lab.client", str(plan_path), str(out_path)],
                                   timeout=scenario.timeout_s + 60)
