@@ -7,6 +7,7 @@ scrapes a server replaying the `preempt` recording's vLLM /metrics bodies at rec
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
@@ -19,9 +20,11 @@ import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # `dashboards` is a top-level directory of plain modules, not installed
+for _path in (REPO, REPO / "tools" / "helm_render"):  # `dashboards` and the chart checker: plain modules
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
+import chart_check  # noqa: E402
 from prometheus_server import PrometheusServer, Target, free_port  # noqa: E402
 from recorded_vllm import RecordedMetricsServer  # noqa: E402
 
@@ -33,6 +36,14 @@ LABELS = {"namespace": "attrib-lab", "pod": "vllm-tiny-0"}
 MODEL = "tiny"  # vLLM's model_name label in the recording
 RATE_INTERVAL = "10s"
 ATTRIB_AGENT = str(REPO / ".venv" / "bin" / "attrib-agent")
+
+
+@pytest.fixture(scope="session")
+def renderer() -> Path:
+    """The Helm renderer (tools/helm_render, Go text/template + Sprig), built once per source digest."""
+    if shutil.which("go") is None:
+        pytest.skip("go is not installed: run scripts/setup-system.sh (Debian's golang-go and Sprig)")
+    return Path(chart_check.build_renderer())
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -15,9 +15,9 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import chart_check  # tools/helm_render/chart_check.py, put on sys.path by conftest.py
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 import yaml  # type: ignore[import-untyped]
@@ -25,16 +25,7 @@ import yaml  # type: ignore[import-untyped]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _load_chart_check() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("chart_check", REPO / "tools" / "helm_render" / "chart_check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["chart_check"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-cc = _load_chart_check()
+cc = chart_check
 KUBE_VERSIONS = ("1.28", "1.29", "1.33")
 VALIDATE_ALSO = ("1.29", "1.33")  # every render is also checked against these, as the issue asks
 MODES = {
@@ -96,13 +87,6 @@ CR_SCHEMAS = {
                         "labels": {"type": "object", "additionalProperties": {"type": "string"}},
                         "annotations": {"type": "object", "additionalProperties": {"type": "string"}}}}}}}}}}),
 }
-
-
-@pytest.fixture(scope="module")
-def renderer() -> Path:
-    if shutil.which("go") is None:
-        pytest.skip("go is not installed: run scripts/setup-system.sh (Debian's golang-go and Sprig)")
-    return Path(cc.build_renderer())
 
 
 def render(renderer: Path, mode: str, sets: list[str], kube: str = "1.33", **kw: Any) -> Any:

@@ -14,9 +14,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import chart_check  # tools/helm_render/chart_check.py, put on sys.path by conftest.py
 import pytest
 import yaml  # type: ignore[import-untyped]
 
@@ -58,25 +58,7 @@ for name, message in json.load(open(messages_path)):
 """
 
 
-def _load_chart_check() -> ModuleType:
-    if "chart_check" in sys.modules:
-        return sys.modules["chart_check"]
-    spec = importlib.util.spec_from_file_location("chart_check", REPO / "tools" / "helm_render" / "chart_check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["chart_check"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-cc = _load_chart_check()
-
-
-@pytest.fixture(scope="module")
-def renderer() -> Path:
-    if shutil.which("go") is None:
-        pytest.skip("go is not installed: run scripts/setup-system.sh (Debian's golang-go and Sprig)")
-    return Path(cc.build_renderer())
+cc = chart_check
 
 
 def pod_patch(out: Any) -> dict[str, str]:

@@ -9,14 +9,11 @@ list in the user's values that replaces the default one whole.
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
 
+import chart_check  # tools/helm_render/chart_check.py, put on sys.path by conftest.py
 import pytest
 import yaml  # type: ignore[import-untyped]
 
@@ -68,25 +65,7 @@ data:
 }
 
 
-def _load_chart_check() -> ModuleType:
-    if "chart_check" in sys.modules:
-        return sys.modules["chart_check"]
-    spec = importlib.util.spec_from_file_location("chart_check", REPO / "tools" / "helm_render" / "chart_check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["chart_check"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-cc = _load_chart_check()
-
-
-@pytest.fixture(scope="module")
-def renderer() -> Path:
-    if shutil.which("go") is None:
-        pytest.skip("go is not installed: run scripts/setup-system.sh (Debian's golang-go and Sprig)")
-    return Path(cc.build_renderer())
+cc = chart_check
 
 
 def make_chart(root: Path, files: dict[str, str]) -> Path:
