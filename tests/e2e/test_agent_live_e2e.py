@@ -13,7 +13,7 @@ import uvicorn
 from attrib_agent.lab.record import record_run
 from attrib_agent.lab.server import free_port
 from attrib_agent.lab.sidecar import agent_beside
-from attrib_agent.lab.summary import shorts, ttft_s
+from attrib_agent.lab.summary import shorts
 from attrib_agent.lab.workload import get_scenario
 from attrib_agent.recording import CLIENT, Recording
 from attrib_agent.sources.health import SourceHealth
@@ -80,6 +80,7 @@ def live_run(lab, tmp_path_factory):
             metrics = c.get(f"{agent.api_url}/metrics").text
             top = c.get(f"{agent.api_url}/v1/culprits/top", params={"window": "1h"}).json()
         _wait_for(lambda: spans.slowdown_spans(), 15)
+        time.sleep(1.5)  # the journal's promise: a crash loses at most the last second of results
         agent.kill()
         agent.start()  # the same journal: earlier results are served again
         with httpx.Client(trust_env=False, timeout=10) as c:
@@ -95,7 +96,13 @@ def test_every_request_of_the_run_is_attributed(live_run):
 
 def test_the_api_names_a_whale_as_top_culprit_of_the_slowed_shorts(live_run):
     client = live_run["client"]
-    slowed = sorted((r for r in shorts(client.values()) if (ttft_s(r) or 0) > 0.5), key=ttft_s, reverse=True)
+    # Slowed as vLLM saw them (its span's TTFT, from the moment its API server took the request): what the agent
+    # can explain. On 2 cores the client also sees delays before that moment (vLLM's API server starved of CPU
+    # while the engine core spins), which no vLLM signal shows; see docs/attribution.md, "Limits".
+    def seen_ttft(r: dict) -> float:
+        return float(live_run["answers"][r["vllm_request_id"]].json().get("ttft_s") or 0.0)
+
+    slowed = sorted((r for r in shorts(client.values()) if seen_ttft(r) > 0.5), key=seen_ttft, reverse=True)
     assert slowed, "the scenario should slow some shorts"
     named = 0
     for r in slowed:

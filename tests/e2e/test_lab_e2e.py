@@ -113,7 +113,8 @@ def test_truth_cli_runs_every_condition(lab_state, tmp_path):
 
 def test_demo_prints_the_slowdown(lab_state, tmp_path):
     proc = run_cli("demo", "--scenario", "smoke", "--out", str(tmp_path / "demo"), "--attach", str(lab_state),
-                   "--attempts", "5")
-    assert "slower beside the whales" in proc.stdout
+                   "--attempts", "5", "--listen", "127.0.0.1:0", "--duration", "0.5")
+    assert "alone (0 whales)" in proc.stdout and "with-whales (1 whales)" in proc.stdout
+    assert "who slowed the" in proc.stdout and "[whale]" in proc.stdout  # the agent's API named the whale
     assert (tmp_path / "demo" / "alone" / "meta.json").is_file()
     assert (tmp_path / "demo" / "with-whales" / "meta.json").is_file()
