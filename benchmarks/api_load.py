@@ -110,10 +110,26 @@ def serve(n_results: int, cpu: int | None, max_s: float) -> int:
 
         await core.serve(app.ServeOptions("127.0.0.1", 0), stop, started)
 
+    pauses: list[tuple[int, float]] = []  # (generation, seconds) of every collection while serving
+    began: list[float] = []
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began.append(time.perf_counter())
+        elif began:
+            pauses.append((info["generation"], time.perf_counter() - began.pop()))
+
+    gc.callbacks.append(on_gc)
     try:
         asyncio.run(main())
     finally:
+        gc.callbacks.remove(on_gc)
         ids_file.unlink(missing_ok=True)
+        full = [s for g, s in pauses if g == 2]
+        print(json.dumps({"gc": {"collections": len(pauses), "full": len(full),
+                                 "full_max_ms": 1000 * max(full, default=0.0),
+                                 "young_max_ms": 1000 * max((s for g, s in pauses if g < 2), default=0.0)}}),
+              file=sys.stderr, flush=True)
     return 0
 
 
