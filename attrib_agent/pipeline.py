@@ -257,10 +257,6 @@ class AttributionPipeline:
                 ids = (r.trace_id, r.span_id)
         return ids
 
-    def recent(self, since_ts: float | None = None) -> list[AttributionResult]:
-        """Stored results that finished at or after `since_ts` (all when None), oldest first."""
-        return [r for r in self.store if since_ts is None or r.finished_ts >= since_ts]
-
 
 def _footprint(lc: RequestLifecycle) -> int:
     out = lc.completion_tokens if lc.completion_tokens is not None else (lc.max_tokens or 0)
