@@ -197,17 +197,8 @@ class VllmLab:
         """Stop vLLM's whole process group (TERM, then KILL), then the capture process."""
         if self.endpoints is not None and _OWNERS.get(self.endpoints.vllm_url) is self:
             del _OWNERS[self.endpoints.vllm_url]
-        for proc in (self._vllm, self._capture):
-            if proc is None or proc.poll() is not None:
-                continue
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        stop_group(self._vllm)
+        stop_group(self._capture)
         # The engine core may linger in the group after the API server is gone.
         if self._vllm is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -230,9 +221,7 @@ class VllmLab:
             try:
                 self._capture.wait(timeout=timeout_s)  # it outlives vLLM by ~1 s for late spans
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self._capture.pid, signal.SIGKILL)
-                self._capture.wait(timeout=10)
+                kill_group(self._capture)
 
     def restart(self) -> LabEndpoints:
         """Start vLLM again after it died (`kill()`, a crash): the same arguments, ports and log file (appended to).
@@ -244,10 +233,7 @@ class VllmLab:
             raise LabError("restart() needs a lab that was started")
         if self._vllm is not None and self._vllm.poll() is None:
             self.kill()
-        if self._capture is not None and self._capture.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._capture.pid, signal.SIGKILL)
-            self._capture.wait(timeout=10)
+        kill_group(self._capture)
         self._launch(self.endpoints, self.workdir / "vllm-logging.json")
         return self.endpoints
 
@@ -265,6 +251,31 @@ class VllmLab:
 
 
 _OWNERS: weakref.WeakValueDictionary[str, VllmLab] = weakref.WeakValueDictionary()  # vLLM URL -> its lab
+
+
+def stop_group(proc: subprocess.Popen[bytes] | None, term_wait_s: float = 20.0) -> int | None:
+    """Stop `proc`'s process group (it was started with `start_new_session`): SIGTERM, and SIGKILL if it has not
+    exited within `term_wait_s`. Returns its exit code (None if there was no process)."""
+    if proc is None:
+        return None
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=term_wait_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    return proc.returncode
+
+
+def kill_group(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGKILL `proc`'s process group, as a crash would (nothing flushed), and reap it."""
+    if proc is not None and proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
 
 
 def wait_group_gone(pgid: int, timeout_s: float) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from attrib_agent.lab.server import LabEndpoints, LabError, free_port
+from attrib_agent.lab.server import LabEndpoints, LabError, free_port, kill_group, stop_group
 
 
 @dataclass
@@ -57,23 +56,12 @@ class AgentProcess:
 
     def kill(self) -> None:
         """SIGKILL: no chance to flush anything (the journal test's crash)."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        kill_group(self.proc)
 
     def stop(self) -> int | None:
         with contextlib.suppress(Exception):
             self._forward(None)
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        return self.proc.returncode
+        return stop_group(self.proc)
 
 
 @contextlib.contextmanager

@@ -3,54 +3,17 @@ series, slowdown spans with links reach an OTLP receiver, and after SIGKILL the 
 
 from __future__ import annotations
 
-import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
 
 from attrib_agent.lab.record import record_run
-from attrib_agent.lab.server import free_port
 from attrib_agent.lab.sidecar import agent_beside
+from attrib_agent.lab.span_sink import SpanSink
 from attrib_agent.lab.summary import shorts
 from attrib_agent.lab.workload import get_scenario
 from attrib_agent.recording import CLIENT, Recording
-from attrib_agent.sources.health import SourceHealth
-from attrib_agent.sources.otlp_http import otlp_http_app
-
-
-class SpanCollector:
-    """A real OTLP/HTTP receiver (the project's own) that keeps the raw export bodies it gets."""
-
-    def __init__(self) -> None:
-        self.bodies: list[bytes] = []
-        self.port = free_port()
-        app = otlp_http_app(lambda res: None, health=SourceHealth("test"),
-                            on_raw=lambda ts, ctype, body, enc: self.bodies.append(body))
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> SpanCollector:
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-
-    def slowdown_spans(self) -> list:
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-        out = []
-        for body in self.bodies:
-            req = ExportTraceServiceRequest.FromString(body)
-            for rs in req.resource_spans:
-                for ss in rs.scope_spans:
-                    out += [s for s in ss.spans if s.name == "attrib.slowdown"]
-        return out
 
 
 def _wait_for(fn, timeout_s: float = 30.0):
@@ -66,8 +29,7 @@ def _wait_for(fn, timeout_s: float = 30.0):
 def live_run(lab, tmp_path_factory):
     root = tmp_path_factory.mktemp("agent")
     journal = root / "journal"
-    with SpanCollector() as spans, agent_beside(lab, root, journal_dir=journal,
-                                                otlp_export=f"http://127.0.0.1:{spans.port}/v1/traces") as agent:
+    with SpanSink() as spans, agent_beside(lab, root, journal_dir=journal, otlp_export=spans.url) as agent:
         res = record_run(lab, get_scenario("preempt"), root / "rec", attempts=5)
         rec = Recording(root / "rec")
         ids = {c["vllm_request_id"]: c for c in rec.records(CLIENT)}
@@ -79,14 +41,14 @@ def live_run(lab, tmp_path_factory):
                                                    for rid in ids}
             metrics = c.get(f"{agent.api_url}/metrics").text
             top = c.get(f"{agent.api_url}/v1/culprits/top", params={"window": "1h"}).json()
-        _wait_for(lambda: spans.slowdown_spans(), 15)
+        _wait_for(lambda: spans.spans("attrib.slowdown"), 15)
         time.sleep(1.5)  # the journal's promise: a crash loses at most the last second of results
         agent.kill()
         agent.start()  # the same journal: earlier results are served again
         with httpx.Client(trust_env=False, timeout=10) as c:
             after = {rid: c.get(f"{agent.api_url}/v1/requests/{rid}/culprits") for rid in ids}
         yield {"res": res, "client": ids, "answers": answers, "metrics": metrics, "top": top,
-               "spans": spans.slowdown_spans(), "after": after, "log": (root / "agent.log").read_text()}
+               "spans": spans.spans("attrib.slowdown"), "after": after, "log": (root / "agent.log").read_text()}
 
 
 def test_every_request_of_the_run_is_attributed(live_run):

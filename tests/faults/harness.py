@@ -24,7 +24,6 @@ import functools
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -41,6 +40,7 @@ import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client.parser import text_string_to_metric_families
 
+from attrib_agent.lab.server import kill_group, stop_group
 from attrib_agent.recording import LOG, METRICS, OTLP, Recording, otlp_body
 from attrib_agent.sinks.prom_families import snake_case
 from attrib_agent.sources.health import SourceHealth
@@ -368,24 +368,10 @@ class AgentProcess:
 
     def kill(self) -> None:
         """SIGKILL to its process group: no chance to flush anything."""
-        if self.alive:
-            assert self.proc is not None
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        kill_group(self.proc)
 
     def stop(self) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        return self.proc.returncode
+        return stop_group(self.proc)
 
     def output(self) -> str:
         return self.output_path.read_text(errors="replace") if self.output_path.exists() else ""

@@ -11,21 +11,17 @@ import gzip
 import http.client
 import os
 import shutil
-import signal
 import subprocess
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from attrib_agent.config import add_run_arguments, load_config
-from attrib_agent.sources.health import SourceHealth
-from attrib_agent.sources.otlp_http import otlp_http_app
+from attrib_agent.lab.server import stop_group
+from attrib_agent.lab.span_sink import SpanSink
 
 from .harness import AGENT_BIN, RECORDINGS, AgentProcess, Feed, LogWriter, StandInVllm, free_port, recorded, wait_until
 
@@ -35,32 +31,10 @@ DATA_PATHS = ("/v1/culprits/top", "/v1/timeline", "/metrics", "/v1/requests/x/cu
               "/page/nonexistent.js")
 
 
-class SpanCollector:
-    """A real OTLP/HTTP receiver (the project's own) keeping the raw export bodies it gets."""
-
-    def __init__(self) -> None:
-        self.bodies: list[bytes] = []
-        self.port = free_port()
-        app = otlp_http_app(lambda res: None, health=SourceHealth("collector"),
-                            on_raw=lambda ts, ctype, body, enc: self.bodies.append(body))
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the span collector did not start"
-            time.sleep(0.05)
-
-    def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-
-
 @dataclass
 class Secured:
     agent: AgentProcess
-    collector: SpanCollector
+    collector: SpanSink
     journal: Path
     log_file: Path
     canary: str
@@ -73,10 +47,10 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     rec = recorded("canary")
     stand_in = StandInVllm(rec)
     writer = LogWriter(root / "vllm.log")
-    collector = SpanCollector()
+    collector = SpanSink().start()
     port = free_port()
     agent = AgentProcess(root / "agent", f"http://scraper:{PASSWORD}@127.0.0.1:{stand_in.port}", writer.path,
-                         journal_dir=root / "journal", otlp_export=f"http://127.0.0.1:{collector.port}/v1/traces",
+                         journal_dir=root / "journal", otlp_export=collector.url,
                          token=TOKEN, api_port=port, extra_args=("--log-level", "DEBUG"))
     try:
         agent.start()
@@ -136,13 +110,7 @@ def test_api_and_receivers_listen_on_loopback_only_by_default(tmp_path: Path) ->
                            detail=lambda: (tmp_path / "agent.out").read_text())
         assert addrs == {("127.0.0.1", 9400), ("127.0.0.1", 4317), ("127.0.0.1", 4318)}, addrs
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        stop_group(proc)
         out.close()
     parser = argparse.ArgumentParser()
     add_run_arguments(parser)
@@ -289,11 +257,5 @@ def test_replay_serve_honours_the_api_token_file(tmp_path: Path) -> None:
             assert c.get(f"{url}/metrics").status_code == 401
             assert c.get(f"{url}/v1/timeline", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        stop_group(proc)
         out.close()
