@@ -16,7 +16,7 @@ the span start/end times inside OTLP bodies; the timeline mixes both (step ends 
 from receipt times, victims' finish times from spans). Played days after it was made, a recording's stamps
 would all lie in the past of the receipt times and nothing would line up, so the records are first moved to
 *now*: `shift_for` picks a whole number of seconds (millisecond stamps stay exact) and the caller's
-`rewrite(shift)` moves every time the records hold (`benchmarks._recordings.CopyRewrite` does: log prefixes,
+`rewrite(shift)` moves every time the records hold (`lab.recording_copy.CopyRewrite` does: log prefixes,
 span times, request ids per copy). Without a rewrite only the delivery times move.
 
 Everything here is bounded: each delivery is due at a fixed time, a late delivery is sent at once (its

@@ -19,11 +19,9 @@
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import functools
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -37,9 +35,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client.parser import text_string_to_metric_families
 
+from attrib_agent.lab.recording_copy import CopyRewrite
 from attrib_agent.lab.server import kill_group, stop_group
 from attrib_agent.recording import LOG, METRICS, OTLP, Recording, otlp_body
 from attrib_agent.sinks.prom_families import snake_case
@@ -50,8 +48,6 @@ from attrib_agent.sources.otlp_decode import decode_export
 RECORDINGS = Path(__file__).parents[1] / "fixtures" / "recordings"
 AGENT_BIN = Path(sys.executable).parent / "attrib-agent"
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what vLLM's prometheus_client serves
-_STAMP = re.compile(r"^(\(\S+ pid=\d+\) [A-Z]+ )(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3})( \[)")
-_STAMP_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
 
 T = TypeVar("T")
 
@@ -101,15 +97,21 @@ class RecordedInput:
     def duration_s(self) -> float:
         return max(self.metrics[-1][0], self.log[-1][0], self.exports[-1].offset_s)
 
-    def delta_for(self, start_wall: float) -> float:
-        """The whole-millisecond shift that puts the recording's first record at `start_wall`."""
-        return round(start_wall - self.t0, 3)
+    def delta_for(self, start_wall: float) -> int:
+        """The whole-second shift that puts the recording's first record at `start_wall` (within half a second)."""
+        return round(start_wall - self.t0)
 
-    def log_lines(self, delta_s: float) -> list[str]:
-        return [shift_line(line, delta_s) for _, line in self.log]
+    def _moved(self, delta_s: int) -> CopyRewrite:
+        tag = str(self.meta["run_tag"])
+        return CopyRewrite(tag, 0, delta_s, new_tag=tag)  # ids as recorded: only times move
 
-    def bodies(self, delta_s: float) -> list[bytes]:
-        return [shift_export(e.body, delta_s) for e in self.exports]
+    def log_lines(self, delta_s: int) -> list[str]:
+        moved = self._moved(delta_s)
+        return [moved.log_line(line, self.t0 + offset) for offset, line in self.log]
+
+    def bodies(self, delta_s: int) -> list[bytes]:
+        moved = self._moved(delta_s)
+        return [moved.otlp_body(e.body) for e in self.exports]
 
 
 @functools.cache
@@ -130,29 +132,6 @@ def recorded(name: str) -> RecordedInput:
                          tuple((float(r["ts"]) - t0, str(r["text"]).encode("utf-8")) for r in metrics),
                          tuple((float(r["ts"]) - t0, str(r["line"])) for r in log), exports,
                          tuple(dict.fromkeys(ids)))
-
-
-def shift_line(line: str, delta_s: float) -> str:
-    """The line with vLLM's millisecond stamp moved by `delta_s` (the lab's format: UTC, with the year)."""
-    m = _STAMP.match(line)
-    if m is None:
-        return line
-    stamp = dt.datetime.strptime(m.group(2), _STAMP_FORMAT) + dt.timedelta(seconds=delta_s)
-    return m.group(1) + stamp.strftime(_STAMP_FORMAT)[:-3] + m.group(3) + line[m.end():]
-
-
-def shift_export(body: bytes, delta_s: float) -> bytes:
-    """An ExportTraceServiceRequest with every span's (and span event's) time moved by `delta_s`."""
-    req = ExportTraceServiceRequest.FromString(body)
-    d = round(delta_s * 1000) * 1_000_000
-    for rs in req.resource_spans:
-        for ss in rs.scope_spans:
-            for span in ss.spans:
-                span.start_time_unix_nano += d
-                span.end_time_unix_nano += d
-                for ev in span.events:
-                    ev.time_unix_nano += d
-    return req.SerializeToString()
 
 
 def log_event_counts(lines: Iterable[str]) -> Counter[str]:
@@ -492,7 +471,7 @@ class Feed:
 
     def start(self) -> Feed:
         self.started_wall = time.time()
-        delta = self.rec.delta_for(self.started_wall) + self.time_shift_s
+        delta = self.rec.delta_for(self.started_wall) + round(self.time_shift_s)
         self.lines = self.rec.log_lines(delta)
         self.bodies = self.rec.bodies(delta)
         self._start_mono = time.monotonic()
