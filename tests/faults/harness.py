@@ -30,13 +30,13 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from attrib_agent.lab.metrics_stand_in import RecordedMetricsServer
 from attrib_agent.lab.recording_copy import CopyRewrite
 from attrib_agent.lab.server import kill_group, stop_group
 from attrib_agent.recording import LOG, METRICS, OTLP, Recording, otlp_body
@@ -47,7 +47,6 @@ from attrib_agent.sources.otlp_decode import decode_export
 
 RECORDINGS = Path(__file__).parents[1] / "fixtures" / "recordings"
 AGENT_BIN = Path(sys.executable).parent / "attrib-agent"
-METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what vLLM's prometheus_client serves
 
 T = TypeVar("T")
 
@@ -145,84 +144,16 @@ def log_event_counts(lines: Iterable[str]) -> Counter[str]:
 
 
 # ---- vLLM's /metrics, from a recording -------------------------------------------------------------------
-class StandInVllm:
+class StandInVllm(RecordedMetricsServer):
     """Serves /metrics like vLLM: a recording's bodies at their recorded pace from `play()`'s start."""
 
     def __init__(self, first: RecordedInput, port: int = 0) -> None:
-        self._lock = threading.Lock()
-        self._bodies = first.metrics
-        self._started: float | None = None
-        self.scrapes = 0
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-        self.port = port
-        self.start()
+        super().__init__(first.metrics, port)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def play(self, rec: RecordedInput, started_mono: float | None = None) -> None:
+    def play(self, rec: RecordedInput, started_mono: float | None = None) -> None:  # type: ignore[override]
         """From now on serve `rec`'s bodies as if its run began at `started_mono` (another recording: a new vLLM);
         None: its first body until the next play()."""
-        with self._lock:
-            self._bodies, self._started = rec.metrics, started_mono
-
-    def body_now(self) -> bytes:
-        with self._lock:
-            self.scrapes += 1
-            if self._started is None:
-                return self._bodies[0][1]
-            elapsed = time.monotonic() - self._started
-            body = self._bodies[0][1]
-            for offset, b in self._bodies:
-                if offset > elapsed:
-                    break
-                body = b
-            return body
-
-    def start(self) -> None:
-        """Listen (again) on `port` (0 the first time: a free one)."""
-        stand_in = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                if self.path.split("?")[0] != "/metrics":
-                    self.send_error(404)
-                    return
-                body = stand_in.body_now()
-                self.send_response(200)
-                self.send_header("Content-Type", METRICS_CONTENT_TYPE)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        deadline = time.monotonic() + 10
-        while True:  # the old socket may linger a moment after stop()
-            try:
-                self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-        self._httpd.daemon_threads = True
-        self.port = self._httpd.server_address[1]
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="stand-in-vllm", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop listening: scrapes are refused, as when vLLM is down."""
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        super().play(rec.metrics, started_mono)
 
 
 # ---- the log file ------------------------------------------------------------------------------------------
