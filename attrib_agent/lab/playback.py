@@ -31,7 +31,6 @@ import base64
 import contextlib
 import math
 import os
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import Any, Final
 import httpx
 
 from attrib_agent.events import RequestSpan
+from attrib_agent.lab.client import Clock
 from attrib_agent.recording import LOG, METRICS, OTLP, Recording
 from attrib_agent.sources.otlp_decode import OtlpError, decode_export
 
@@ -131,15 +131,9 @@ def schedule(records: Mapping[str, Sequence[Mapping[str, Any]]], start_at: float
     return Schedule(shift, first, due[-1].at, due)
 
 
-class WallClock:
-    """Unix time from the monotonic clock, anchored once, so a wall-clock step cannot bend a playback."""
-
-    def __init__(self) -> None:
-        self._wall0 = time.time()
-        self._mono0 = time.monotonic()
-
-    def now(self) -> float:
-        return self._wall0 + (time.monotonic() - self._mono0)
+class WallClock(Clock):
+    """The load client's clock (unix time from the monotonic clock, anchored once, so a wall-clock step cannot
+    bend a playback) that can also sleep until a time."""
 
     async def sleep_until(self, ts: float) -> None:
         delay = ts - self.now()
