@@ -37,16 +37,12 @@ class AgentProcess:
                                      stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env},
                                      start_new_session=True)
         log.close()
-        deadline = time.monotonic() + timeout_s
-        with httpx.Client(trust_env=False, timeout=2.0) as c:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise LabError(f"attrib-agent run exited with {self.proc.returncode}; see {self.log_path}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if c.get(f"{self.api_url}/healthz").status_code == 200:
-                        self._forward(f"http://127.0.0.1:{self.otlp_http_port}/v1/traces")
-                        return
-                time.sleep(0.2)
+        healthy = wait_healthy(self.proc, self.api_url, timeout_s)
+        if healthy:
+            self._forward(f"http://127.0.0.1:{self.otlp_http_port}/v1/traces")
+            return
+        if self.proc.poll() is not None:
+            raise LabError(f"attrib-agent run exited with {self.proc.returncode}; see {self.log_path}")
         self.stop()
         raise LabError(f"attrib-agent did not answer /healthz within {timeout_s:.0f} s; see {self.log_path}")
 
@@ -62,6 +58,18 @@ class AgentProcess:
         with contextlib.suppress(Exception):
             self._forward(None)
         return stop_group(self.proc)
+
+
+def wait_healthy(proc: subprocess.Popen[bytes], api_url: str, timeout_s: float, poll_s: float = 0.1) -> bool:
+    """Poll the agent's /healthz until it answers 200 (True), the process exits or `timeout_s` passes (False)."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(trust_env=False, timeout=2.0) as c:
+        while time.monotonic() < deadline and proc.poll() is None:
+            with contextlib.suppress(httpx.HTTPError):
+                if c.get(f"{api_url}/healthz").status_code == 200:
+                    return True
+            time.sleep(poll_s)
+    return False
 
 
 @contextlib.contextmanager

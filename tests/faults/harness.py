@@ -39,6 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from attrib_agent.lab.metrics_stand_in import RecordedMetricsServer
 from attrib_agent.lab.recording_copy import CopyRewrite
 from attrib_agent.lab.server import kill_group, stop_group
+from attrib_agent.lab.sidecar import wait_healthy
 from attrib_agent.recording import LOG, METRICS, OTLP, Recording, otlp_body
 from attrib_agent.sinks.prom_families import snake_case
 from attrib_agent.sources.health import SourceHealth
@@ -260,15 +261,10 @@ class AgentProcess:
             self.proc = subprocess.Popen(self.args(), stdout=out, stderr=subprocess.STDOUT, env=env,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         self.starts += 1
-        deadline = time.monotonic() + timeout_s
-        with httpx.Client(trust_env=False, timeout=2.0) as c:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise AssertionError(f"attrib-agent run exited with {self.proc.returncode}:\n{self.tail()}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if c.get(f"{self.api_url}/healthz").status_code == 200:
-                        return
-                time.sleep(0.1)
+        if wait_healthy(self.proc, self.api_url, timeout_s):
+            return
+        if self.proc.poll() is not None:
+            raise AssertionError(f"attrib-agent run exited with {self.proc.returncode}:\n{self.tail()}")
         self.stop()
         raise AssertionError(f"attrib-agent did not answer /healthz within {timeout_s:.0f} s:\n{self.tail()}")
 
