@@ -71,6 +71,8 @@ class AttributionPipeline:
         self.events: Counter[str] = Counter()
         self.vllm_restarts = 0
         self._restarted_ts: float | None = None  # when the last restart was seen: no span of before it will land
+        self._old_server_until: float | None = None  # the old server's last scrape before that restart
+        self._last_scrape_ts: float | None = None
         self.steps_total = 0
         self.step_seconds_total = 0.0
         self.dropped_pending = 0
@@ -94,6 +96,9 @@ class AttributionPipeline:
         if isinstance(event, MetricsSnapshot) and event.counter_reset and event.engine == str(self.config.engine):
             self.vllm_restarts += 1
             self._restarted_ts = ts
+            self._old_server_until = self._last_scrape_ts
+        if isinstance(event, MetricsSnapshot) and event.engine == str(self.config.engine):
+            self._last_scrape_ts = ts
         if isinstance(event, EngineStep) and event.engine == self.config.engine and not event.dummy:
             self.steps_total += 1
             self.step_seconds_total += event.elapsed_ms / 1000.0
@@ -209,7 +214,13 @@ class AttributionPipeline:
         return [lc.request_id for lc in lcs.values()
                 if lc.request_id != rid and not lc.complete and lc.aborted_ts is None
                 and lc.arrival_ts is not None and lc.arrival_ts < end
-                and not (lc.end_ts is not None and lc.end_ts <= gone)]
+                and not (lc.end_ts is not None and lc.end_ts <= gone) and not self._lost(lc)]
+
+    def _lost(self, lc: RequestLifecycle) -> bool:
+        """Taken in by the server that restarted since (before its last scrape) and never finished: its span
+        died with it. (The timeline also ends such a request at the restart when its steps show it held.)"""
+        until = self._old_server_until
+        return until is not None and not lc.complete and lc.arrival_ts is not None and lc.arrival_ts <= until
 
     # ---- reads for the sinks -----------------------------------------------------------------------------
     def status(self, request_id: str) -> str:
@@ -223,7 +234,7 @@ class AttributionPipeline:
         lc = self.timeline.lifecycle(request_id)
         if lc is None:
             return "unknown"
-        return "aborted" if lc.aborted_ts is not None and not lc.complete else "running"
+        return "aborted" if (lc.aborted_ts is not None and not lc.complete) or self._lost(lc) else "running"
 
     def kv_now(self) -> KvNow:
         ledger = self.timeline.ledger
