@@ -67,7 +67,8 @@ def test_lint_catches_what_it_should(helm: str) -> None:
         "-Instruct)",)
     wrong_type = real_helm.lint(CHART, [MODES["deploy"], {"agent": {"port": "port"}}])
     assert not wrong_type.clean and "values.yaml" in wrong_type.at("error")
-    both_tokens = real_helm.lint(CHART, [MODES["deploy"], {"agent": {"apiToken": {"value": "a", "existingSecret": "b"}}}])
+    both_tokens = real_helm.lint(CHART, [MODES["deploy"],
+                                         {"agent": {"apiToken": {"value": "a", "existingSecret": "b"}}}])
     assert both_tokens.logged_failures == ("agent.apiToken: set existingSecret or value, not both",)
     unknown = real_helm.lint(CHART, [MODES["deploy"], {"exactMode": {"install": "pip"}}])
     assert not unknown.clean and "values.yaml" in unknown.at("error")

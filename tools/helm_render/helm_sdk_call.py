@@ -16,7 +16,7 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-    import helm_sdkpy
+    import helm_sdkpy  # type: ignore[import-not-found]  # only in .venv-helm
 
     verb, args = argv[0], argv[1:]
     config = helm_sdkpy.Configuration()

@@ -86,7 +86,7 @@ def _call(*args: str) -> tuple[dict[str, Any], str]:
         raise HelmUnavailable(f"helm-sdkpy did not answer ({proc.returncode}): {proc.stderr[-2000:]}") from None
     if "error" in out:
         raise HelmError(out["error"])
-    return out, proc.stderr  # type: ignore[return-value]
+    return out, proc.stderr
 
 
 def version() -> str:
