@@ -186,7 +186,8 @@ def _file_layer(args: argparse.Namespace, environ: Mapping[str, str]) -> Layer:
     try:
         expanded = expand_user(Path(path))
     except ValueError as e:
-        raise ConfigError(f"config file ({'flag --config' if flag_path is not None else 'env ' + CONFIG_ENV}): {e}") from None
+        source = "flag --config" if flag_path is not None else f"env {CONFIG_ENV}"
+        raise ConfigError(f"config file ({source}): {e}") from None
     return read_config_file(expanded)
 
 
@@ -242,7 +243,8 @@ def _check_paths(values: dict[str, Any], origin: dict[str, str]) -> None:
         try:  # Path.exists() raises for a name too long, a permission denied on the way (only ENOENT is False)
             exists = p.exists()
         except OSError as e:
-            raise ConfigError(f"{name} ({origin[name]}): cannot use this path: {e.strerror or type(e).__name__}") from None
+            why = e.strerror or type(e).__name__
+            raise ConfigError(f"{name} ({origin[name]}): cannot use this path: {why}") from None
         if exists and p.is_dir() != want_dir:
             raise ConfigError(f"{name} ({origin[name]}): {p} is {'not ' if want_dir else ''}a directory")
 

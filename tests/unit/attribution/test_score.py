@@ -61,8 +61,8 @@ def test_a_three_way_interaction_is_split_within_the_goal(fixtures_dir):
     within the 20 % goal of their summed Shapley truth: measured 19 % (37 % before the factual world was observed
     rather than re-simulated); today's 19 % plus the truth's margin (one standard error, 7-9 % of each whale's
     total from the spread of its 3 reps, ~9 % carried into the error) is 28 %, so the goal is the stricter bound.
-    Better than the naive overlap split, with no false alarm in null runs. Top-1 is not scored: the three whales are identical and on
-    every one of the 17 slowed shorts the true top two are within two standard errors of each other."""
+    Better than the naive overlap split, with no false alarm in null runs. Top-1 is not scored: the three whales
+    are identical and on every one of the 17 slowed shorts the true top two are within two standard errors."""
     truth_dir = fixtures_dir / "truth" / "preempt"
     engine, naive = score_command(truth_dir)
     print(format_scores([engine, naive]))

@@ -16,7 +16,8 @@ CASES = 10_000
 # Bytes that tend to matter to parsers: separators, quotes, escapes, numbers at the edges, protobuf varint bits.
 TOKENS: tuple[bytes, ...] = (
     b"\n", b"\r", b"\r\n", b"\x00", b" ", b"\t", b'"', b"\\", b"{", b"}", b"[", b"]", b"=", b",", b":", b"#",
-    b"NaN", b"+Inf", b"-Inf", b"-1", b"0", b"1e309", b"18446744073709551616", b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",
+    b"NaN", b"+Inf", b"-Inf", b"-1", b"0", b"1e309", b"18446744073709551616",
+    b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",
     b"\x80", b"\xc3\x28", b"\xed\xa0\x80", "é".encode(), "\u2028".encode(), b"%s", b"..", b"null", b"true",
 )
 
@@ -77,7 +78,7 @@ class Tally:
         return sum(self.outcomes.values())
 
     def report(self, at_least: int = CASES, **counted: int) -> None:
-        """Print and assert: `counted` holds extra figures (e.g. cases that reached a decoder) also held to `at_least`."""
+        """Print and assert; `counted` holds extra figures (cases that reached a decoder) also held to `at_least`."""
         extra = "".join(f", {k} {v:,}" for k, v in counted.items())
         print(f"\nfuzz {self.parser}: {self.cases:,} cases ({dict(self.outcomes)}){extra}, 0 crashes")
         assert self.cases >= at_least, f"{self.parser}: only {self.cases} cases ran"

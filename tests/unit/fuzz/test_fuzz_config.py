@@ -32,9 +32,13 @@ def _toml_corpus(settings: Any) -> list[bytes]:
     sections: dict[str, list[str]] = {}
     for s in settings:
         if s.file:
-            value = s.default if isinstance(s.default, bool | int | float) and s.default is not None else s.shown_default
-            literal = str(value).lower() if isinstance(value, bool) else repr(value) if isinstance(value, int | float) \
-                else '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+            value = s.default if isinstance(s.default, bool | int | float) else s.shown_default
+            if isinstance(value, bool):
+                literal = str(value).lower()
+            elif isinstance(value, int | float):
+                literal = repr(value)
+            else:
+                literal = '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
             sections.setdefault(s.section, []).append(f"{s.name} = {literal}")
     full = "\n".join(f"[{sec}]\n" + "\n".join(lines) if sec else "\n".join(lines) for sec, lines in sections.items())
     return [t.encode() for t in documented] + [full.encode()]
