@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 CASES = 10_000
+REPORTED: list[str] = []  # every Tally's line, for the terminal summary (conftest.py): CI shows the counts
 # Bytes that tend to matter to parsers: separators, quotes, escapes, numbers at the edges, protobuf varint bits.
 TOKENS: tuple[bytes, ...] = (
     b"\n", b"\r", b"\r\n", b"\x00", b" ", b"\t", b'"', b"\\", b"{", b"}", b"[", b"]", b"=", b",", b":", b"#",
@@ -80,7 +81,9 @@ class Tally:
     def report(self, at_least: int = CASES, **counted: int) -> None:
         """Print and assert; `counted` holds extra figures (cases that reached a decoder) also held to `at_least`."""
         extra = "".join(f", {k} {v:,}" for k, v in counted.items())
-        print(f"\nfuzz {self.parser}: {self.cases:,} cases ({dict(self.outcomes)}){extra}, 0 crashes")
+        line = f"fuzz {self.parser}: {self.cases:,} cases ({dict(self.outcomes)}){extra}, 0 crashes"
+        print("\n" + line)
+        REPORTED.append(line)
         assert self.cases >= at_least, f"{self.parser}: only {self.cases} cases ran"
         for k, v in counted.items():
             assert v >= at_least, f"{self.parser}: only {v} cases counted as {k}"
