@@ -13,6 +13,7 @@ import json
 import lzma
 import os
 import threading
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,8 +171,18 @@ class Recording:
         if p is None:
             return
         opener: Any = {".gz": gzip.open, ".xz": lzma.open}.get(p.suffix, open)
+        lineno = 0
         with opener(p, "rt", encoding="utf-8", errors="replace") as f:
-            for lineno, raw in enumerate(f, 1):
+            lines = enumerate(f, 1)
+            while True:
+                try:
+                    lineno, raw = next(lines)
+                except StopIteration:
+                    return
+                except (OSError, EOFError, lzma.LZMAError, zlib.error) as e:
+                    # A torn or damaged compressed stream (a recorder killed mid-write): keep what came before.
+                    self._skip(stats, f"{p.name}:{lineno + 1}: damaged {p.suffix} stream ({type(e).__name__})")
+                    return
                 if not raw.strip():
                     continue
                 try:
@@ -179,9 +190,13 @@ class Recording:
                     if not isinstance(rec, dict) or not isinstance(rec.get("ts"), int | float):
                         raise ValueError("not an object with a numeric ts")
                 except ValueError as e:
-                    stats.skipped += 1
-                    if len(stats.skipped_examples) < 5:
-                        stats.skipped_examples.append(f"{p.name}:{lineno}: {e}")
+                    self._skip(stats, f"{p.name}:{lineno}: {e}")
                     continue
                 stats.records += 1
                 yield rec
+
+    @staticmethod
+    def _skip(stats: StreamReadStats, example: str) -> None:
+        stats.skipped += 1
+        if len(stats.skipped_examples) < 5:
+            stats.skipped_examples.append(example)

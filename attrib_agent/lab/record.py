@@ -64,7 +64,7 @@ def make_plan(scenario: Scenario, tag: str, canary: str) -> list[PlannedRequest]
             text = f"{canary} please summarise request {r.spec_id} in one line"
         plan.append(PlannedRequest(r.spec_id, r.klass.name, r.is_whale, rid, r.offset_s,
                                    prompt_token_ids(r.klass.prompt_tokens, seed), r.klass.output_tokens,
-                                   api=r.api, prompt_text=text))
+                                   api=r.api, prompt_text=text, canary=canary if text else None))
     return plan
 
 
