@@ -28,10 +28,12 @@ from attrib_agent.attribution.sim_step import (
 from attrib_agent.attribution.sim_trace import Blame, Pricer, StepPrices, VictimTracer, VictimView
 from attrib_agent.attribution.sim_types import SchedulerConfig, SimOutcome, SimRequest, SimResult, StepCost
 
+StepObserver = Callable[[StepPlan, list[LiveRequest], float, float], None]  # plan, running, start, end
+
 
 def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: StepCost, *,
              trace: str | Collection[str] | None = None, max_steps: int = 1_000_000,
-             until_done: Collection[str] | None = None) -> SimResult:
+             until_done: Collection[str] | None = None, on_step: StepObserver | None = None) -> SimResult:
     """Re-run the scheduler over `requests`; with `trace`, explain that request's (or those requests') waits
     step by step.
 
@@ -40,7 +42,8 @@ def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: Step
     no finish time. With `until_done` it also stops once those requests have finished (or were refused): a
     step never changes what came before it, so their outcomes are exact, while the others' and the run's
     totals (steps, peaks) cover only the steps run. Tracing several requests in one run gives each the waits
-    it would get traced alone: tracing only observes.
+    it would get traced alone: tracing only observes. `on_step` sees each model step once it is scheduled
+    (before its tokens are counted), with the running requests: the lab's oracle compares them with vLLM's.
     """
     if config.block_size < 1 or config.num_blocks < 2 or config.token_budget < 1 or config.max_num_seqs < 1:
         raise ValueError(f"invalid scheduler config {config}")
@@ -87,6 +90,8 @@ def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: Step
         empty_rounds = 0
         end = now + pricer.seconds(plan.members)
         peak_tokens = max(peak_tokens, sum(m.tokens for m in plan.members))
+        if on_step is not None:
+            on_step(plan, running, now, end)
         if tracers:
             _trace_step(tracers, pricer, plan, now, end, running)
         for m in plan.members:

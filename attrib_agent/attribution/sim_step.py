@@ -125,6 +125,7 @@ class StepPlan:
     preempted: list[LiveRequest]
     stop: str  # why admission stopped: "empty" | "budget" | "kv" | "seats" | "preemption"
     blocked: LiveRequest | None = None  # the waiting request that did not fit
+    admitted: list[LiveRequest] = field(default_factory=list)  # moved from waiting to running this step
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -155,6 +156,7 @@ def schedule_step(running: list[LiveRequest], waiting: deque[LiveRequest], pool:
     budget = config.token_budget
     members: list[Member] = []
     preempted: list[LiveRequest] = []
+    admitted: list[LiveRequest] = []
     i = 0
     while i < len(running) and budget > 0:
         req = running[i]
@@ -179,14 +181,14 @@ def schedule_step(running: list[LiveRequest], waiting: deque[LiveRequest], pool:
         return StepPlan(members, preempted, "preemption")
     while True:
         if not waiting:
-            return StepPlan(members, preempted, "empty")
+            return StepPlan(members, preempted, "empty", admitted=admitted)
         if budget <= 0:
-            return StepPlan(members, preempted, "budget")
+            return StepPlan(members, preempted, "budget", admitted=admitted)
         if len(running) >= config.max_num_seqs:
-            return StepPlan(members, preempted, "seats")
+            return StepPlan(members, preempted, "seats", admitted=admitted)
         req = waiting[0]
         if blocks_for(req.num_tokens, bs) > pool.free:
-            return StepPlan(members, preempted, "kv", req)
+            return StepPlan(members, preempted, "kv", req, admitted)
         hit = pool.take_cached(req.index, (req.num_tokens - 1) // bs)
         req.computed, req.blocks = hit * bs, hit
         n = min(req.num_tokens - req.computed, budget)
@@ -195,6 +197,7 @@ def schedule_step(running: list[LiveRequest], waiting: deque[LiveRequest], pool:
         req.blocks += need
         waiting.popleft()
         running.append(req)
+        admitted.append(req)
         if req.scheduled_ts is None:
             req.scheduled_ts = now
         members.append(_member(req, n))
