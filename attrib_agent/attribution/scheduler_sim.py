@@ -96,7 +96,7 @@ def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: Step
             _trace_step(tracers, pricer, plan, now, end, running)
         for m in plan.members:
             lv = by_id[m.request_id]
-            _advance(lv, m.tokens, end, running, pool)
+            _advance(lv, m.tokens, end, running, pool, bs)
             if lv.finish_ts is not None:
                 awaited.discard(lv)
         now = end
@@ -129,8 +129,10 @@ def _trace_step(tracers: list[tuple[LiveRequest, VictimTracer]], pricer: Pricer,
         tracer.step(now, end, plan.members, plan.stop, blocked, hold, ids, view, prices)
 
 
-def _advance(lv: LiveRequest, tokens: int, end: float, running: list[LiveRequest], pool: FreeBlockQueue) -> None:
-    """After the step: a request whose KV caught up with its tokens samples one; done ones free their blocks."""
+def _advance(lv: LiveRequest, tokens: int, end: float, running: list[LiveRequest], pool: FreeBlockQueue,
+             block_size: int) -> None:
+    """After the step: a request whose KV caught up with its tokens samples one; done ones free their blocks
+    (the full ones hashed, at the back of the free queue)."""
     lv.computed += tokens
     if lv.computed < lv.num_tokens:
         return
@@ -141,7 +143,7 @@ def _advance(lv: LiveRequest, tokens: int, end: float, running: list[LiveRequest
     if lv.outputs >= lv.target:
         lv.finish_ts = end
         running.remove(lv)
-        pool.release(None, lv.blocks)
+        pool.release(None, lv.blocks, lv.computed // block_size)
         lv.blocks = 0
 
 

@@ -50,22 +50,30 @@ class FreeBlockQueue:
                     del self._cached[seg[0]]
 
     def release(self, owner: int | None, blocks: int, full_blocks: int = 0) -> None:
-        """Free `blocks`; the first `full_blocks` of them stay reusable by `owner` (None: reusable by nobody)."""
+        """Free `blocks`, of which the first `full_blocks` are full (hashed). As vLLM's `BlockPool.free_blocks`:
+        hashed blocks join the back (LRU; reusable by `owner` if given, else by nobody), the others the front
+        (reused first); with prefix caching off nothing is hashed."""
         if blocks <= 0:
             return
         self.free += blocks
-        cached = min(full_blocks, blocks) if self._caching and owner is not None else 0
-        if blocks > cached:
-            last = self._segments[-1] if self._segments else None
-            if last is not None and last[0] == _NO_OWNER:
-                last[1] += blocks - cached
+        hashed = min(full_blocks, blocks) if self._caching else 0
+        if blocks > hashed:
+            first = self._segments[0] if self._segments else None
+            if first is not None and first[0] == _NO_OWNER:
+                first[1] += blocks - hashed
             else:
-                self._segments.append([_NO_OWNER, blocks - cached])
-        if cached and owner is not None:
+                self._segments.appendleft([_NO_OWNER, blocks - hashed])
+        if hashed and owner is not None:
             self.forget(owner)
-            seg = [owner, cached]
+            seg = [owner, hashed]
             self._segments.append(seg)
             self._cached[owner] = seg
+        elif hashed:
+            last = self._segments[-1] if self._segments else None
+            if last is not None and last[0] == _NO_OWNER:
+                last[1] += hashed
+            else:
+                self._segments.append([_NO_OWNER, hashed])
 
     def take_cached(self, owner: int, max_blocks: int) -> int:
         """Re-use the owner's cached prefix (at most `max_blocks`); returns how many blocks it got back."""

@@ -70,7 +70,7 @@ def generate(kind: str, seed: int, *, token_budget: int = 2048, max_num_seqs: in
     longest = max(blocks_for(r.prompt_tokens + r.output_tokens, block_size) for r in reqs)
     total = sum(blocks_for(r.prompt_tokens + r.output_tokens, block_size) for r in reqs)
     if kind == "kv_exhaustion":
-        num_blocks = longest + rng.randint(8, max(9, total // 6)) + 1
+        num_blocks = longest + rng.randint(2, max(3, total // 8)) + 1
     else:
         num_blocks = max(longest + 1, total + 1, 64)
     config = SchedulerConfig(block_size=block_size, num_blocks=num_blocks, token_budget=token_budget,
