@@ -109,6 +109,8 @@ class LiveRequest:
     target: int  # output tokens to produce (at least 1)
     computed: int = 0
     outputs: int = 0
+    pending: int = 0  # sampled tokens not yet back (async scheduling's output placeholders)
+    in_flight: int = 0  # scheduled steps whose output is not back yet
     blocks: int = 0
     preemptions: int = 0
     redo_until: int = 0  # tokens computed before the last preemption: recomputing them is the preemption's cost
@@ -122,7 +124,7 @@ class LiveRequest:
 
     @property
     def num_tokens(self) -> int:
-        return self.req.prompt_tokens + self.outputs
+        return self.req.prompt_tokens + self.outputs + self.pending
 
 
 @dataclass(slots=True)
@@ -168,6 +170,9 @@ def schedule_step(running: list[LiveRequest], waiting: deque[LiveRequest], pool:
     i = 0
     while i < len(running) and budget > 0:
         req = running[i]
+        if req.pending and req.computed + 2 - req.pending >= req.req.prompt_tokens + req.target:
+            i += 1  # async: the token in flight is its last, no step more (vLLM's max_tokens check)
+            continue
         n = min(req.num_tokens - req.computed, budget)
         need = blocks_for(req.computed + n, bs) - req.blocks
         victim = None
@@ -194,7 +199,12 @@ def schedule_step(running: list[LiveRequest], waiting: deque[LiveRequest], pool:
             return StepPlan(members, preempted, "budget", admitted=admitted)
         if len(running) >= config.max_num_seqs:
             return StepPlan(members, preempted, "seats", admitted=admitted)
-        req = waiting[0]
+        skip = 0  # async: a preempted request waits until its step in flight is back (vLLM skips it)
+        while skip < len(waiting) and waiting[skip].in_flight:
+            skip += 1
+        if skip == len(waiting):
+            return StepPlan(members, preempted, "empty", admitted=admitted)
+        req = waiting[skip]
         if blocks_for(req.num_tokens, bs) > pool.free:
             return StepPlan(members, preempted, "kv", req, admitted)
         hit = pool.take_cached(req.index, (req.num_tokens - 1) // bs)
@@ -203,7 +213,7 @@ def schedule_step(running: list[LiveRequest], waiting: deque[LiveRequest], pool:
         need = blocks_for(req.computed + n, bs) - req.blocks
         pool.allocate(need)
         req.blocks += need
-        waiting.popleft()
+        del waiting[skip]
         running.append(req)
         admitted.append(req)
         if req.scheduled_ts is None:
@@ -213,5 +223,5 @@ def schedule_step(running: list[LiveRequest], waiting: deque[LiveRequest], pool:
 
 
 def _member(req: LiveRequest, tokens: int) -> Member:
-    decode = tokens == 1 and req.outputs >= 1 and req.computed + 1 == req.num_tokens
+    decode = tokens == 1 and req.outputs + req.pending >= 1 and req.computed + 1 == req.num_tokens
     return Member(req.req.request_id, tokens, req.computed, decode, req.redo_until)

@@ -11,6 +11,7 @@ vLLM's CPU platform turns async scheduling off for a real server; the scheduler 
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
 from collections import deque
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from attrib_agent.lab.model import MODEL_CONFIG
 from attrib_agent.lab.oracle.steps import RunTrace, StepView
 from attrib_agent.lab.oracle.workload import OracleRequest, Workload
 
+_EMPTY = StepView((), (), (), ())
 MAX_MODEL_LEN = 8192  # the lab model's max_position_embeddings; workloads stay below it
 _SAMPLED_TOKEN = 7  # any id but EOS (ignore_eos is set anyway)
 
@@ -60,6 +62,7 @@ def build_scheduler(workload: Workload) -> Any:
     kv_config = KVCacheConfig(num_blocks=cfg.num_blocks, kv_cache_tensors=[],
                               kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
     cache_config.num_gpu_blocks = cfg.num_blocks
+    logging.getLogger("vllm").setLevel(logging.ERROR)  # its per-scheduler warnings about CPU block sizes
     cls = AsyncScheduler if workload.async_scheduling else Scheduler
     return cls(vllm_config=vllm_config, kv_cache_config=kv_config, block_size=cfg.block_size, log_stats=False,
                structured_output_manager=StructuredOutputManager(vllm_config))
@@ -91,8 +94,9 @@ class _InFlight:
     end: float
 
 
-def run_vllm(workload: Workload, cost: StepCost, *, max_steps: int = 20_000) -> RunTrace:
-    """Run vLLM's scheduler over the workload; one StepView per step that scheduled tokens."""
+def run_vllm(workload: Workload, cost: StepCost, *, max_steps: int = 20_000, views: bool = True) -> RunTrace:
+    """Run vLLM's scheduler over the workload; one StepView per step that scheduled tokens (with `views`
+    False, empty ones: what a simulator would pay without the comparison)."""
     from vllm.v1.outputs import ModelRunnerOutput
 
     sched = build_scheduler(workload)
@@ -117,7 +121,7 @@ def run_vllm(workload: Workload, cost: StepCost, *, max_steps: int = 20_000) -> 
                 model_free = start + pricer.seconds(_members(out, by_id))
                 inflight.append(_InFlight(out, [rid for rid in out.num_scheduled_tokens
                                                 if not by_id[rid].is_prefill_chunk], len(trace.steps), model_free))
-                trace.steps.append(_view(sched, out, before, start))
+                trace.steps.append(_view(sched, out, before, start) if views else _EMPTY)
         if inflight and (len(inflight) >= depth or not scheduled):
             done = inflight.popleft()
             rids = list(done.output.num_scheduled_tokens)

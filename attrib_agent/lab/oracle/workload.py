@@ -32,7 +32,10 @@ class Workload:
     name: str
     config: SchedulerConfig
     requests: tuple[OracleRequest, ...]
-    async_scheduling: bool = False
+
+    @property
+    def async_scheduling(self) -> bool:
+        return self.config.async_scheduling
 
     def sim_requests(self) -> list[SimRequest]:
         return [SimRequest(r.request_id, r.arrival_ts, r.prompt_tokens, r.output_tokens) for r in self.requests]
@@ -74,7 +77,8 @@ def generate(kind: str, seed: int, *, token_budget: int = 2048, max_num_seqs: in
     else:
         num_blocks = max(longest + 1, total + 1, 64)
     config = SchedulerConfig(block_size=block_size, num_blocks=num_blocks, token_budget=token_budget,
-                             max_num_seqs=max_num_seqs, prefix_caching=prefix_caching)
+                             max_num_seqs=max_num_seqs, prefix_caching=prefix_caching,
+                             async_scheduling=async_scheduling)
     name = (f"{kind}#{seed} budget={token_budget} seqs={max_num_seqs} caching={int(prefix_caching)} "
             f"async={int(async_scheduling)}")
-    return Workload(name, config, tuple(reqs), async_scheduling)
+    return Workload(name, config, tuple(reqs))
