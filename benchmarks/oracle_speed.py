@@ -29,8 +29,9 @@ def _part(side: str, reps: int, seeds: int, cpu: int) -> dict[str, Any]:
     if side == "sim":
         from attrib_agent.attribution.scheduler_sim import simulate
     else:
-        from attrib_agent.lab.oracle.vllm_scheduler import build_scheduler, run_vllm
         import vllm.v1.core.sched.scheduler  # noqa: F401
+
+        from attrib_agent.lab.oracle.vllm_scheduler import build_scheduler, run_vllm
     imported = time.perf_counter() - t0
     rss_import = rss_mb()
     from attrib_agent.lab.oracle.compare import default_cost

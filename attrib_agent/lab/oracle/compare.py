@@ -102,8 +102,8 @@ def _quantiles(values: Sequence[float]) -> str:
     if not values:
         return "n/a"
     ordered = sorted(values)
-    p = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-    return f"median {statistics.median(ordered):.3g}, p90 {p(0.9):.3g}, max {ordered[-1]:.3g}"
+    p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+    return f"median {statistics.median(ordered):.3g}, p90 {p90:.3g}, max {ordered[-1]:.3g}"
 
 
 def format_report(agreement: Agreement, *, per_workload: bool = True) -> str:
@@ -114,6 +114,13 @@ def format_report(agreement: Agreement, *, per_workload: bool = True) -> str:
                 f"  first differs at step {c.first_divergence} ({', '.join(c.what_differs)})"
             lines.append(f"{c.name:<58} {c.identical:>5}/{c.steps:<5} identical  preemptions vllm "
                          f"{c.oracle_preemptions} sim {c.sim_preemptions}{where}")
+    kinds: dict[str, Agreement] = {}
+    for c in agreement.comparisons:
+        kinds.setdefault(c.name.split("#")[0], Agreement()).add(c)
+    if len(kinds) > 1:
+        for kind, part in kinds.items():
+            lines.append(f"{kind}: {part.identical}/{part.steps} = {100 * part.share:.2f}% steps identical; "
+                         f"TTFT difference (s): {_quantiles(part.ttft_seconds())}")
     ttft_req = agreement.ttft_steps()
     exact = sum(1 for d in ttft_req if d == 0)
     lines += [
