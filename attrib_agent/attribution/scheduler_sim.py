@@ -5,9 +5,10 @@ recompute preemption, prefix-cache reuse); this module drives them through time.
 first step boundary at or after their arrival (vLLM's engine picks up new requests between steps); each step
 lasts what the cost model says; the first token comes at the end of the step that completes the prompt; time
 jumps to the next arrival when the engine is idle. With async scheduling two steps are in flight: step k+1
-is scheduled (seeing arrivals up to step k's start) before step k's tokens and frees are back. The pool has `num_blocks - 1` usable blocks: vLLM keeps one
-null block. Replaying the reconstructed requests with nobody removed should reproduce the observed waits; the
-tests check that on real recordings.
+is scheduled (seeing arrivals up to step k's start) before step k's tokens and frees are back. The pool has
+`num_blocks - 1` usable blocks: vLLM keeps one null block. Replaying the reconstructed requests with nobody
+removed should reproduce the observed waits; the tests check that on real recordings, and `lab.oracle` checks
+every step against vLLM's own scheduler.
 """
 
 from __future__ import annotations

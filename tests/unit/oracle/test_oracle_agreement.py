@@ -48,7 +48,7 @@ def workloads(draw: st.DrawFn) -> Workload:
     return Workload("generated", config, tuple(reqs))
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_generated_workloads_agree_step_by_step(workload: Workload) -> None:
     c = compare(workload)
