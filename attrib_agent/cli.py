@@ -209,6 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
     sc2.add_argument("truth_dirs", type=Path, nargs="+", metavar="TRUTH_DIR")
     sc2.add_argument("--json", action="store_true")
     sc2.set_defaults(func=cmd_score)
+    from attrib_agent.lab.oracle import suite as oracle  # no vLLM import until it runs
+
+    orc = lsub.add_parser("oracle", help="vLLM's own scheduler vs the re-simulation: step agreement report")
+    oracle.add_arguments(orc)
+    orc.set_defaults(func=oracle.run)
     return p
 
 
