@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from attrib_agent import __version__
+from attrib_agent.attribution.forecast import ForecastSettings
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.sources.health import SourceHealth
 
@@ -30,6 +31,7 @@ class AgentState:
     vllm_gaps: int = 0  # times vLLM went unreachable or restarted while the agent ran
     vllm_gap_since: float | None = None  # set while vLLM is unreachable now
     replay_done: bool = True  # False while a replay is still feeding events (readyz waits for it)
+    forecast: ForecastSettings = field(default_factory=ForecastSettings)  # the forecast endpoint's and gauge's
 
     def source(self, name: str) -> SourceHealth:
         """The health record of a source, created on first use."""

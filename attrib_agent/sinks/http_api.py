@@ -5,6 +5,7 @@ Endpoints (JSON; errors are `{"error": "..."}`):
                                    running, 404 unknown, 400 bad id
   GET /v1/culprits/top?window=5m&limit=10   culprits ranked by victim seconds caused
   GET /v1/timeline?since=&until=&max_steps=  steps, KV ledger, request lanes, victims (bounded)
+  POST /v1/forecast                what admitting a request now would cost the others (api_forecast.py)
   GET /healthz, /readyz            probes (never need the token); /readyz also says whether vLLM is in a
                                    gap now (`vllm_gap_since`, `vllm_gap_s`) and how many there were
   GET /metrics                     the ASGI app the caller passes (Prometheus exposition)
@@ -31,6 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from attrib_agent.agent_state import OPTIONAL_SOURCES, AgentState
 from attrib_agent.attribution.culprit_windows import TopCulprits
 from attrib_agent.attribution.result_codec import to_dict
+from attrib_agent.sinks.api_forecast import forecast_routes
 from attrib_agent.sinks.api_http import PAGE_CSP, BearerAuth, error, error_handlers, json_response
 from attrib_agent.sinks.api_ids import BadRequestId, resolve
 from attrib_agent.sinks.api_timeline import parse_max_steps, parse_ts, timeline_json
@@ -132,6 +134,7 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
         Route("/readyz", readyz, methods=["GET"]),
         Route("/", page_file, methods=["GET"]),
         Route("/page/{name}", page_file, methods=["GET"]),
+        *forecast_routes(state, errs),  # POST /v1/forecast
     ]
     if metrics_app is not None:
         routes.append(Route("/metrics", _Asgi(metrics_app)))

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from attrib_agent.agent_state import AgentState
 from attrib_agent.sinks.prom_engine import cost_families, kv_families, pipeline_families
 from attrib_agent.sinks.prom_families import SPECS, counter, empty_family
+from attrib_agent.sinks.prom_forecast import forecast_families
 from attrib_agent.sinks.prom_health import agent_families, source_families
 from attrib_agent.sinks.prom_slowdown import slowdown_families
 
@@ -36,6 +37,7 @@ _BUILDERS: Final[dict[str, Section]] = {
     "kv": kv_families,
     "cost": cost_families,
     "sources": source_families,
+    "forecast": forecast_families,
 }
 SECTIONS: Final = tuple(_BUILDERS)  # the `section` label's values
 

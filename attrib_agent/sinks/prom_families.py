@@ -110,6 +110,9 @@ SPECS: Final = (
           "Items the timeline holds (steps, requests, samples): the memory bounds at work."),
     _spec("attrib_journal_written_total", "counter", "", "", "Results appended to the journal."),
     _spec("attrib_journal_errors_total", "counter", "", "kind", "Journal write or read failures."),
+    _spec("attrib_forecast_reference_harm_seconds", "gauge", "seconds", "engine",
+          "Extra TTFT, summed over the requests in flight and those expected within the forecast horizon, that "
+          "admitting the reference whale now would cause (POST /v1/forecast for any size)."),
     _spec("attrib_collector_errors_total", "counter", "", "section",
           "Scrapes in which a section of this collector failed (its series were left out of that scrape)."),
 )

@@ -1,0 +1,180 @@
+"""Admission forecast: what admitting a request now would cost the requests already on the engine.
+
+Pure: an engine state in (who runs and who waits, with their tokens so far, the KV pool, the token budget),
+a forecast out. The near future is re-run twice through the same vLLM scheduling rules the attribution uses
+(`sim_step.schedule_step`, priced by the fitted step-cost model), from the state as it is, with and without
+the candidates; the difference, request by request, is the harm. Requests expected to arrive meanwhile (a
+rate and a typical size, learnt from recent arrivals or declared by the caller) are run too, since a whale
+mostly hurts those that come after it: the two are reported apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from attrib_agent.attribution.forecast_sim import Run, simulate_from
+from attrib_agent.attribution.forecast_types import ArrivalLoad, Candidate, EngineState, InFlight
+from attrib_agent.attribution.sim_step import blocks_for
+from attrib_agent.attribution.sim_types import SimRequest, StepCost
+
+__all__ = ["ArrivalLoad", "Candidate", "EngineState", "Forecast", "ForecastConfig", "ForecastSettings", "Harm",
+           "InFlight", "forecast"]
+
+CANDIDATE_PREFIX = "candidate-"
+EXPECTED_PREFIX = "expected-"
+
+
+@dataclass(frozen=True)
+class ForecastConfig:
+    ttft_slo_s: float = 5.0  # seed 002's budgets: TTFT < 5 s, ITL p95 < 250 ms
+    itl_p95_slo_s: float = 0.25
+    horizon_s: float = 10.0  # expected arrivals are run over this much of the future
+    max_expected: int = 64  # ... at most this many (bounds the forecast's cost)
+    max_steps: int = 20_000  # per simulated run
+    harmless_s: float = 0.05  # summed extra TTFT below this calls a candidate harmless
+
+    def __post_init__(self) -> None:
+        if min(self.ttft_slo_s, self.itl_p95_slo_s, self.horizon_s) <= 0 or self.max_expected < 0:
+            raise ValueError("SLOs and horizon_s must be > 0, max_expected >= 0")
+        if self.max_steps < 1 or self.harmless_s < 0:
+            raise ValueError("max_steps must be >= 1 and harmless_s >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class Harm:
+    """Extra latency the candidate causes a group of requests: sums and worst, and SLOs newly broken."""
+
+    requests: int
+    ttft_extra_sum_s: float
+    ttft_extra_max_s: float
+    itl_extra_sum_s: float  # extra mean ITL over their remaining tokens, summed over requests
+    itl_extra_max_s: float
+    ttft_slo_pushed: int  # within the TTFT SLO without the candidate, beyond it with
+    itl_slo_pushed: int  # likewise the ITL p95 SLO
+    ttft_extra_by_request: tuple[tuple[str, float], ...] = ()  # those with extra TTFT > 0 (not exported)
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {"requests": self.requests, "ttft_extra_sum_s": self.ttft_extra_sum_s,
+                "ttft_extra_max_s": self.ttft_extra_max_s, "itl_extra_sum_s": self.itl_extra_sum_s,
+                "itl_extra_max_s": self.itl_extra_max_s, "ttft_slo_pushed": self.ttft_slo_pushed,
+                "itl_slo_pushed": self.itl_slo_pushed}
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    candidate: Candidate
+    refused: bool  # its whole sequence can never fit in the pool: vLLM will not take it
+    admitted_now: bool  # scheduled in the very next step
+    wait_reason: str | None  # why not: "kv" (free blocks), "budget", "seats", "queue" (behind others)
+    own_ttft_s: float | None  # first candidate's predicted TTFT (None: not within the simulated steps)
+    in_flight: Harm  # the requests running or queued now
+    expected: Harm  # the requests expected to arrive within the horizon
+    expected_load: ArrivalLoad | None
+    preemptions: int  # extra preemptions the candidate causes
+
+    @property
+    def ttft_extra_sum_s(self) -> float:
+        return self.in_flight.ttft_extra_sum_s + self.expected.ttft_extra_sum_s
+
+    def harmless(self, config: ForecastConfig) -> bool:
+        return self.ttft_extra_sum_s < config.harmless_s and not self.in_flight.itl_slo_pushed
+
+    def as_dict(self) -> dict[str, object]:
+        c = self.candidate
+        return {"candidate": {"prompt_tokens": c.prompt_tokens, "max_tokens": c.max_tokens,
+                              "cached_prefix_tokens": c.cached_prefix_tokens},
+                "refused": self.refused, "admitted_now": self.admitted_now, "wait_reason": self.wait_reason,
+                "own_ttft_s": self.own_ttft_s, "ttft_extra_sum_s": self.ttft_extra_sum_s,
+                "in_flight": self.in_flight.as_dict(), "expected_arrivals": self.expected.as_dict(),
+                "expected_load": None if self.expected_load is None else {
+                    "rate_per_s": self.expected_load.rate_per_s, "prompt_tokens": self.expected_load.prompt_tokens,
+                    "max_tokens": self.expected_load.max_tokens, "first_in_s": self.expected_load.first_in_s},
+                "extra_preemptions": self.preemptions}
+
+
+def expected_arrivals(state: EngineState, config: ForecastConfig) -> list[SimRequest]:
+    """The arrivals the load predicts within the horizon."""
+    load = state.load
+    if load is None or load.rate_per_s <= 0:
+        return []
+    gap = 1.0 / load.rate_per_s
+    first = 0.5 * gap if load.first_in_s is None else load.first_in_s
+    n = min(config.max_expected, max(int((config.horizon_s - first) / gap) + 1, 0))
+    return [SimRequest(f"{EXPECTED_PREFIX}{i}", state.now + first + i * gap, load.prompt_tokens, load.max_tokens)
+            for i in range(n)]
+
+
+def forecast(state: EngineState, candidates: Sequence[Candidate], cost: StepCost,
+             config: ForecastConfig | None = None) -> list[Forecast]:
+    """One forecast per candidate, each admitted alone now; the future without any is run once for all."""
+    cfg = config or ForecastConfig()
+    expected = expected_arrivals(state, cfg)
+    others = {r.request_id for r in state.requests}
+    watch = others | {r.request_id for r in expected}
+    base = simulate_from(state, cost, [(r, 0) for r in expected], watch, cfg.max_steps)
+    out = []
+    for c in candidates:
+        cid = f"{CANDIDATE_PREFIX}0"
+        cand = SimRequest(cid, state.now, c.prompt_tokens, c.max_tokens)
+        usable = state.sched.num_blocks - 1
+        refused = blocks_for(c.prompt_tokens + c.max_tokens - 1, state.sched.block_size) > usable
+        run = simulate_from(state, cost, [(cand, c.cached_prefix_tokens), *((r, 0) for r in expected)],
+                            watch | {cid}, cfg.max_steps, first_token_only=frozenset({cid}))
+        first = run.first_token.get(cid)
+        admitted = cid in run.first_members
+        reason = None if admitted or refused else (
+            run.first_stop if run.first_blocked == cid or run.first_stop in ("budget", "seats", "preemption")
+            else "queue")
+        arrivals = {r.request_id: r.arrival_ts for r in expected}
+        out.append(Forecast(
+            c, refused, admitted, reason,
+            None if first is None else first - state.now + state.ttft_offset_s,
+            _harm(base, run, {r.request_id: r.arrival_ts for r in state.requests if r.first_token_ts is None},
+                  others, state.ttft_offset_s, cfg),
+            _harm(base, run, arrivals, set(arrivals), state.ttft_offset_s, cfg),
+            state.load, max(run.preemptions - base.preemptions, 0)))
+    return out
+
+
+def _harm(base: Run, run: Run, awaiting: dict[str, float], ids: set[str], offset_s: float,
+          cfg: ForecastConfig) -> Harm:
+    """Compare the two runs over `ids`; `awaiting` holds the arrival of those still without a first token."""
+    ttft_sum = ttft_max = itl_sum = itl_max = 0.0
+    ttft_pushed = itl_pushed = 0
+    by_request: list[tuple[str, float]] = []
+    for rid in sorted(ids):
+        arrival = awaiting.get(rid)
+        before, after = base.first_token.get(rid), run.first_token.get(rid)
+        if arrival is not None and before is not None and after is not None:
+            extra = max(after - before, 0.0)
+            if extra > 0:
+                by_request.append((rid, extra))
+            ttft_sum += extra
+            ttft_max = max(ttft_max, extra)
+            ttft_pushed += before - arrival + offset_s < cfg.ttft_slo_s <= after - arrival + offset_s
+        gaps_before, gaps_after = _gaps(base.tokens.get(rid, [])), _gaps(run.tokens.get(rid, []))
+        if gaps_before and gaps_after:
+            extra = max(sum(gaps_after) / len(gaps_after) - sum(gaps_before) / len(gaps_before), 0.0)
+            itl_sum += extra
+            itl_max = max(itl_max, extra)
+            itl_pushed += _p95(gaps_before) <= cfg.itl_p95_slo_s < _p95(gaps_after)
+    return Harm(len(ids), ttft_sum, ttft_max, itl_sum, itl_max, ttft_pushed, itl_pushed, tuple(by_request))
+
+
+def _gaps(ts: list[float]) -> list[float]:
+    return [b - a for a, b in zip(ts, ts[1:], strict=False)]
+
+
+def _p95(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(0.95 * len(s)))]
+
+
+@dataclass(frozen=True)
+class ForecastSettings:
+    """What the agent's forecast endpoint and gauge use: the SLOs and horizon, and the reference whale whose
+    harm the gauge reports."""
+
+    config: ForecastConfig = ForecastConfig()
+    reference: Candidate = Candidate(4096, 512)

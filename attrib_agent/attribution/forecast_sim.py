@@ -1,0 +1,141 @@
+"""The forecast's re-simulation: vLLM's scheduler run on from a state mid-flight, not from arrivals.
+
+The scheduling rules are the attribution's own (`sim_step.schedule_step`, `scheduler_sim`'s token advance),
+priced by the same step-cost model. What is added: starting from requests that already hold KV and tokens,
+and jumping over stretches of identical decode steps (nobody admitted, nobody finishing, no block to
+allocate, no arrival due) in one go, which is most of a whale's life and most of a forecast's cost.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from attrib_agent.attribution.forecast_types import EngineState
+from attrib_agent.attribution.scheduler_sim import _advance
+from attrib_agent.attribution.sim_step import FreeBlockQueue, LiveRequest, blocks_for, schedule_step
+from attrib_agent.attribution.sim_trace import Pricer
+from attrib_agent.attribution.sim_types import SimRequest, StepCost
+
+
+@dataclass(slots=True)
+class Run:
+    """One simulated future: per request its first token, its new token times, its preemptions."""
+
+    first_token: dict[str, float | None]
+    tokens: dict[str, list[float]]
+    preemptions: int
+    first_stop: str  # why admission stopped in the first step
+    first_members: frozenset[str]
+    first_blocked: str | None  # the waiting request that did not fit in the first step
+
+
+def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimRequest, int]],
+                  watch: set[str], max_steps: int, first_token_only: frozenset[str] = frozenset()) -> Run:
+    """Run the scheduler on from `state` with `extra` requests (and their cached prefix tokens) joining at their
+    arrival, until every watched request has finished, or for those in `first_token_only` has its first token
+    (or `max_steps`)."""
+    cfg = state.sched
+    bs, usable = cfg.block_size, cfg.num_blocks - 1
+    pool = FreeBlockQueue(usable, cfg.prefix_caching)
+    running: list[LiveRequest] = []
+    waiting: deque[LiveRequest] = deque()
+    lives: list[LiveRequest] = []
+    for i, r in enumerate(state.requests):
+        lv = LiveRequest(SimRequest(r.request_id, r.arrival_ts, r.prompt_tokens, r.outputs + r.remaining), i,
+                         max(r.outputs + r.remaining, 1), computed=r.computed if r.running else 0,
+                         outputs=r.outputs, first_token_ts=r.first_token_ts, queued_ts=r.arrival_ts)
+        lv.refused = blocks_for(r.prompt_tokens + lv.target - 1, bs) > usable
+        if r.running:
+            lv.blocks = min(blocks_for(r.computed, bs), pool.free)
+            pool.allocate(lv.blocks)
+            lv.scheduled_ts = r.arrival_ts
+            running.append(lv)
+        elif not lv.refused:
+            waiting.append(lv)
+        lives.append(lv)
+    pending: deque[LiveRequest] = deque()
+    for j, (req, cached) in enumerate(sorted(extra, key=lambda e: e[0].arrival_ts)):
+        lv = LiveRequest(req, len(state.requests) + j, max(req.output_tokens, 1))
+        lv.refused = blocks_for(req.prompt_tokens + lv.target - 1, bs) > usable
+        hit = min(cached // bs, pool.free)
+        if hit and not lv.refused:  # its prefix sits in the free queue, reusable until allocation evicts it
+            pool.allocate(hit)
+            pool.release(lv.index, hit, hit)
+        pending.append(lv)
+        lives.append(lv)
+    by_id = {lv.req.request_id: lv for lv in lives}
+    awaited = {rid for rid in watch if rid in by_id and not by_id[rid].refused}
+    pricer = Pricer(cost)
+    now, steps, preemptions, empty = state.now, 0, 0, 0
+    first_stop, first_members, first_blocked = "", frozenset[str](), None
+    while steps < max_steps and awaited:
+        while pending and pending[0].req.arrival_ts <= now:
+            lv = pending.popleft()
+            if not lv.refused:
+                waiting.append(lv)
+        if not running and not waiting:
+            if not pending:
+                break
+            now = pending[0].req.arrival_ts
+            continue
+        jumped, now = _decode_stretch(running, waiting, pool, cfg.max_num_seqs, bs, pricer, now,
+                                      pending[0].req.arrival_ts if pending else None, max_steps - steps)
+        if jumped:
+            steps += jumped
+            continue
+        plan = schedule_step(running, waiting, pool, cfg, now)
+        preemptions += len(plan.preempted)
+        if not steps and not first_stop:
+            first_stop, first_members = plan.stop, frozenset(m.request_id for m in plan.members)
+            first_blocked = plan.blocked.req.request_id if plan.blocked is not None else None
+        if not plan.members:
+            empty += 1
+            if empty > len(lives) + 1:
+                break
+            continue
+        empty = 0
+        end = now + pricer.seconds(plan.members)
+        for m in plan.members:
+            lv = by_id[m.request_id]
+            _advance(lv, m.tokens, end, running, pool)
+            if lv.finish_ts is not None or (lv.first_token_ts is not None and m.request_id in first_token_only):
+                awaited.discard(m.request_id)
+        now = end
+        steps += 1
+    return Run({lv.req.request_id: lv.first_token_ts for lv in lives},
+                {lv.req.request_id: lv.token_ts for lv in lives}, preemptions, first_stop, first_members,
+                first_blocked)
+
+
+
+
+def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], pool: FreeBlockQueue, max_seqs: int,
+                    bs: int, pricer: Pricer, now: float, next_arrival: float | None, max_steps: int
+                    ) -> tuple[int, float]:
+    """Run the coming steps at once while they are all alike: every running request decodes one token, none
+    needs a new block or finishes, the queue's head cannot be admitted (no blocks or no seat) and no arrival is
+    due. Exactly what `schedule_step` would do step by step (the steps that break the pattern are left to it).
+    Returns (steps run, new time)."""
+    if not running or any(r.computed + 1 != r.num_tokens or r.outputs < 1 for r in running):
+        return 0, now
+    if waiting and len(running) < max_seqs and blocks_for(waiting[0].num_tokens, bs) <= pool.free:
+        return 0, now
+    n = len(running)
+    k = min(max_steps, *(r.blocks * bs - r.computed for r in running), *(r.target - r.outputs - 1 for r in running))
+    if k <= 0:
+        return 0, now
+    context = sum(r.computed + 1 for r in running)
+    steps = 0
+    ends: list[float] = []
+    while steps < k and (next_arrival is None or now < next_arrival):
+        now += pricer.price((0, n, context, 0))
+        context += n
+        ends.append(now)
+        steps += 1
+    for r in running:
+        r.computed += steps
+        r.outputs += steps
+        r.token_ts.extend(ends)
+    return steps, now

@@ -1,0 +1,111 @@
+"""The engine state a forecast starts from, read off the pipeline's timeline at its latest event time.
+
+Pure: no clock, the time is the pipeline's last event. Running requests are the members of the last engine
+step (tokens in KV from the step, prompt from the log or the inferred prefill); waiting ones arrived and were
+not scheduled yet (or were preempted). What an observer cannot see is estimated, and said so:
+- remaining output: `max_tokens - outputs` when the `Received request` line gave max_tokens (an upper bound:
+  a request may stop early at EOS), else the median completion length of recent finished requests, else
+  `default_output_tokens`;
+- a waiting request's prompt before its prefill: the median prompt of recent requests, else
+  `default_prompt_tokens`;
+- expected arrivals: the arrivals of the last `load_window_s` as a rate, with their median prompt and
+  max_tokens.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from attrib_agent.attribution.forecast import ArrivalLoad, EngineState, InFlight
+from attrib_agent.pipeline import AttributionPipeline
+from attrib_agent.timeline.model import RequestLifecycle
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    default_output_tokens: int = 256
+    default_prompt_tokens: int = 512
+    load_window_s: float = 30.0  # arrivals this recent make the expected load
+    min_load_span_s: float = 1.0  # a rate is never taken over less than this (one arrival is not 1000/s)
+    max_requests: int = 512  # in-flight requests kept in a state (the oldest first); bounds a forecast's cost
+
+    def __post_init__(self) -> None:
+        if min(self.default_output_tokens, self.default_prompt_tokens, self.max_requests) < 1:
+            raise ValueError("default token counts and max_requests must be >= 1")
+        if self.load_window_s <= 0 or self.min_load_span_s <= 0:
+            raise ValueError("load_window_s and min_load_span_s must be > 0")
+
+
+def engine_state(pipeline: AttributionPipeline, config: StateConfig | None = None,
+                 load: ArrivalLoad | None = None, prompts: Mapping[str, int] | None = None) -> EngineState | None:
+    """The state at the pipeline's latest event time (None before any event). `load` overrides the learnt one;
+    `prompts` gives prompt lengths the caller knows (a router knows what it sent) for requests whose prefill
+    has not shown them yet."""
+    cfg = config or StateConfig()
+    now = pipeline.last_event_ts
+    if now is None:
+        return None
+    tl = pipeline.timeline
+    outcomes = tl.outcomes()
+    last = outcomes[-1][1].record if outcomes else None
+    members = {m.request_id: m for m in last.members} if last is not None else {}
+    lcs = [lc for lc in tl.lifecycles() if lc.arrival_ts is not None and lc.arrival_ts <= now]
+    done = [lc for lc in lcs if lc.complete]
+    prompt_guess = _median([lc.prompt_tokens for lc in lcs if lc.prompt_tokens], cfg.default_prompt_tokens)
+    output_guess = _median([lc.completion_tokens for lc in done if lc.completion_tokens], cfg.default_output_tokens)
+    live = sorted((lc for lc in lcs if not lc.complete and lc.end_ts is None),
+                  key=lambda lc: (lc.arrival_ts or 0.0, lc.request_id))[: cfg.max_requests]
+    running: list[tuple[float, InFlight]] = []
+    preempted: list[tuple[float, InFlight]] = []
+    waiting: list[InFlight] = []
+    known = prompts or {}
+    for lc in live:
+        if lc.prompt_tokens is None and lc.request_id in known:
+            lc = replace(lc, prompt_tokens=max(int(known[lc.request_id]), 1))
+        arrival = lc.arrival_ts if lc.arrival_ts is not None else now
+        m = members.get(lc.request_id)
+        if m is not None:
+            prompt = lc.prompt_tokens or max(prompt_guess, m.context_tokens + (m.phase == "prefill"))
+            outputs = max(m.context_tokens - prompt + 1, 0) if m.phase != "prefill" or m.context_tokens >= prompt else 0
+            first = lc.first_token_ts if lc.first_token_ts is not None else (now if outputs else None)
+            req = InFlight(lc.request_id, arrival, prompt, m.context_tokens, outputs,
+                           _remaining(lc, outputs, output_guess), True, first)
+            running.append((lc.scheduled_ts if lc.scheduled_ts is not None else arrival, req))
+            continue
+        prompt = lc.prompt_tokens or prompt_guess
+        req = InFlight(lc.request_id, arrival, prompt, 0, 0, _remaining(lc, 0, output_guess), False, None)
+        if lc.scheduled_ts is not None:  # scheduled before, not in the last step: preempted, front of the queue
+            preempted.append((lc.scheduled_ts, req))
+        else:
+            waiting.append(req)
+    ordered = [r for _, r in sorted(running, key=lambda x: x[0])]
+    ordered += [r for _, r in sorted(preempted, key=lambda x: x[0])] + waiting
+    return EngineState(now, pipeline.attributor.scheduler_config(tl), tuple(ordered),
+                       load if load is not None else learnt_load(lcs, now, cfg),
+                       pipeline.attributor.frontend_offsets()[0])
+
+
+def learnt_load(lcs: list[RequestLifecycle], now: float, cfg: StateConfig) -> ArrivalLoad | None:
+    """Recent arrivals as an evenly spaced stream of their median size; None when nothing arrived lately."""
+    since = now - cfg.load_window_s
+    recent = [lc for lc in lcs if lc.arrival_ts is not None and since <= lc.arrival_ts <= now]
+    if not recent:
+        return None
+    first = min(lc.arrival_ts for lc in recent if lc.arrival_ts is not None)
+    span = max(now - first, cfg.min_load_span_s)
+    prompt = _median([lc.prompt_tokens for lc in recent if lc.prompt_tokens], cfg.default_prompt_tokens)
+    out = _median([lc.max_tokens or lc.completion_tokens or 0 for lc in recent
+                   if lc.max_tokens or lc.completion_tokens], cfg.default_output_tokens)
+    return ArrivalLoad(len(recent) / span, prompt, out)
+
+
+def _remaining(lc: RequestLifecycle, outputs: int, guess: int) -> int:
+    if lc.max_tokens is not None:
+        return max(lc.max_tokens - outputs, 0)
+    return max(guess - outputs, 1)
+
+
+def _median(xs: list[int], default: int) -> int:
+    return int(statistics.median(xs)) if xs else default

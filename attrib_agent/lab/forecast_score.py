@@ -1,0 +1,218 @@
+"""Score the admission forecast against the lab's counterfactual truth.
+
+For each whale w of a truth, the whales that arrived before it are its context ("prev"). The true harm of
+admitting w is what the truth measured between the worlds prev + w and prev: per short, the mean TTFT with minus
+without (negatives count 0), summed over shorts. The forecast is made from a recording of the world prev + w,
+replayed through the pipeline up to the event before w's `Received request` line: the state the agent had when w
+arrived. Two loads are scored: `learnt` (the agent's own estimate from recent arrivals, all a live agent has)
+and `declared` (the short stream's rate, size and phase over its remaining span, and the prompt lengths of the
+requests in flight, as a router that knows its traffic and what it sent would pass them). Only harm to shorts is
+compared: the truth measures nothing else.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from attrib_agent.attribution.cost_model import StepCostModel
+from attrib_agent.attribution.forecast import ArrivalLoad, Candidate, Forecast, ForecastConfig, forecast
+from attrib_agent.attribution.forecast_state import engine_state
+from attrib_agent.events import RequestReceived
+from attrib_agent.lab.score import SLOWED_RATIO, spec_ids
+from attrib_agent.lab.server import LabError
+from attrib_agent.lab.workload import CLASSES
+from attrib_agent.pipeline import AttributionPipeline
+from attrib_agent.recording import Recording
+from attrib_agent.sources.replay import ReplaySource
+
+LOADS = ("learnt", "declared")
+
+
+@dataclass
+class WhaleCase:
+    truth: str  # truth directory name
+    whale: str
+    context: tuple[str, ...]  # whales present before it
+    true_harm_s: float
+    true_slowed_2x: bool  # some short's TTFT at least doubled
+    forecast_s: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in LOADS})
+
+    def mean(self, load: str) -> float | None:
+        xs = self.forecast_s[load]
+        return statistics.fmean(xs) if xs else None
+
+
+def _label(whales: Iterable[str]) -> str:
+    return "+".join(sorted(whales)) or "none"
+
+
+def whale_cases(truth_dir: Path) -> tuple[dict[str, Any], list[WhaleCase]]:
+    path = truth_dir / "truth.json"
+    if not path.is_file():
+        raise LabError(f"{truth_dir}: no truth.json")
+    truth = json.loads(path.read_text())
+    whales: Mapping[str, Any] = truth["whales"]
+    order = sorted(whales, key=lambda w: (whales[w]["offset_s"], w))
+    cases = []
+    for i, w in enumerate(order):
+        prev = tuple(order[:i])
+        with_, without = _label((*prev, w)), _label(prev)
+        harm, slowed = 0.0, False
+        for entry in truth["shorts"].values():
+            cond = entry["conditions"]
+            if "ttft_s" not in cond.get(with_, {}) or "ttft_s" not in cond.get(without, {}):
+                continue
+            a, b = cond[with_]["ttft_s"]["mean"], cond[without]["ttft_s"]["mean"]
+            harm += max(a - b, 0.0)
+            slowed |= a >= SLOWED_RATIO * b
+        cases.append(WhaleCase(truth_dir.name, w, prev, harm, slowed))
+    return truth, cases
+
+
+def declared_load(truth: Mapping[str, Any], at_offset_s: float) -> tuple[ArrivalLoad, float] | None:
+    """The short stream still to come after `at_offset_s`: (rate, size and when the next one comes, its
+    remaining span)."""
+    shorts = sorted(truth["shorts"].values(), key=lambda e: e["offset_s"])
+    later = [e for e in shorts if e["offset_s"] > at_offset_s]
+    if len(shorts) < 2 or not later:
+        return None
+    rate = (len(shorts) - 1) / (shorts[-1]["offset_s"] - shorts[0]["offset_s"])
+    klass = CLASSES[later[0]["class"]]
+    first = later[0]["offset_s"] - at_offset_s
+    return (ArrivalLoad(rate, klass.prompt_tokens, klass.output_tokens, first),
+            later[-1]["offset_s"] - at_offset_s + 0.5 / rate)
+
+
+def forecast_at_arrival(recording: Path, whale: str, candidate: Candidate, loads: Mapping[str, tuple[
+        ArrivalLoad | None, ForecastConfig]], sent: Mapping[str, int], cost: StepCostModel | None = None
+                        ) -> dict[str, Forecast]:
+    """Replay `recording` up to the whale's arrival; one forecast of admitting it per named load. The declared
+    one also knows the prompt lengths `sent` (by spec id), as the router that sent them would."""
+    spec = spec_ids(Recording(recording))
+    p = AttributionPipeline()
+    if cost is not None:
+        p.attributor.cost = copy.deepcopy(cost)
+    for ev in ReplaySource(recording).events():
+        if isinstance(ev, RequestReceived) and spec.get(ev.request_id) == whale:
+            learnt = engine_state(p)
+            told = engine_state(p, prompts={rid: sent[s] for rid, s in spec.items() if s in sent})
+            if learnt is None or told is None:
+                raise LabError(f"{recording}: no event before {whale}'s arrival")
+            out = {}
+            for name, (load, cfg) in loads.items():
+                s = learnt if load is None else replace(told, load=load)
+                out[name] = forecast(s, [candidate], p.attributor.cost, cfg)[0]
+            return out
+        p.feed(ev)
+    raise LabError(f"{recording}: whale {whale} never arrives")
+
+
+def shorts_harm(f: Forecast, spec: Mapping[str, str], whales: Iterable[str]) -> float:
+    """Forecast TTFT harm to shorts: in-flight requests that are not whales, plus every expected arrival."""
+    big = set(whales)
+    in_flight = sum(s for rid, s in f.in_flight.ttft_extra_by_request if spec.get(rid, rid) not in big)
+    return in_flight + f.expected.ttft_extra_sum_s
+
+
+def warmed_cost(truth: Mapping[str, Any], truth_dir: Path) -> StepCostModel | None:
+    """The step-cost model an agent would have fitted watching this server before: from the truth's first
+    null run (shorts alone, same machine and vLLM). The recordings start with the agent cold."""
+    run = next((r for r in truth["runs"] if r["condition"] == "none" and r.get("accepted") and r.get("recording")),
+               None)
+    if run is None:
+        return None
+    p = AttributionPipeline()
+    p.feed_all(list(ReplaySource(truth_dir / run["recording"]).events()))
+    p.attributor.learn(p.timeline)
+    return p.attributor.cost
+
+
+def score_dirs(truth_dirs: Iterable[Path], config: ForecastConfig | None = None, *, warm: bool = True
+               ) -> list[WhaleCase]:
+    cfg = config or ForecastConfig()
+    out = []
+    for d in truth_dirs:
+        truth, cases = whale_cases(d)
+        cost = warmed_cost(truth, d) if warm else None
+        for case in cases:
+            w = truth["whales"][case.whale]
+            declared = declared_load(truth, w["offset_s"])
+            loads: dict[str, tuple[ArrivalLoad | None, ForecastConfig]] = {"learnt": (None, cfg)}
+            if declared is not None:
+                loads["declared"] = (declared[0], replace(cfg, horizon_s=declared[1]))
+            runs = [r for r in truth["runs"] if r.get("accepted") and r.get("recording")
+                    and r["condition"] == _label((*case.context, case.whale))]
+            if not runs:
+                raise LabError(f"{d}: no kept recording of {_label((*case.context, case.whale))}")
+            for run in runs:
+                rec = d / run["recording"]
+                sent = {k: v["prompt_tokens"] for k, v in truth["whales"].items()}
+                sent |= {k: CLASSES[v["class"]].prompt_tokens for k, v in truth["shorts"].items()}
+                got = forecast_at_arrival(rec, case.whale, Candidate(w["prompt_tokens"], w["output_tokens"]), loads,
+                                          sent, cost)
+                spec = spec_ids(Recording(rec))
+                for name, f in got.items():
+                    case.forecast_s[name].append(shorts_harm(f, spec, truth["whales"]))
+            out.append(case)
+    return out
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Rank correlation (average ranks for ties); None with fewer than 3 points or no spread."""
+    if len(xs) < 3:
+        return None
+
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return None if sxx == 0 or syy == 0 else sxy / (sxx * syy) ** 0.5
+
+
+def summary(cases: list[WhaleCase], load: str, config: ForecastConfig | None = None) -> dict[str, Any]:
+    """Median relative error of the summed harm, rank correlation, and the never-harmless-when-2x rule."""
+    cfg = config or ForecastConfig()
+    pairs = [(c, m) for c in cases if (m := c.mean(load)) is not None]
+    errors = [abs(m - c.true_harm_s) / c.true_harm_s for c, m in pairs if c.true_harm_s > 0]
+    missed = [f"{c.truth}/{c.whale}" for c, m in pairs if c.true_slowed_2x and m < cfg.harmless_s]
+    return {"load": load, "whales": len(pairs),
+            "median_rel_error": statistics.median(errors) if errors else None,
+            "rank_correlation": spearman([m for _, m in pairs], [c.true_harm_s for c, _ in pairs]),
+            "called_harmless_but_2x": missed}
+
+
+def format_report(cases: list[WhaleCase]) -> str:
+    lines = [f"{'whale':<16} {'before it':<10} {'true harm s':>11} {'2x short':>8} "
+             + " ".join(f"{'forecast ' + k + ' s':>18}" for k in LOADS)]
+    for c in cases:
+        cells = " ".join(f"{m:>18.2f}" if (m := c.mean(k)) is not None else f"{'-':>18}" for k in LOADS)
+        lines.append(f"{c.truth + '/' + c.whale:<16} {_label(c.context):<10} {c.true_harm_s:>11.2f} "
+                     f"{'yes' if c.true_slowed_2x else 'no':>8} {cells}")
+    for k in LOADS:
+        s = summary(cases, k)
+        err = "-" if s["median_rel_error"] is None else f"{100 * s['median_rel_error']:.0f} %"
+        rho = "-" if s["rank_correlation"] is None else f"{s['rank_correlation']:.2f}"
+        missed = ", ".join(s["called_harmless_but_2x"]) or "none"
+        lines.append(f"{k} load: median |error| {err}, rank correlation {rho} over {s['whales']} whales; "
+                     f"called harmless though a short slowed >= 2x: {missed}")
+    lines.append("goals: median error <= 25 %; never harmless when the truth shows a short slowed >= 2x")
+    return "\n".join(lines)

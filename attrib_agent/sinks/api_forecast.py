@@ -1,0 +1,129 @@
+"""POST /v1/forecast: what admitting these requests now would cost the requests on the engine (a thin sink).
+
+Body: one candidate `{"prompt_tokens": N, "max_tokens": N[, "cached_prefix_tokens": N]}` or
+`{"candidates": [...]}` (at most MAX_CANDIDATES, each forecast alone), optionally `"load"` (the arrivals a
+router expects: `{"rate_per_s", "prompt_tokens", "max_tokens"[, "first_in_s"]}`, replacing the learnt one) and
+`"in_flight_prompts"` (`{request id: prompt tokens}` a router knows for requests not prefilled yet). Every
+field is checked; anything else is a 400 naming the field. The forecast runs on the event loop, like the other
+handlers, so it reads a consistent state; its cost is bounded by the forecast's horizon and step limit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any, Final
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from attrib_agent.agent_state import AgentState
+from attrib_agent.attribution.forecast import ArrivalLoad, Candidate, forecast
+from attrib_agent.attribution.forecast_state import engine_state
+from attrib_agent.sinks.api_http import error, json_response
+
+MAX_BODY_BYTES: Final = 64 * 1024
+MAX_CANDIDATES: Final = 16
+MAX_PROMPTS: Final = 1024
+MAX_TOKENS: Final = 10_000_000
+_CANDIDATE_KEYS: Final = frozenset({"prompt_tokens", "max_tokens", "cached_prefix_tokens"})
+_LOAD_KEYS: Final = frozenset({"rate_per_s", "prompt_tokens", "max_tokens", "first_in_s"})
+
+
+class BadForecast(ValueError):
+    """The body is not a valid forecast request; the message says which field and why."""
+
+
+def _int(d: Mapping[str, Any], key: str, where: str, *, required: bool = True, low: int = 1) -> int:
+    if key not in d:
+        if required:
+            raise BadForecast(f"{where}{key} is required")
+        return 0
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= MAX_TOKENS:
+        raise BadForecast(f"{where}{key} must be an integer from {low} to {MAX_TOKENS}")
+    return v
+
+
+def _number(d: Mapping[str, Any], key: str, where: str) -> float:
+    v = d.get(key)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 1e6:
+        raise BadForecast(f"{where}{key} must be a number from 0 to 1e6")
+    return float(v)
+
+
+def _object(v: Any, where: str, keys: frozenset[str]) -> Mapping[str, Any]:
+    if not isinstance(v, dict):
+        raise BadForecast(f"{where} must be a JSON object")
+    unknown = sorted(set(v) - keys)
+    if unknown:
+        raise BadForecast(f"{where} has unknown field {unknown[0][:40]!r}; known: {', '.join(sorted(keys))}")
+    return v
+
+
+def parse_candidate(v: Any, where: str) -> Candidate:
+    d = _object(v, where or "the body", _CANDIDATE_KEYS)
+    prefix = f"{where}." if where else ""
+    c = Candidate(_int(d, "prompt_tokens", prefix), _int(d, "max_tokens", prefix),
+                  _int(d, "cached_prefix_tokens", prefix, required=False, low=0))
+    if c.cached_prefix_tokens > c.prompt_tokens:
+        raise BadForecast(f"{prefix}cached_prefix_tokens must not exceed prompt_tokens")
+    return c
+
+
+def parse_body(raw: bytes) -> tuple[list[Candidate], ArrivalLoad | None, dict[str, int]]:
+    """(candidates, declared load or None, known prompt lengths) from the request body."""
+    if len(raw) > MAX_BODY_BYTES:
+        raise BadForecast(f"body larger than {MAX_BODY_BYTES} bytes")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise BadForecast("body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise BadForecast("body must be a JSON object")
+    extra = {"load", "in_flight_prompts"}
+    if "candidates" in body:
+        top = _object(body, "the body", frozenset({"candidates", *extra}))
+        cands = top["candidates"]
+        if not isinstance(cands, list) or not 1 <= len(cands) <= MAX_CANDIDATES:
+            raise BadForecast(f"candidates must be a list of 1 to {MAX_CANDIDATES} objects")
+        candidates = [parse_candidate(c, f"candidates[{i}]") for i, c in enumerate(cands)]
+    else:
+        top = _object(body, "the body", _CANDIDATE_KEYS | extra)
+        candidates = [parse_candidate({k: v for k, v in body.items() if k not in extra}, "")]
+    load = None
+    if top.get("load") is not None:
+        d = _object(top["load"], "load", _LOAD_KEYS)
+        load = ArrivalLoad(_number(d, "rate_per_s", "load."), _int(d, "prompt_tokens", "load."),
+                           _int(d, "max_tokens", "load."),
+                           _number(d, "first_in_s", "load.") if d.get("first_in_s") is not None else None)
+    prompts = top.get("in_flight_prompts") or {}
+    if not isinstance(prompts, dict) or len(prompts) > MAX_PROMPTS:
+        raise BadForecast(f"in_flight_prompts must be an object of at most {MAX_PROMPTS} request ids")
+    known = {str(k)[:256]: _int(prompts, k, "in_flight_prompts.") for k in prompts}
+    return candidates, load, known
+
+
+def forecast_routes(state: AgentState, errs: Counter[str]) -> list[Route]:
+    pipeline = state.pipeline
+
+    async def post(request: Request) -> Response:
+        try:
+            candidates, load, prompts = parse_body(await request.body())
+        except BadForecast as exc:
+            return error(400, str(exc), errs, "bad_forecast")
+        settings = state.forecast
+        now = engine_state(pipeline, load=load, prompts=prompts)
+        if now is None:
+            return error(503, "no engine state yet: the agent has seen no events from vLLM", errs, "no_state")
+        out = forecast(now, candidates, pipeline.attributor.cost, settings.config)
+        cfg = settings.config
+        return json_response({
+            "engine": pipeline.config.engine, "at": now.now, "running": sum(r.running for r in now.requests),
+            "waiting": sum(not r.running for r in now.requests), "cost_model_fitted": pipeline.attributor.cost.fitted,
+            "slo": {"ttft_s": cfg.ttft_slo_s, "itl_p95_s": cfg.itl_p95_slo_s}, "horizon_s": cfg.horizon_s,
+            "forecasts": [f.as_dict() | {"harmless": f.harmless(cfg)} for f in out]})
+
+    return [Route("/v1/forecast", post, methods=["POST"])]
