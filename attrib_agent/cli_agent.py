@@ -94,6 +94,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     try:
         core = AgentCore(AttributionPipeline(cfg.pipeline_config()),
                          journal=journal_for(cfg.journal_dir, cfg.journal_max_bytes))
+        core.state.forecast = cfg.forecast_settings()
     except JournalError as e:
         print(f"attrib-agent: error: {e}", file=sys.stderr)
         return 2

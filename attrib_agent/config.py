@@ -18,6 +18,7 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from attrib_agent.attribution.attributor import AttributionConfig
+from attrib_agent.attribution.forecast import Candidate, ForecastConfig, ForecastSettings
 from attrib_agent.config_file import read_config_file
 from attrib_agent.config_settings import BY_NAME, CONFIG_ENV, ENV_PREFIX, EXCLUSIVE, SETTINGS, is_chosen, parse_token
 from attrib_agent.config_types import ConfigError, HostPort, OtlpTarget, Secret, shown
@@ -72,6 +73,11 @@ class AgentConfig:
     max_results: int = _d("max_results")
     max_result_age_s: float = _d("max_result_age_s")
     max_pending: int = _d("max_pending")
+    forecast_ttft_slo_s: float = _d("forecast_ttft_slo_s")
+    forecast_itl_p95_slo_s: float = _d("forecast_itl_p95_slo_s")
+    forecast_horizon_s: float = _d("forecast_horizon_s")
+    forecast_reference_prompt_tokens: int = _d("forecast_reference_prompt_tokens")
+    forecast_reference_max_tokens: int = _d("forecast_reference_max_tokens")
     log_level: str = _d("log_level")
     # Not settings: where each value came from, and what the agent should warn about once logging is set up.
     origin: Mapping[str, str] = field(default_factory=dict, compare=False, metadata={"setting": False})
@@ -109,6 +115,12 @@ class AgentConfig:
                               partial_timeout_s=self.partial_timeout_s, max_results=self.max_results,
                               max_result_age_s=self.max_result_age_s, max_pending=self.max_pending,
                               victim_threshold_s=self.victim_threshold_s, attribution=attribution)
+
+    def forecast_settings(self) -> ForecastSettings:
+        return ForecastSettings(ForecastConfig(ttft_slo_s=self.forecast_ttft_slo_s,
+                                               itl_p95_slo_s=self.forecast_itl_p95_slo_s,
+                                               horizon_s=self.forecast_horizon_s),
+                                Candidate(self.forecast_reference_prompt_tokens, self.forecast_reference_max_tokens))
 
     def describe(self) -> list[tuple[str, str, str]]:
         """(setting, value, source) for every setting, secrets and URL passwords masked: the start-up log."""

@@ -13,12 +13,13 @@ from typing import Any, Final
 
 from attrib_agent import config_values as v
 from attrib_agent.attribution.attributor import AttributionConfig
+from attrib_agent.attribution.forecast import ForecastSettings
 from attrib_agent.config_types import HostPort, Secret, shown
 from attrib_agent.pipeline import PipelineConfig
 
 ENV_PREFIX: Final = "ATTRIB_"
 CONFIG_ENV: Final = "ATTRIB_CONFIG"  # the config file's path, when no --config flag is given
-SECTIONS: Final = ("vllm", "otlp", "nvml", "api", "journal", "attribution", "agent")
+SECTIONS: Final = ("vllm", "otlp", "nvml", "api", "journal", "attribution", "forecast", "agent")
 MiB: Final = 2**20
 # The poller's defaults, repeated so `--help` need not import httpx; a test keeps them equal.
 DEFAULT_INTERVAL_S: Final = 0.25
@@ -68,7 +69,7 @@ def parse_token(value: object) -> Secret:
     return Secret(token)
 
 
-_P, _A = PipelineConfig(), AttributionConfig()
+_P, _A, _F = PipelineConfig(), AttributionConfig(), ForecastSettings()
 _S = Setting
 SETTINGS: Final[tuple[Setting, ...]] = (
     # ---- vLLM: where to read it, and facts about it the agent would otherwise infer
@@ -149,6 +150,17 @@ SETTINGS: Final[tuple[Setting, ...]] = (
        "results older than this are dropped from memory", "SECONDS"),
     _S("max_pending", "attribution", v.count(1, 10_000_000), _P.max_pending,
        "victims waiting for attribution or refinement (the oldest are dropped beyond)", "N"),
+    # ---- the admission forecast (POST /v1/forecast, attrib_forecast_reference_harm_seconds)
+    _S("forecast_ttft_slo_s", "forecast", v.seconds(0, inclusive=False), _F.config.ttft_slo_s,
+       "TTFT SLO a forecast counts requests pushed past", "SECONDS"),
+    _S("forecast_itl_p95_slo_s", "forecast", v.seconds(0, inclusive=False), _F.config.itl_p95_slo_s,
+       "ITL p95 SLO a forecast counts requests pushed past", "SECONDS"),
+    _S("forecast_horizon_s", "forecast", v.seconds(0.1), _F.config.horizon_s,
+       "how far ahead a forecast runs the expected arrivals", "SECONDS"),
+    _S("forecast_reference_prompt_tokens", "forecast", v.count(1, 10_000_000), _F.reference.prompt_tokens,
+       "prompt of the reference whale whose harm the gauge reports", "TOKENS"),
+    _S("forecast_reference_max_tokens", "forecast", v.count(1, 10_000_000), _F.reference.max_tokens,
+       "max_tokens of the reference whale", "TOKENS"),
     # ---- the agent itself
     _S("log_level", "agent", v.choice(("DEBUG", "INFO", "WARNING", "ERROR"), upper=True), "INFO",
        "level of the agent's own log", "LEVEL"),

@@ -48,6 +48,7 @@ class LiveAgent:
                               journal=journal_for(config.journal_dir, config.journal_max_bytes), spans=spans,
                               clock=clock)
         self.state = self.core.state
+        self.state.forecast = config.forecast_settings()
         self.api_port: int | None = None
         self.otlp_http_port: int | None = None
         self.otlp_grpc_port: int | None = None

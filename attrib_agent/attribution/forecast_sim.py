@@ -80,8 +80,10 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
                 break
             now = pending[0].req.arrival_ts
             continue
-        jumped, now = _decode_stretch(running, waiting, pool, cfg.max_num_seqs, bs, pricer, now,
-                                      pending[0].req.arrival_ts if pending else None, max_steps - steps)
+        jumped = 0
+        if steps:  # the first step is always scheduled: it says whether the candidate is admitted now
+            jumped, now = _decode_stretch(running, waiting, pool, cfg.max_num_seqs, bs, pricer, now,
+                                          pending[0].req.arrival_ts if pending else None, max_steps - steps)
         if jumped:
             steps += jumped
             continue

@@ -66,11 +66,11 @@ def _object(v: Any, where: str, keys: frozenset[str]) -> Mapping[str, Any]:
 def parse_candidate(v: Any, where: str) -> Candidate:
     d = _object(v, where or "the body", _CANDIDATE_KEYS)
     prefix = f"{where}." if where else ""
-    c = Candidate(_int(d, "prompt_tokens", prefix), _int(d, "max_tokens", prefix),
-                  _int(d, "cached_prefix_tokens", prefix, required=False, low=0))
-    if c.cached_prefix_tokens > c.prompt_tokens:
+    prompt, max_tokens = _int(d, "prompt_tokens", prefix), _int(d, "max_tokens", prefix)
+    cached = _int(d, "cached_prefix_tokens", prefix, required=False, low=0)
+    if cached > prompt:
         raise BadForecast(f"{prefix}cached_prefix_tokens must not exceed prompt_tokens")
-    return c
+    return Candidate(prompt, max_tokens, cached)
 
 
 def parse_body(raw: bytes) -> tuple[list[Candidate], ArrivalLoad | None, dict[str, int]]:

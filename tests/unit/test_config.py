@@ -95,6 +95,11 @@ def samples(tmp_path: Path, token_file: Path) -> dict[str, tuple[object, Any]]:
         "max_results": (500, 500),
         "max_result_age_s": (600.0, 600.0),
         "max_pending": (100, 100),
+        "forecast_ttft_slo_s": (2.5, 2.5),
+        "forecast_itl_p95_slo_s": (0.1, 0.1),
+        "forecast_horizon_s": (4.0, 4.0),
+        "forecast_reference_prompt_tokens": (6000, 6000),
+        "forecast_reference_max_tokens": (600, 600),
         "log_level": ("debug", "DEBUG"),
     }
 

@@ -1,0 +1,113 @@
+"""The admission forecast on hand-built engine states: admission, KV waits, refusal, harm to requests in flight
+and to expected arrivals, SLO counts, batches, cached prefixes, and the decode fast path changing nothing."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from attrib_agent.attribution import forecast_sim
+from attrib_agent.attribution.cost_model import StepCostModel
+from attrib_agent.attribution.forecast import (
+    ArrivalLoad,
+    Candidate,
+    EngineState,
+    ForecastConfig,
+    InFlight,
+    forecast,
+)
+from attrib_agent.attribution.sim_types import SchedulerConfig
+
+COST = StepCostModel()  # the prior: the lab's CPU figures
+SCHED = SchedulerConfig(block_size=128, num_blocks=96, token_budget=2048)
+NOW = 1000.0
+
+
+def decoding(rid: str, prompt: int, outputs: int, remaining: int) -> InFlight:
+    return InFlight(rid, NOW - 1, prompt, prompt + outputs - 1, outputs, remaining, True, NOW - 0.5)
+
+
+def waiting(rid: str, prompt: int, max_tokens: int) -> InFlight:
+    return InFlight(rid, NOW - 0.01, prompt, 0, 0, max_tokens, False, None)
+
+
+def test_an_idle_engine_admits_now_at_the_solo_ttft_and_harms_nobody() -> None:
+    state = EngineState(NOW, SCHED, (), ttft_offset_s=0.01)
+    [f] = forecast(state, [Candidate(5000, 100)], COST)
+    assert f.admitted_now and f.wait_reason is None and not f.refused
+    assert f.own_ttft_s is not None
+    assert math.isclose(f.own_ttft_s, COST.solo_ttft_s(5000, 2048) + 0.01, rel_tol=1e-9)
+    assert f.ttft_extra_sum_s == 0 and f.in_flight.requests == 0 and f.expected.requests == 0
+    assert f.harmless(ForecastConfig())
+
+
+def test_a_full_pool_makes_it_wait_for_kv_and_a_too_big_one_is_refused() -> None:
+    # 95 usable blocks; the running request holds 80 of them (10,240 tokens) and needs more as it decodes
+    state = EngineState(NOW, SCHED, (decoding("big", 10_000, 200, 40),))
+    [f] = forecast(state, [Candidate(3000, 100)], COST)
+    assert not f.admitted_now and f.wait_reason == "kv"
+    assert f.own_ttft_s is not None and f.own_ttft_s > COST.solo_ttft_s(3000, 2048) + 0.2  # waited for big
+    [huge] = forecast(state, [Candidate(12_000, 500)], COST)
+    assert huge.refused and huge.own_ttft_s is None and huge.ttft_extra_sum_s == 0
+
+
+def test_a_whale_slows_the_decoders_in_flight_and_delays_the_queued_short_behind_its_prefill() -> None:
+    shorts = tuple(decoding(f"s{i}", 32, 5, 27) for i in range(3))
+    state = EngineState(NOW, SCHED, shorts)
+    [f] = forecast(state, [Candidate(6000, 600)], COST)
+    assert f.in_flight.requests == 3
+    assert f.in_flight.itl_extra_max_s > 0.01  # three of their gaps are 2,048-token prefill chunks
+    assert f.in_flight.itl_slo_pushed == 3  # ... which the p95 of 27 gaps sees
+    assert math.isclose(f.in_flight.itl_extra_sum_s, 3 * f.in_flight.itl_extra_max_s, rel_tol=0.05)
+    assert f.in_flight.ttft_extra_sum_s == 0  # they had their first token already
+    # a short arriving after the whale waits for its prefill chunks
+    load = ArrivalLoad(2.0, 32, 32, first_in_s=0.1)
+    [g] = forecast(EngineState(NOW, SCHED, shorts, load), [Candidate(6000, 600)], COST, ForecastConfig(horizon_s=3))
+    assert g.expected.requests == 6
+    by_id = dict(g.expected.ttft_extra_by_request)
+    assert by_id["expected-0"] > 0.3 and by_id["expected-0"] == g.expected.ttft_extra_max_s
+    assert g.ttft_extra_sum_s == g.in_flight.ttft_extra_sum_s + g.expected.ttft_extra_sum_s
+    assert not g.harmless(ForecastConfig())
+
+
+def test_slo_counts_only_requests_pushed_past_the_slo() -> None:
+    state = EngineState(NOW, SCHED, (waiting("q", 32, 32),), ArrivalLoad(2.0, 32, 32, first_in_s=0.05))
+    strict = ForecastConfig(ttft_slo_s=0.2, itl_p95_slo_s=0.05, horizon_s=1)
+    [f] = forecast(state, [Candidate(6000, 50)], COST, strict)
+    assert f.expected.ttft_slo_pushed >= 1
+    [lax] = forecast(state, [Candidate(6000, 50)], COST, ForecastConfig(horizon_s=1))
+    assert lax.expected.ttft_slo_pushed == 0 and lax.ttft_extra_sum_s == f.ttft_extra_sum_s
+
+
+def test_a_batch_gives_each_candidate_its_own_forecast() -> None:
+    state = EngineState(NOW, SCHED, (decoding("a", 500, 3, 100),), ArrivalLoad(1.0, 32, 32))
+    cands = [Candidate(32, 32), Candidate(7000, 300), Candidate(2000, 10, cached_prefix_tokens=1920)]
+    batch = forecast(state, cands, COST)
+    assert [f.candidate for f in batch] == cands
+    assert batch == [forecast(state, [c], COST)[0] for c in cands]
+    small, whale, cached = batch
+    assert whale.ttft_extra_sum_s > small.ttft_extra_sum_s
+    [uncached] = forecast(state, [Candidate(2000, 10)], COST)
+    assert cached.own_ttft_s is not None and uncached.own_ttft_s is not None
+    assert cached.own_ttft_s < 0.5 * uncached.own_ttft_s  # 15 of its 16 prompt blocks were cached
+
+
+def test_the_decode_fast_path_gives_exactly_the_step_by_step_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    state = EngineState(NOW, SCHED, (decoding("a", 3000, 10, 400), decoding("b", 40, 2, 30), waiting("c", 900, 64)),
+                        ArrivalLoad(1.5, 64, 48))
+    cands = [Candidate(6000, 200), Candidate(300, 20)]
+    fast = forecast(state, cands, COST)
+    monkeypatch.setattr(forecast_sim, "_decode_stretch", lambda *a: (0, a[6]))
+    assert forecast(state, cands, COST) == fast
+
+
+def test_bad_candidates_and_configs_are_refused() -> None:
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        Candidate(0, 5)
+    with pytest.raises(ValueError, match="cached_prefix_tokens"):
+        Candidate(10, 5, cached_prefix_tokens=11)
+    with pytest.raises(ValueError):
+        ForecastConfig(horizon_s=0)
+    with pytest.raises(ValueError):
+        ArrivalLoad(-1.0, 5, 5)

@@ -1,0 +1,128 @@
+"""POST /v1/forecast and the reference-whale gauge through the real API, on agents replayed from recordings:
+the answer matches the pure forecast of the same state, bad bodies get a 400 naming the field, the token rule
+is the other data endpoints', and /metrics serves the gauge a router scrapes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+from api_replayed import call, events, midway, state_of
+from prometheus_client import make_asgi_app
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.types import ASGIApp
+
+from attrib_agent.agent_state import AgentState
+from attrib_agent.attribution.forecast import Candidate, ForecastConfig, ForecastSettings, forecast
+from attrib_agent.attribution.forecast_state import engine_state
+from attrib_agent.events import RequestReceived
+from attrib_agent.pipeline import AttributionPipeline
+from attrib_agent.sinks.api_forecast import MAX_CANDIDATES
+from attrib_agent.sinks.http_api import api_app
+from attrib_agent.sinks.prom_collector import registry_for
+
+
+def post(app: ASGIApp, body: Any, *, headers: dict[str, str] | None = None) -> httpx.Response:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+
+    async def go() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://agent") as client:
+            return await client.post("/v1/forecast", content=content, headers=headers)
+
+    return asyncio.run(go())
+
+
+def at_second_whale() -> AttributionPipeline:
+    """whale2 fed up to the second whale's arrival: the first whale decoding, shorts coming and going."""
+    p = AttributionPipeline()
+    for ev in events("whale2"):
+        if isinstance(ev, RequestReceived) and "-w2-" in ev.request_id:
+            return p
+        p.feed(ev)
+    raise AssertionError("whale2 has no second whale")
+
+
+def test_the_answer_is_the_pure_forecast_of_the_agent_state() -> None:
+    p = at_second_whale()
+    resp = post(api_app(state_of(p)), {"prompt_tokens": 5000, "max_tokens": 600})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    state = engine_state(p)
+    assert state is not None and body["at"] == state.now and body["engine"] == 0
+    assert body["running"] >= 1  # the first whale
+    [expected] = forecast(state, [Candidate(5000, 600)], p.attributor.cost, ForecastConfig())
+    [got] = body["forecasts"]
+    assert got == json.loads(json.dumps(expected.as_dict() | {"harmless": expected.harmless(ForecastConfig())}))
+    assert got["ttft_extra_sum_s"] > 0.5 and not got["harmless"]  # a second whale beside the first hurts
+    assert got["expected_load"]["rate_per_s"] > 0  # learnt from the shorts seen so far
+    assert body["slo"] == {"ttft_s": 5.0, "itl_p95_s": 0.25}
+
+
+def test_a_batch_a_declared_load_and_known_prompts() -> None:
+    p = at_second_whale()
+    app = api_app(state_of(p))
+    cands = [{"prompt_tokens": 32, "max_tokens": 32}, {"prompt_tokens": 5000, "max_tokens": 600},
+             {"prompt_tokens": 5000, "max_tokens": 600, "cached_prefix_tokens": 4864}]
+    body = post(app, {"candidates": cands, "load": {"rate_per_s": 2, "prompt_tokens": 32, "max_tokens": 32,
+                                                    "first_in_s": 0.3}}).json()
+    small, whale, cached = body["forecasts"]
+    assert [f["candidate"] for f in body["forecasts"]] == [{"cached_prefix_tokens": 0} | c for c in cands]
+    assert whale["expected_load"] == {"rate_per_s": 2.0, "prompt_tokens": 32, "max_tokens": 32, "first_in_s": 0.3}
+    assert small["ttft_extra_sum_s"] < whale["ttft_extra_sum_s"]
+    assert cached["own_ttft_s"] < whale["own_ttft_s"]
+    rid = next(lc.request_id for lc in p.timeline.lifecycles() if "-w1-" in lc.request_id)
+    told = post(app, {"prompt_tokens": 5000, "max_tokens": 600, "in_flight_prompts": {rid: 6000}})
+    assert told.status_code == 200  # w1's prompt is known from its prefill already: the hint changes nothing
+    assert told.json()["forecasts"][0]["own_ttft_s"] == post(app, {"prompt_tokens": 5000, "max_tokens": 600}).json(
+        )["forecasts"][0]["own_ttft_s"]
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    (b"{not json", "not valid JSON"),
+    ([1, 2], "JSON object"),
+    ({"max_tokens": 5}, "prompt_tokens is required"),
+    ({"prompt_tokens": "100", "max_tokens": 5}, "prompt_tokens must be an integer"),
+    ({"prompt_tokens": 100, "max_tokens": True}, "max_tokens must be an integer"),
+    ({"prompt_tokens": 0, "max_tokens": 5}, "prompt_tokens must be an integer from 1"),
+    ({"prompt_tokens": 10, "max_tokens": 5, "cached_prefix_tokens": 11}, "must not exceed prompt_tokens"),
+    ({"prompt_tokens": 10, "max_tokens": 5, "prompt": "hello"}, "unknown field 'prompt'"),
+    ({"candidates": []}, f"1 to {MAX_CANDIDATES}"),
+    ({"candidates": [{"prompt_tokens": 1, "max_tokens": 1}] * (MAX_CANDIDATES + 1)}, f"1 to {MAX_CANDIDATES}"),
+    ({"candidates": [{"prompt_tokens": 1}]}, "candidates[0].max_tokens is required"),
+    ({"prompt_tokens": 10, "max_tokens": 5, "load": {"rate_per_s": -1, "prompt_tokens": 1, "max_tokens": 1}},
+     "load.rate_per_s must be a number"),
+    ({"prompt_tokens": 10, "max_tokens": 5, "in_flight_prompts": {"x": -3}}, "in_flight_prompts.x"),
+    (b"x" * 70_000, "larger than"),
+])
+def test_bad_bodies_get_a_400_naming_the_problem(body: Any, message: str) -> None:
+    app = api_app(state_of(midway("whale2")))
+    resp = post(app, body)
+    assert resp.status_code == 400
+    assert message in resp.json()["error"]
+    assert app.state.api_errors["bad_forecast"] == 1
+
+
+def test_no_events_yet_is_a_503_and_the_token_rule_holds() -> None:
+    assert post(api_app(state_of(AttributionPipeline())), {"prompt_tokens": 5, "max_tokens": 5}).status_code == 503
+    app = api_app(state_of(midway("whale2")), token="s3cret-token")
+    assert post(app, {"prompt_tokens": 5, "max_tokens": 5}).status_code == 401
+    ok = post(app, {"prompt_tokens": 5, "max_tokens": 5}, headers={"Authorization": "Bearer s3cret-token"})
+    assert ok.status_code == 200
+    assert call(app, "/v1/forecast", headers={"Authorization": "Bearer s3cret-token"}).status_code == 405
+
+
+def test_the_gauge_is_the_reference_whales_forecast() -> None:
+    p = at_second_whale()
+    ref = Candidate(6000, 600)
+    state = AgentState(p, forecast=ForecastSettings(ForecastConfig(horizon_s=5), ref))
+    text = call(api_app(state, metrics_app=make_asgi_app(registry_for(state))), "/metrics").text
+    [family] = [f for f in text_string_to_metric_families(text) if f.name == "attrib_forecast_reference_harm_seconds"]
+    [sample] = family.samples
+    assert sample.labels == {"engine": "0"}
+    now = engine_state(p)
+    assert now is not None
+    [f] = forecast(now, [ref], p.attributor.cost, ForecastConfig(horizon_s=5))
+    assert sample.value == pytest.approx(f.ttft_extra_sum_s, rel=1e-9) and sample.value > 0.5
