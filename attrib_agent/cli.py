@@ -101,6 +101,12 @@ def cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
+def _forecast_report(truth_dirs: list[Path], *, warm: bool, as_json: bool) -> str:
+    from attrib_agent.lab.forecast_score import report_command
+
+    return report_command(truth_dirs, warm=warm, as_json=as_json)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     import httpx
 
@@ -214,6 +220,11 @@ def build_parser() -> argparse.ArgumentParser:
     orc = lsub.add_parser("oracle", help="vLLM's own scheduler vs the re-simulation: step agreement report")
     oracle.add_arguments(orc)
     orc.set_defaults(func=oracle.run)
+    fs = lsub.add_parser("forecast-score", help="score the admission forecast against counterfactual truth")
+    fs.add_argument("truth_dirs", type=Path, nargs="+", metavar="TRUTH_DIR")
+    fs.add_argument("--warm", action="store_true", help="cost model fitted on the truth's null run first")
+    fs.add_argument("--json", action="store_true")
+    fs.set_defaults(func=lambda a: print(_forecast_report(a.truth_dirs, warm=a.warm, as_json=a.json)) or 0)
     return p
 
 

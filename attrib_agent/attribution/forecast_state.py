@@ -18,6 +18,7 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from attrib_agent.attribution.cost_model import StepCostModel, StepFeatures
 from attrib_agent.attribution.forecast import ArrivalLoad, EngineState, InFlight
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.timeline.model import RequestLifecycle
@@ -87,11 +88,44 @@ def engine_state(pipeline: AttributionPipeline, config: StateConfig | None = Non
                        pipeline.attributor.frontend_offsets()[0])
 
 
+class ScaledCost:
+    """The step-cost model's figures times a factor (a StepCost and PrefillAwareStepCost)."""
+
+    def __init__(self, cost: StepCostModel, factor: float) -> None:
+        self.cost, self.factor = cost, factor
+
+    def step_seconds(self, context_tokens: int, decode_requests: int, decode_context_sum: int) -> float:
+        return self.factor * self.cost.step_seconds(context_tokens, decode_requests, decode_context_sum)
+
+    def step_seconds_with_prefill(self, context_tokens: int, decode_requests: int, decode_context_sum: int,
+                                  prefill_pairs: int) -> float:
+        return self.factor * self.cost.step_seconds_with_prefill(context_tokens, decode_requests,
+                                                                 decode_context_sum, prefill_pairs)
+
+
+def forecast_cost(pipeline: AttributionPipeline, max_steps: int = 64) -> StepCostModel | ScaledCost:
+    """The fitted cost model; before it is fitted (a fresh agent: the first `min_steps` steps), its prior scaled
+    by the median ratio of the observed to the predicted time of the steps seen so far, so that a machine five
+    times faster than the prior's is not forecast five times too slow from its first steps on. The ratio is of
+    summed times, so the long steps (prefill chunks) weigh as much as the time they take."""
+    cost = pipeline.attributor.cost
+    if cost.fitted:
+        return cost
+    observed = predicted = 0.0
+    for _, out in pipeline.timeline.outcomes()[-max_steps:]:
+        f = StepFeatures.from_record(out.record)
+        predicted += cost.step_seconds_with_prefill(f.prefill_tokens, f.decode_requests, f.decode_context_sum,
+                                                    f.prefill_pairs) - cost.coefficients.step_gap_s
+        observed += out.record.elapsed_s
+    return ScaledCost(cost, observed / predicted) if observed > 0 and predicted > 0 else cost
+
+
 def learnt_load(lcs: list[RequestLifecycle], now: float, cfg: StateConfig) -> ArrivalLoad | None:
-    """Recent arrivals as an evenly spaced stream of their median size; None when nothing arrived lately."""
+    """Recent arrivals as an evenly spaced stream of their median size; None with fewer than two (one arrival
+    says nothing of a rate)."""
     since = now - cfg.load_window_s
     recent = [lc for lc in lcs if lc.arrival_ts is not None and since <= lc.arrival_ts <= now]
-    if not recent:
+    if len(recent) < 2:
         return None
     first = min(lc.arrival_ts for lc in recent if lc.arrival_ts is not None)
     span = max(now - first, cfg.min_load_span_s)

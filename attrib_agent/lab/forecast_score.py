@@ -22,7 +22,7 @@ from typing import Any
 
 from attrib_agent.attribution.cost_model import StepCostModel
 from attrib_agent.attribution.forecast import ArrivalLoad, Candidate, Forecast, ForecastConfig, forecast
-from attrib_agent.attribution.forecast_state import engine_state
+from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
 from attrib_agent.events import RequestReceived
 from attrib_agent.lab.score import SLOWED_RATIO, spec_ids
 from attrib_agent.lab.server import LabError
@@ -107,7 +107,7 @@ def forecast_at_arrival(recording: Path, whale: str, candidate: Candidate, loads
             out = {}
             for name, (load, cfg) in loads.items():
                 s = learnt if load is None else replace(told, load=load)
-                out[name] = forecast(s, [candidate], p.attributor.cost, cfg)[0]
+                out[name] = forecast(s, [candidate], forecast_cost(p), cfg)[0]
             return out
         p.feed(ev)
     raise LabError(f"{recording}: whale {whale} never arrives")
@@ -133,7 +133,7 @@ def warmed_cost(truth: Mapping[str, Any], truth_dir: Path) -> StepCostModel | No
     return p.attributor.cost
 
 
-def score_dirs(truth_dirs: Iterable[Path], config: ForecastConfig | None = None, *, warm: bool = True
+def score_dirs(truth_dirs: Iterable[Path], config: ForecastConfig | None = None, *, warm: bool = False
                ) -> list[WhaleCase]:
     cfg = config or ForecastConfig()
     out = []
@@ -216,3 +216,14 @@ def format_report(cases: list[WhaleCase]) -> str:
                      f"called harmless though a short slowed >= 2x: {missed}")
     lines.append("goals: median error <= 25 %; never harmless when the truth shows a short slowed >= 2x")
     return "\n".join(lines)
+
+
+def report_command(truth_dirs: list[Path], *, warm: bool, as_json: bool) -> str:
+    """What `attrib-agent lab forecast-score` prints."""
+    cases = score_dirs(truth_dirs, warm=warm)
+    if not as_json:
+        return format_report(cases)
+    return json.dumps({"warm": warm, "summaries": [summary(cases, k) for k in LOADS],
+                       "whales": [{"truth": c.truth, "whale": c.whale, "context": list(c.context),
+                                   "true_harm_s": c.true_harm_s, "true_slowed_2x": c.true_slowed_2x,
+                                   "forecast_s": c.forecast_s} for c in cases]}, indent=1)

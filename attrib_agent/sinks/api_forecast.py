@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 from attrib_agent.agent_state import AgentState
 from attrib_agent.attribution.forecast import ArrivalLoad, Candidate, forecast
-from attrib_agent.attribution.forecast_state import engine_state
+from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
 from attrib_agent.sinks.api_http import error, json_response
 
 MAX_BODY_BYTES: Final = 64 * 1024
@@ -118,7 +118,7 @@ def forecast_routes(state: AgentState, errs: Counter[str]) -> list[Route]:
         now = engine_state(pipeline, load=load, prompts=prompts)
         if now is None:
             return error(503, "no engine state yet: the agent has seen no events from vLLM", errs, "no_state")
-        out = forecast(now, candidates, pipeline.attributor.cost, settings.config)
+        out = forecast(now, candidates, forecast_cost(pipeline), settings.config)
         cfg = settings.config
         return json_response({
             "engine": pipeline.config.engine, "at": now.now, "running": sum(r.running for r in now.requests),

@@ -10,7 +10,7 @@ from prometheus_client.metrics_core import Metric
 
 from attrib_agent.agent_state import AgentState
 from attrib_agent.attribution.forecast import forecast
-from attrib_agent.attribution.forecast_state import engine_state
+from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
 from attrib_agent.sinks.prom_families import gauge
 
 
@@ -19,6 +19,6 @@ def forecast_families(state: AgentState) -> list[Metric]:
     p = state.pipeline
     now = engine_state(p)
     if now is not None:
-        f = forecast(now, [state.forecast.reference], p.attributor.cost, state.forecast.config)[0]
+        f = forecast(now, [state.forecast.reference], forecast_cost(p), state.forecast.config)[0]
         harm.add_metric([str(p.config.engine)], f.ttft_extra_sum_s)
     return [harm]

@@ -17,7 +17,7 @@ from starlette.types import ASGIApp
 
 from attrib_agent.agent_state import AgentState
 from attrib_agent.attribution.forecast import Candidate, ForecastConfig, ForecastSettings, forecast
-from attrib_agent.attribution.forecast_state import engine_state
+from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
 from attrib_agent.events import RequestReceived
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.sinks.api_forecast import MAX_CANDIDATES
@@ -53,7 +53,7 @@ def test_the_answer_is_the_pure_forecast_of_the_agent_state() -> None:
     state = engine_state(p)
     assert state is not None and body["at"] == state.now and body["engine"] == 0
     assert body["running"] >= 1  # the first whale
-    [expected] = forecast(state, [Candidate(5000, 600)], p.attributor.cost, ForecastConfig())
+    [expected] = forecast(state, [Candidate(5000, 600)], forecast_cost(p), ForecastConfig())
     [got] = body["forecasts"]
     assert got == json.loads(json.dumps(expected.as_dict() | {"harmless": expected.harmless(ForecastConfig())}))
     assert got["ttft_extra_sum_s"] > 0.5 and not got["harmless"]  # a second whale beside the first hurts
@@ -124,5 +124,5 @@ def test_the_gauge_is_the_reference_whales_forecast() -> None:
     assert sample.labels == {"engine": "0"}
     now = engine_state(p)
     assert now is not None
-    [f] = forecast(now, [ref], p.attributor.cost, ForecastConfig(horizon_s=5))
+    [f] = forecast(now, [ref], forecast_cost(p), ForecastConfig(horizon_s=5))
     assert sample.value == pytest.approx(f.ttft_extra_sum_s, rel=1e-9) and sample.value > 0.5

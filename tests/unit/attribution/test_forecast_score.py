@@ -1,0 +1,52 @@
+"""The forecast against the committed counterfactual truths (`attrib-agent lab forecast-score`): today's figures
+held. The forecast is deterministic, so the margins are for changes to the model, sized by the truth's own
+resolution: the standard error of a whale's summed true harm (over the shorts, 3 reps per condition) is 37-66 %
+of it for four of the five whales (142 % for preempt/w2), 6 % for preempt/w3."""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+from pathlib import Path
+
+from attrib_agent.lab.forecast_score import WhaleCase, format_report, score_dirs, spearman, summary
+
+TRUTH = Path(__file__).resolve().parents[2] / "fixtures" / "truth"
+
+
+@cache
+def cases() -> list[WhaleCase]:
+    return score_dirs(sorted(TRUTH.iterdir()))
+
+
+def test_declared_load_figures_hold() -> None:
+    s = summary(cases(), "declared")
+    assert s["whales"] == 5
+    # measured 35 %; the goal is 25 %, below the truth's own median resolution (41 %); a change beyond that
+    # resolution is a regression
+    assert s["median_rel_error"] <= 0.45
+    assert s["rank_correlation"] >= 0.3  # measured 0.40 (5 whales: steps of 0.1)
+    assert s["called_harmless_but_2x"] == []  # every whale with a short slowed >= 2x is forecast harmful
+
+
+def test_learnt_load_misses_only_whales_that_arrive_before_any_load_was_seen() -> None:
+    s = summary(cases(), "learnt")
+    # at their arrival the agent had seen fewer than two arrivals: no rate to expect anyone after them
+    assert s["called_harmless_but_2x"] == ["preempt/w1", "preempt/w2", "whale2/w1"]
+    by = {f"{c.truth}/{c.whale}": c for c in cases()}
+    assert by["whale2/w2"].mean("learnt") > 0.5 * by["whale2/w2"].true_harm_s  # with shorts seen, it sees harm
+
+
+def test_the_big_whale_is_ranked_first_and_the_report_prints_every_whale() -> None:
+    by = {f"{c.truth}/{c.whale}": c for c in cases()}
+    top = max(by, key=lambda k: by[k].mean("declared") or 0.0)
+    assert top == "preempt/w3" == max(by, key=lambda k: by[k].true_harm_s)  # the preempting third whale
+    text = format_report(cases())
+    assert all(k in text for k in by) and "median |error|" in text
+
+
+def test_spearman() -> None:
+    assert spearman([1, 2, 3], [10, 20, 30]) == 1.0
+    assert spearman([1, 2, 3], [3, 2, 1]) == -1.0
+    assert spearman([1, 2], [1, 2]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
+    assert math.isclose(spearman([1, 2, 2, 3], [1, 2, 3, 4]) or 0, 0.9486832980505138)

@@ -1,0 +1,92 @@
+"""The forecast's starting state read off a replayed pipeline: who runs (the last step's members, with their KV
+and outputs), who waits, what remains of each (max_tokens from the log, else an estimate), the learnt load,
+prompt hints, and the bound on requests kept."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from attrib_agent.attribution.forecast import ArrivalLoad
+from attrib_agent.attribution.forecast_state import ScaledCost, StateConfig, engine_state, forecast_cost
+from attrib_agent.events import Event, RequestReceived
+from attrib_agent.pipeline import AttributionPipeline
+from attrib_agent.sources.replay import ReplaySource
+
+RECORDINGS = Path(__file__).resolve().parents[2] / "fixtures" / "recordings"
+
+
+@cache
+def events(name: str) -> tuple[Event, ...]:
+    return tuple(ReplaySource(RECORDINGS / name).events())
+
+
+def fed_until(name: str, marker: str) -> AttributionPipeline:
+    p = AttributionPipeline()
+    for ev in events(name):
+        if isinstance(ev, RequestReceived) and marker in ev.request_id:
+            return p
+        p.feed(ev)
+    raise AssertionError(f"{name}: {marker} never arrives")
+
+
+def test_running_requests_are_the_last_steps_members_with_their_kv_and_outputs() -> None:
+    p = fed_until("whale2", "-w2-")
+    state = engine_state(p)
+    assert state is not None and state.now == p.last_event_ts
+    last = p.timeline.steps()[-1]
+    members = {m.request_id: m for m in last.members}
+    running = [r for r in state.requests if r.running]
+    assert {r.request_id for r in running} == {rid for rid in members
+                                              if (lc := p.timeline.lifecycle(rid)) and lc.end_ts is None}
+    whale = next(r for r in running if "-w1-" in r.request_id)
+    lc = p.timeline.lifecycle(whale.request_id)
+    assert lc is not None and lc.max_tokens == 600 and whale.prompt_tokens == lc.prompt_tokens == 6000
+    assert whale.computed == members[whale.request_id].context_tokens
+    assert whale.outputs == whale.computed - 6000 + 1 and whale.remaining == 600 - whale.outputs  # from max_tokens
+    assert state.sched.num_blocks == 96 and state.sched.block_size == 128
+    assert all(r.running for r in state.requests[:len(running)])  # running first, then the queue
+    assert isinstance(state.load, ArrivalLoad) and state.load.prompt_tokens == 32 and state.load.max_tokens == 32
+
+
+def test_unknown_sizes_are_estimated_and_hints_replace_the_estimate() -> None:
+    p = fed_until("preempt", "-w2-")  # w1 is in its prefill: its prompt length is unknown to an observer
+    state = engine_state(p, StateConfig(default_prompt_tokens=700))
+    assert state is not None
+    [w1] = [r for r in state.requests if "-w1-" in r.request_id]
+    assert w1.running and w1.computed == 2048 and w1.outputs == 0
+    assert w1.prompt_tokens == 2049 and w1.remaining == 500  # at least one token beyond its KV; max_tokens logged
+    assert engine_state(p, StateConfig(default_prompt_tokens=3000)).requests[0].prompt_tokens == 3000  # type: ignore
+    told = engine_state(p, prompts={w1.request_id: 3900}, load=ArrivalLoad(1.0, 8, 8))
+    assert told is not None and told.load == ArrivalLoad(1.0, 8, 8)
+    assert next(r for r in told.requests if r.request_id == w1.request_id).prompt_tokens == 3900
+
+
+def test_the_state_is_bounded_and_empty_before_any_event() -> None:
+    assert engine_state(AttributionPipeline()) is None
+    p = fed_until("preempt", "-s003-")
+    full = engine_state(p)
+    small = engine_state(p, StateConfig(max_requests=2))
+    assert full is not None and small is not None and len(full.requests) > 2 == len(small.requests)
+    with pytest.raises(ValueError):
+        StateConfig(max_requests=0)
+
+
+def test_before_the_fit_the_prior_is_scaled_to_the_steps_seen_and_after_it_the_fit_is_used() -> None:
+    p = AttributionPipeline()  # the preempt truth was recorded on a machine faster than the prior's
+    for ev in ReplaySource(RECORDINGS.parent / "truth" / "preempt" / "runs" / "w1+w2+w3-r0").events():
+        if isinstance(ev, RequestReceived) and "-w3-" in ev.request_id:
+            break
+        p.feed(ev)
+    cost = forecast_cost(p)
+    assert not p.attributor.cost.fitted and isinstance(cost, ScaledCost)
+    assert p.timeline.steps()
+    assert 0 < cost.factor < 0.5  # its first steps took less than half the prior's time
+    assert cost.step_seconds(2048, 0, 0) == pytest.approx(cost.factor * p.attributor.cost.step_seconds(2048, 0, 0))
+    done = AttributionPipeline()
+    done.feed_all(events("preempt"))
+    done.settle()
+    assert done.attributor.cost.fitted and forecast_cost(done) is done.attributor.cost
+    assert forecast_cost(AttributionPipeline()) is not None  # no steps: the prior as it is
