@@ -8,6 +8,7 @@ allocate, no arrival due) in one go, which is most of a whale's life and most of
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -129,13 +130,23 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
     if k <= 0:
         return 0, now
     context = sum(r.computed + 1 for r in running)
-    steps = 0
+    first = pricer.price((0, n, context, 0))
+    slope = pricer.price((0, n, context + n, 0)) - first  # each step attends to n more tokens
+    if abs(pricer.price((0, n, context + (k - 1) * n, 0)) - (first + (k - 1) * slope)) > 1e-9 * (1 + first):
+        slope = float("nan")  # a cost model not linear in the context: price step by step
     ends: list[float] = []
-    while steps < k and (next_arrival is None or now < next_arrival):
-        now += pricer.price((0, n, context, 0))
-        context += n
-        ends.append(now)
-        steps += 1
+    if slope == slope:  # step j (0-based) costs first + j * slope: its end in closed form
+        ends = [now + (j + 1) * first + slope * j * (j + 1) / 2 for j in range(k)]
+        if next_arrival is not None and ends and ends[-1] >= next_arrival:
+            # the step in which the arrival falls is the last one: the queue is looked at after it
+            del ends[bisect_left(ends, next_arrival) + 1:]
+    else:
+        t = now
+        while len(ends) < k and (next_arrival is None or t < next_arrival):
+            t += pricer.price((0, n, context + len(ends) * n, 0))
+            ends.append(t)
+    steps = len(ends)
+    now = ends[-1] if ends else now
     for r in running:
         r.computed += steps
         r.outputs += steps

@@ -1,0 +1,102 @@
+"""Forecast latency (issue 16, goal p99 <= 5 ms): one POST /v1/forecast's work, from the agent's state.
+
+Each committed recording (and each kept truth run) is replayed through the pipeline; at every request's arrival
+and every 50th engine step, the reference whale's forecast is timed as the endpoint does it (state read off the
+timeline, cost model, both simulated futures): `--reps` times at each moment, on one pinned core. Printed: the
+moments, p50/p99/max over all timings, the p99 of each rep round (its spread), and the same through the real
+API (in-process ASGI, JSON in and out) for the arrival moments.
+
+    .venv/bin/python -m benchmarks.forecast_latency [--reps 5] [--cpu 1] [--horizon-s 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from pathlib import Path
+
+import httpx
+
+from attrib_agent.agent_state import AgentState
+from attrib_agent.attribution.forecast import Candidate, ForecastConfig, ForecastSettings, forecast
+from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
+from attrib_agent.events import EngineStep, RequestReceived
+from attrib_agent.pipeline import AttributionPipeline
+from attrib_agent.sinks.http_api import api_app
+from attrib_agent.sources.replay import ReplaySource
+from benchmarks._measure import machine, pin_one_core
+
+ROOT = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
+GOAL_MS = 5.0
+
+
+def recordings() -> list[Path]:
+    return sorted([*(ROOT / "recordings").iterdir(), *(ROOT / "truth").glob("*/runs/*")])
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+async def _api(app: httpx.ASGITransport, body: dict[str, int]) -> float:
+    async with httpx.AsyncClient(transport=app, base_url="http://agent") as client:
+        t = time.perf_counter()
+        r = await client.post("/v1/forecast", json=body)
+        dt = time.perf_counter() - t
+    r.raise_for_status()
+    return dt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--cpu", type=int, default=1)
+    ap.add_argument("--horizon-s", type=float, default=ForecastConfig().horizon_s)
+    ap.add_argument("--prompt-tokens", type=int, default=ForecastSettings().reference.prompt_tokens)
+    ap.add_argument("--max-tokens", type=int, default=ForecastSettings().reference.max_tokens)
+    args = ap.parse_args()
+    pinned = pin_one_core(None if args.cpu < 0 else args.cpu)
+    cfg = ForecastConfig(horizon_s=args.horizon_s)
+    ref = Candidate(args.prompt_tokens, args.max_tokens)
+    rounds: list[list[float]] = [[] for _ in range(args.reps)]
+    api: list[float] = []
+    moments = 0
+    for rec in recordings():
+        p = AttributionPipeline()
+        state = AgentState(p, forecast=ForecastSettings(cfg, ref))
+        transport = httpx.ASGITransport(app=api_app(state))
+        steps = 0
+        for ev in ReplaySource(rec).events():
+            steps += isinstance(ev, EngineStep)
+            due = isinstance(ev, RequestReceived) or (isinstance(ev, EngineStep) and steps % 50 == 0)
+            if due and p.last_event_ts is not None:
+                moments += 1
+                for r in rounds:
+                    t = time.perf_counter()
+                    now = engine_state(p)
+                    assert now is not None
+                    forecast(now, [ref], forecast_cost(p), cfg)
+                    r.append(time.perf_counter() - t)
+                if isinstance(ev, RequestReceived):
+                    api.append(asyncio.run(_api(transport, {"prompt_tokens": ref.prompt_tokens,
+                                                            "max_tokens": ref.max_tokens})))
+            p.feed(ev)
+    every = [x for r in rounds for x in r]
+    ms = 1000.0
+    p99s = [pct(r, 0.99) * ms for r in rounds]
+    print(f"machine: {machine()}; {pinned}")
+    print(f"reference whale {ref.prompt_tokens}/{ref.max_tokens}, horizon {args.horizon_s:g} s; "
+          f"{moments} moments in {len(recordings())} recordings x {args.reps} reps")
+    print(f"forecast (state + both futures): p50 {pct(every, 0.5) * ms:.2f} ms, p99 {pct(every, 0.99) * ms:.2f} ms"
+          f" (per rep {min(p99s):.2f}-{max(p99s):.2f}), max {max(every) * ms:.2f} ms, mean "
+          f"{statistics.fmean(every) * ms:.2f} ms; goal p99 <= {GOAL_MS:g} ms: "
+          f"{'met' if pct(every, 0.99) * ms <= GOAL_MS else 'MISSED'}")
+    print(f"POST /v1/forecast in-process ({len(api)} arrivals): p50 {pct(api, 0.5) * ms:.2f} ms, "
+          f"p99 {pct(api, 0.99) * ms:.2f} ms, max {max(api) * ms:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
