@@ -130,6 +130,17 @@ def _engine() -> Section:
     ])
 
 
+def _forecast() -> Section:
+    return Section("Admission: what would one more whale cost?", [
+        timeseries("Forecast harm of a reference whale admitted now", "Extra TTFT, summed over the requests in "
+                   "flight and those expected within the forecast horizon, that the agent forecasts admitting its "
+                   "reference whale (settings forecast_reference_*) now would cause. A router can send long requests "
+                   "to the pod where this is lowest (POST /v1/forecast for any size).", "s",
+                   [Query(f"max by (pod, engine) ({agent('attrib_forecast_reference_harm_seconds')})",
+                          "{{pod}} engine {{engine}}")], width=24),
+    ])
+
+
 def _health() -> Section:
     return Section("Can the agent be trusted right now?", [
         timeseries("Agent sources up", "1 when the source's last attempt succeeded.", "none",
@@ -148,4 +159,4 @@ def build() -> dict[str, Any]:
     """The dashboard's JSON model."""
     return build_dashboard(UID, TITLE, "Short requests' latency beside the slowdown attrib-agent blames on "
                            "co-scheduled requests (whales), with the mechanism and the agent's own health.",
-                           [_headline(), _latency(), _blame(), _kv(), _engine(), _health()])
+                           [_headline(), _latency(), _blame(), _kv(), _engine(), _forecast(), _health()])
