@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from attrib_agent.attribution.forecast_sim import Run, simulate_from
 from attrib_agent.attribution.forecast_types import ArrivalLoad, Candidate, EngineState, InFlight
 from attrib_agent.attribution.sim_step import blocks_for
@@ -153,22 +155,24 @@ def _harm(base: Run, run: Run, awaiting: dict[str, float], ids: set[str], offset
             ttft_sum += extra
             ttft_max = max(ttft_max, extra)
             ttft_pushed += before - arrival + offset_s < cfg.ttft_slo_s <= after - arrival + offset_s
-        gaps_before, gaps_after = _gaps(base.tokens.get(rid, [])), _gaps(run.tokens.get(rid, []))
-        if gaps_before and gaps_after:
-            extra = max(sum(gaps_after) / len(gaps_after) - sum(gaps_before) / len(gaps_before), 0.0)
+        before_ts, after_ts = base.tokens.get(rid, []), run.tokens.get(rid, [])
+        if len(before_ts) >= 2 and len(after_ts) >= 2:
+            extra = max(_mean_gap(after_ts) - _mean_gap(before_ts), 0.0)
             itl_sum += extra
             itl_max = max(itl_max, extra)
-            itl_pushed += _p95(gaps_before) <= cfg.itl_p95_slo_s < _p95(gaps_after)
+            itl_pushed += _p95_gap(before_ts) <= cfg.itl_p95_slo_s < _p95_gap(after_ts)
     return Harm(len(ids), ttft_sum, ttft_max, itl_sum, itl_max, ttft_pushed, itl_pushed, tuple(by_request))
 
 
-def _gaps(ts: list[float]) -> list[float]:
-    return [b - a for a, b in zip(ts, ts[1:], strict=False)]
+def _mean_gap(ts: list[float]) -> float:
+    return (ts[-1] - ts[0]) / (len(ts) - 1)
 
 
-def _p95(xs: list[float]) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(0.95 * len(s)))]
+def _p95_gap(ts: list[float]) -> float:
+    """The 95th percentile of the gaps between token times (the gap at rank floor(0.95 n))."""
+    gaps = np.diff(np.asarray(ts))
+    return float(np.partition(gaps, min(len(gaps) - 1, int(0.95 * len(gaps))))[min(len(gaps) - 1,
+                                                                                  int(0.95 * len(gaps)))])
 
 
 @dataclass(frozen=True)

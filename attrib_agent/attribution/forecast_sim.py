@@ -8,10 +8,11 @@ allocate, no arrival due) in one go, which is most of a whale's life and most of
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from attrib_agent.attribution.forecast_types import EngineState
 from attrib_agent.attribution.scheduler_sim import _advance
@@ -118,15 +119,15 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
                     bs: int, pricer: Pricer, now: float, next_arrival: float | None, max_steps: int
                     ) -> tuple[int, float]:
     """Run the coming steps at once while they are all alike: every running request decodes one token, none
-    needs a new block or finishes, the queue's head cannot be admitted (no blocks or no seat) and no arrival is
-    due. Exactly what `schedule_step` would do step by step (the steps that break the pattern are left to it).
-    Returns (steps run, new time)."""
+    finishes, their new blocks fit in the free ones, the queue's head cannot be admitted (no blocks or no seat)
+    and no arrival is due. Exactly what `schedule_step` would do step by step (the steps that break the pattern
+    are left to it). Returns (steps run, new time)."""
     if not running or any(r.computed + 1 != r.num_tokens or r.outputs < 1 for r in running):
         return 0, now
     if waiting and len(running) < max_seqs and blocks_for(waiting[0].num_tokens, bs) <= pool.free:
         return 0, now
     n = len(running)
-    k = min(max_steps, *(r.blocks * bs - r.computed for r in running), *(r.target - r.outputs - 1 for r in running))
+    k = _alike_steps(running, pool.free, bs, min(max_steps, *(r.target - r.outputs - 1 for r in running)))
     if k <= 0:
         return 0, now
     context = sum(r.computed + 1 for r in running)
@@ -136,10 +137,18 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
         slope = float("nan")  # a cost model not linear in the context: price step by step
     ends: list[float] = []
     if slope == slope:  # step j (0-based) costs first + j * slope: its end in closed form
-        ends = [now + (j + 1) * first + slope * j * (j + 1) / 2 for j in range(k)]
-        if next_arrival is not None and ends and ends[-1] >= next_arrival:
+        def end(j: int) -> float:
+            return now + (j + 1) * first + slope * j * (j + 1) / 2
+
+        if next_arrival is not None and end(k - 1) >= next_arrival:
             # the step in which the arrival falls is the last one: the queue is looked at after it
-            del ends[bisect_left(ends, next_arrival) + 1:]
+            lo, hi = -1, k - 1  # end(lo) < next_arrival <= end(hi)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if end(mid) < next_arrival else (lo, mid)
+            k = hi + 1
+        j = np.arange(k, dtype=np.float64)
+        ends = (now + (j + 1) * first + slope * j * (j + 1) / 2).tolist()
     else:
         t = now
         while len(ends) < k and (next_arrival is None or t < next_arrival):
@@ -148,7 +157,26 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
     steps = len(ends)
     now = ends[-1] if ends else now
     for r in running:
+        need = blocks_for(r.computed + steps, bs) - r.blocks
+        if need > 0:  # allocation order does not matter: every block comes off the front of the free queue
+            pool.allocate(need)
+            r.blocks += need
         r.computed += steps
         r.outputs += steps
         r.token_ts.extend(ends)
     return steps, now
+
+
+def _alike_steps(running: list[LiveRequest], free: int, bs: int, most: int) -> int:
+    """The most decode steps (up to `most`) whose new KV blocks all fit in the `free` ones: no preemption within
+    them, and a queue head that does not fit now fits even less later."""
+    def need(k: int) -> int:
+        return sum(max(blocks_for(r.computed + k, bs) - r.blocks, 0) for r in running)
+
+    if most <= 0 or need(most) <= free:
+        return max(most, 0)
+    lo, hi = 0, most  # need(lo) fits, need(hi) does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if need(mid) <= free else (lo, mid)
+    return lo
