@@ -71,6 +71,14 @@ def test_a_whale_slows_the_decoders_in_flight_and_delays_the_queued_short_behind
     assert not g.harmless(ForecastConfig())
 
 
+def test_expected_arrivals_are_bounded() -> None:
+    state = EngineState(NOW, SCHED, (), ArrivalLoad(1000.0, 32, 32))
+    [f] = forecast(state, [Candidate(100, 10)], COST, ForecastConfig(max_expected=3))
+    assert f.expected.requests == 3
+    [g] = forecast(state, [Candidate(100, 10)], COST)
+    assert g.expected.requests == ForecastConfig().max_expected == 64
+
+
 def test_slo_counts_only_requests_pushed_past_the_slo() -> None:
     state = EngineState(NOW, SCHED, (waiting("q", 32, 32),), ArrivalLoad(2.0, 32, 32, first_in_s=0.05))
     strict = ForecastConfig(ttft_slo_s=0.2, itl_p95_slo_s=0.05, horizon_s=1)
