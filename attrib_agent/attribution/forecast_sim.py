@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attrib_agent.attribution.forecast_types import EngineState
-from attrib_agent.attribution.scheduler_sim import _advance
+from attrib_agent.attribution.scheduler_sim import _compute, _deliver
 from attrib_agent.attribution.sim_step import FreeBlockQueue, LiveRequest, blocks_for, schedule_step
 from attrib_agent.attribution.sim_trace import Pricer
 from attrib_agent.attribution.sim_types import SimRequest, StepCost
@@ -103,7 +103,7 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
         end = now + pricer.seconds(plan.members)
         for m in plan.members:
             lv = by_id[m.request_id]
-            _advance(lv, m.tokens, end, running, pool)
+            _deliver(lv, _compute(lv, m.tokens), end, running, waiting, pool, bs)  # vLLM's sync scheduling
             if lv.finish_ts is not None or (lv.first_token_ts is not None and m.request_id in first_token_only):
                 awaited.discard(m.request_id)
         now = end
