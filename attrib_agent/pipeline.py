@@ -15,11 +15,15 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, replace
 
 from attrib_agent.attribution.attributor import AttributionConfig, Attributor
+from attrib_agent.attribution.cost_model import StepCostModel
 from attrib_agent.attribution.result import AttributionResult, ResultStore
 from attrib_agent.attribution.tally import SlowdownTally
 from attrib_agent.events import EngineStep, Event, MetricsSnapshot, RequestSpan
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.model import RequestLifecycle
+from attrib_agent.timeline.preemption import InferredPreemption
+from attrib_agent.timeline.sched_state import StepInput
+from attrib_agent.timeline.step_outcome import StepOutcome
 
 CLOCK_STEP_BACK_S = 30.0
 """Event (receipt) time going back further than this is the clock stepping back, not sources' disorder."""
@@ -57,6 +61,22 @@ class KvNow:
     whales: tuple[str, ...]  # requests in flight whose footprint makes them whales
     top_request_id: str | None
     top_share: float  # of the pool, 0..1
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineStats:
+    """What went through the pipeline and what its bounded stores hold now (the `attrib_*` pipeline series)."""
+
+    events: dict[str, int]  # by event type name
+    steps_total: int
+    step_seconds_total: float
+    vllm_restarts: int
+    preemptions_inferred: int
+    dropped_pending: int
+    results_stored: int
+    results_evicted: int
+    timeline_held: dict[str, int]  # by kind
+    last_event_ts: float | None
 
 
 class AttributionPipeline:
@@ -223,6 +243,40 @@ class AttributionPipeline:
         return until is not None and not lc.complete and lc.arrival_ts is not None and lc.arrival_ts <= until
 
     # ---- reads for the sinks -----------------------------------------------------------------------------
+    def stats(self) -> PipelineStats:
+        return PipelineStats(dict(self.events), self.steps_total, self.step_seconds_total, self.vllm_restarts,
+                             self.preemptions_inferred, self.dropped_pending, len(self.store), self.store.evicted,
+                             dict(self.timeline.sizes()), self.last_event_ts)
+
+    def result(self, request_id: str) -> AttributionResult | None:
+        return self.store.get(request_id)
+
+    def lifecycle(self, request_id: str) -> RequestLifecycle | None:
+        return self.timeline.lifecycle(request_id)
+
+    def lifecycles(self) -> list[RequestLifecycle]:
+        return self.timeline.lifecycles()
+
+    def preemptions(self) -> list[InferredPreemption]:
+        return self.timeline.preemptions()
+
+    def outcomes(self) -> list[tuple[StepInput, StepOutcome]]:
+        """The engine steps held, each with what the timeline reconstructed of it."""
+        return self.timeline.outcomes()
+
+    def pool(self) -> tuple[int | None, int | None]:
+        """(block size, pool blocks) as far as known."""
+        return self.timeline.pool()
+
+    @property
+    def victim_threshold_s(self) -> float:
+        return self.config.victim_threshold_s
+
+    @property
+    def cost_model(self) -> StepCostModel:
+        """The step-cost model the attributor fits (its `fitted` gates readiness)."""
+        return self.attributor.cost
+
     def status(self, request_id: str) -> str:
         """`final`, `partial` (culprits still running), `running` (known, not finished), `aborted` (ended without
         finishing: aborted, failed, or lost when vLLM restarted; no result will come), or `unknown`."""

@@ -16,7 +16,7 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Final
+from typing import Final, Protocol
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -27,7 +27,6 @@ from attrib_agent import __version__
 from attrib_agent.attribution.result import AttributionResult, Culprit
 from attrib_agent.attribution.tally import victim_class
 from attrib_agent.sinks.otel_export import tracer_provider_for
-from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.model import RequestLifecycle
 from attrib_agent.timeline.preemption import InferredPreemption
 
@@ -47,6 +46,14 @@ _TRACE_ID: Final = re.compile(r"[0-9a-f]{32}")
 _SPAN_ID: Final = re.compile(r"[0-9a-f]{16}")
 
 SpanOf = Callable[[str], tuple[str, str] | None]
+
+
+class Lifecycles(Protocol):
+    """Where the victim's queue wait and preemptions are read: the timeline, the pipeline or the agent state."""
+
+    def lifecycle(self, request_id: str) -> RequestLifecycle | None: ...
+
+    def preemptions(self) -> list[InferredPreemption]: ...
 
 
 class SlowdownSpans:
@@ -89,7 +96,7 @@ class SlowdownSpans:
         return True
 
     def emit_all(self, results: Iterable[AttributionResult], span_of: SpanOf,
-                 timeline: EngineTimeline | None = None) -> int:
+                 timeline: Lifecycles | None = None) -> int:
         """Emit a batch (what `AttributionPipeline.feed` returned); the timeline's preemptions are inferred once."""
         batch = list(results)
         preemptions: list[InferredPreemption] = []
@@ -212,7 +219,7 @@ def _events(r: AttributionResult, lc: RequestLifecycle | None,
     return out
 
 
-def _lifecycle(timeline: EngineTimeline, request_id: str) -> RequestLifecycle | None:
+def _lifecycle(timeline: Lifecycles, request_id: str) -> RequestLifecycle | None:
     try:
         return timeline.lifecycle(request_id)
     except Exception:  # the queue-wait event is an extra: the span still goes out without it
