@@ -10,14 +10,15 @@ stream, so no counter counts a victim twice.
 
 from __future__ import annotations
 
-import statistics
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, replace
 
 from attrib_agent.attribution.attributor import AttributionConfig, Attributor
 from attrib_agent.attribution.cost_model import StepCostModel
-from attrib_agent.attribution.result import AttributionResult, ResultStore
+from attrib_agent.attribution.result import AttributionResult
+from attrib_agent.attribution.store import ResultStore
 from attrib_agent.attribution.tally import SlowdownTally
+from attrib_agent.attribution.whales import whales
 from attrib_agent.events import EngineStep, Event, MetricsSnapshot, RequestSpan
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.model import RequestLifecycle
@@ -297,18 +298,14 @@ class AttributionPipeline:
         block_size, pool = self.timeline.pool()
         last_ts = steps[-1].ts if steps else None
         held = {k: v for k, v in ledger.held_at(last_ts).items() if v > 0} if last_ts is not None else {}
-        lcs = self.timeline.lifecycles()
-        footprints = [_footprint(lc) for lc in lcs if _footprint(lc) > 0]
-        median = statistics.median(footprints) if footprints else 0
-        factor = self.config.attribution.whale_factor
-        by_id = {lc.request_id: lc for lc in lcs}
-        whales = tuple(sorted(rid for rid in held if rid in by_id and median > 0
-                              and _footprint(by_id[rid]) >= factor * median))
+        footprints = {lc.request_id: f for lc in self.timeline.lifecycles() if (f := _footprint(lc)) > 0}
+        in_flight = set(whales(footprints, self.config.attribution.whale_factor)) & held.keys()
+        whale_ids = tuple(sorted(in_flight))
         top = max(held.items(), key=lambda kv: (kv[1], kv[0]), default=None)
         last_rec = recs[-1] if recs else None
         return KvNow(ts=last_ts, pool_blocks=pool, ledger_blocks=sum(held.values()),
                      vllm_blocks=last_rec.observed_blocks if last_rec else None,
-                     residual_blocks=last_rec.residual if last_rec else None, held=held, whales=whales,
+                     residual_blocks=last_rec.residual if last_rec else None, held=held, whales=whale_ids,
                      top_request_id=top[0] if top else None,
                      top_share=(top[1] / pool) if top and pool else 0.0)
 

@@ -15,7 +15,7 @@ from typing import Any, Final
 from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.attribution.result_codec import culprit_to_dict
 from attrib_agent.read_model import TimelineReads
-from attrib_agent.sinks.api_top import BadQuery, victim_seconds
+from attrib_agent.sinks.api_top import BadQuery
 from attrib_agent.timeline.model import RequestLifecycle
 
 DEFAULT_MAX_STEPS: Final = 2000
@@ -110,7 +110,7 @@ def timeline_json(view: TimelineReads, since: float | None, until: float | None,
         "steps": steps,
         "kv": {rid: points for rid, points in kv.items() if rid in lane_ids or not lanes_truncated},
         "requests": lanes,
-        "victims": [_victim(r) for r in results if victim_seconds(r) > 0 and r.culprits],
+        "victims": [_victim(r) for r in results if r.victim_seconds() > 0 and r.culprits],
     }
 
 
@@ -164,9 +164,9 @@ def _results_of(view: TimelineReads, ids: set[str]) -> list[AttributionResult]:
 
 def _victim(r: AttributionResult) -> dict[str, Any]:
     gaps = r.itl_gaps
-    culprits = sorted(r.culprits, key=lambda c: (-(c.ttft_s + c.itl_s * gaps), c.request_id))[:CULPRITS_PER_VICTIM]
+    culprits = sorted(r.culprits, key=lambda c: (-c.seconds(gaps), c.request_id))[:CULPRITS_PER_VICTIM]
     return {"request_id": r.request_id, "final": r.final, "is_whale": r.is_whale,
             "ttft_s": r.ttft_s, "ttft_baseline_s": r.ttft_baseline_s, "ttft_slowdown_s": r.ttft_slowdown_s,
-            "itl_slowdown_s": r.itl_slowdown_s, "itl_gaps": gaps, "slowdown_s": victim_seconds(r),
+            "itl_slowdown_s": r.itl_slowdown_s, "itl_gaps": gaps, "slowdown_s": r.victim_seconds(),
             "unexplained_s": r.unexplained_ttft_s + r.unexplained_itl_s * gaps,
-            "culprits": [culprit_to_dict(c) | {"seconds": c.ttft_s + c.itl_s * gaps} for c in culprits]}
+            "culprits": [culprit_to_dict(c) | {"seconds": c.seconds(gaps)} for c in culprits]}

@@ -24,7 +24,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, T
 from opentelemetry.util.types import Attributes, AttributeValue
 
 from attrib_agent import __version__
-from attrib_agent.attribution.result import AttributionResult, Culprit
+from attrib_agent.attribution.result import AttributionResult, Cause, Culprit
 from attrib_agent.attribution.tally import victim_class
 from attrib_agent.sinks.otel_export import tracer_provider_for
 from attrib_agent.timeline.model import RequestLifecycle
@@ -189,10 +189,8 @@ def victim_attributes(r: AttributionResult) -> dict[str, AttributeValue]:
 def top_cause(c: Culprit, itl_gaps: int) -> str:
     """The cause carrying most of a culprit's blame, split as the metrics split it (ITL blame is decode
     batching; blame with no traced mechanism is `other`)."""
-    seconds = {k: float(v) for k, v in c.causes.items() if v > 0}
-    if c.itl_s > 0 and itl_gaps:
-        seconds["decode_batching"] = seconds.get("decode_batching", 0.0) + c.itl_s * itl_gaps
-    return max(seconds.items(), key=lambda kv: (kv[1], kv[0]))[0] if seconds else "other"
+    seconds = c.blame_by_cause(itl_gaps)
+    return max(seconds.items(), key=lambda kv: (kv[1], kv[0]))[0] if seconds else Cause.OTHER.value
 
 
 def _link_attributes(c: Culprit, itl_gaps: int) -> Attributes:
