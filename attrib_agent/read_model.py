@@ -19,8 +19,8 @@ from attrib_agent.attribution.cost_model import StepCostModel
 from attrib_agent.attribution.culprit_windows import TopCulprits
 from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.attribution.tally import SlowdownTally
+from attrib_agent.health import SourceHealth
 from attrib_agent.pipeline import AttributionPipeline, KvNow, PipelineStats
-from attrib_agent.sources.health import SourceHealth
 from attrib_agent.timeline.model import RequestLifecycle
 from attrib_agent.timeline.preemption import InferredPreemption
 from attrib_agent.timeline.sched_state import StepInput

@@ -9,8 +9,8 @@ from typing import Final
 
 from attrib_agent.agent.core import AgentCore
 from attrib_agent.events import Event
+from attrib_agent.health import SourceHealth
 from attrib_agent.sources import registry as source_registry
-from attrib_agent.sources.health import SourceHealth
 from attrib_agent.sources.replay import ReplaySource
 
 # Each recorded stream reports under its live source's name, so dashboards read a replay alike.

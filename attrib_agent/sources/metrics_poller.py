@@ -16,7 +16,7 @@ from typing import Final
 import httpx
 
 from attrib_agent.events import MetricsSnapshot
-from attrib_agent.sources.health import SourceHealth
+from attrib_agent.health import SourceHealth
 from attrib_agent.sources.metrics_parser import CounterTracker, MetricsParseError, parse_metrics
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from attrib_agent.events import Event
-from attrib_agent.sources.health import SourceHealth
+from attrib_agent.health import SourceHealth
 
 if TYPE_CHECKING:  # the settings are read at build time only; no import of the config layer at run time
     from attrib_agent.config import AgentConfig
