@@ -3,10 +3,10 @@
 import pytest
 
 from attrib_agent.attribution.attributor import Attributor, busy_periods
-from attrib_agent.attribution.naive import overlap_blame
 from attrib_agent.attribution.result import AttributionResult, Culprit
 from attrib_agent.attribution.sim_types import SimRequest
 from attrib_agent.attribution.store import ResultStore
+from attrib_agent.lab.naive import overlap_blame
 from attrib_agent.recording import CLIENT, Recording
 from attrib_agent.sources.replay import ReplaySource
 from attrib_agent.timeline.engine_timeline import EngineTimeline
