@@ -10,16 +10,21 @@ stream, so no counter counts a victim twice.
 
 from __future__ import annotations
 
-import statistics
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, replace
 
 from attrib_agent.attribution.attributor import AttributionConfig, Attributor
-from attrib_agent.attribution.result import AttributionResult, ResultStore
+from attrib_agent.attribution.cost_model import StepCostModel
+from attrib_agent.attribution.result import AttributionResult
+from attrib_agent.attribution.store import ResultStore
 from attrib_agent.attribution.tally import SlowdownTally
+from attrib_agent.attribution.whales import whales
 from attrib_agent.events import EngineStep, Event, MetricsSnapshot, RequestSpan
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.model import RequestLifecycle
+from attrib_agent.timeline.preemption import InferredPreemption
+from attrib_agent.timeline.sched_state import StepInput
+from attrib_agent.timeline.step_outcome import StepOutcome
 
 CLOCK_STEP_BACK_S = 30.0
 """Event (receipt) time going back further than this is the clock stepping back, not sources' disorder."""
@@ -57,6 +62,22 @@ class KvNow:
     whales: tuple[str, ...]  # requests in flight whose footprint makes them whales
     top_request_id: str | None
     top_share: float  # of the pool, 0..1
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineStats:
+    """What went through the pipeline and what its bounded stores hold now (the `attrib_*` pipeline series)."""
+
+    events: dict[str, int]  # by event type name
+    steps_total: int
+    step_seconds_total: float
+    vllm_restarts: int
+    preemptions_inferred: int
+    dropped_pending: int
+    results_stored: int
+    results_evicted: int
+    timeline_held: dict[str, int]  # by kind
+    last_event_ts: float | None
 
 
 class AttributionPipeline:
@@ -223,6 +244,40 @@ class AttributionPipeline:
         return until is not None and not lc.complete and lc.arrival_ts is not None and lc.arrival_ts <= until
 
     # ---- reads for the sinks -----------------------------------------------------------------------------
+    def stats(self) -> PipelineStats:
+        return PipelineStats(dict(self.events), self.steps_total, self.step_seconds_total, self.vllm_restarts,
+                             self.preemptions_inferred, self.dropped_pending, len(self.store), self.store.evicted,
+                             dict(self.timeline.sizes()), self.last_event_ts)
+
+    def result(self, request_id: str) -> AttributionResult | None:
+        return self.store.get(request_id)
+
+    def lifecycle(self, request_id: str) -> RequestLifecycle | None:
+        return self.timeline.lifecycle(request_id)
+
+    def lifecycles(self) -> list[RequestLifecycle]:
+        return self.timeline.lifecycles()
+
+    def preemptions(self) -> list[InferredPreemption]:
+        return self.timeline.preemptions()
+
+    def outcomes(self) -> list[tuple[StepInput, StepOutcome]]:
+        """The engine steps held, each with what the timeline reconstructed of it."""
+        return self.timeline.outcomes()
+
+    def pool(self) -> tuple[int | None, int | None]:
+        """(block size, pool blocks) as far as known."""
+        return self.timeline.pool()
+
+    @property
+    def victim_threshold_s(self) -> float:
+        return self.config.victim_threshold_s
+
+    @property
+    def cost_model(self) -> StepCostModel:
+        """The step-cost model the attributor fits (its `fitted` gates readiness)."""
+        return self.attributor.cost
+
     def status(self, request_id: str) -> str:
         """`final`, `partial` (culprits still running), `running` (known, not finished), `aborted` (ended without
         finishing: aborted, failed, or lost when vLLM restarted; no result will come), or `unknown`."""
@@ -243,18 +298,14 @@ class AttributionPipeline:
         block_size, pool = self.timeline.pool()
         last_ts = steps[-1].ts if steps else None
         held = {k: v for k, v in ledger.held_at(last_ts).items() if v > 0} if last_ts is not None else {}
-        lcs = self.timeline.lifecycles()
-        footprints = [_footprint(lc) for lc in lcs if _footprint(lc) > 0]
-        median = statistics.median(footprints) if footprints else 0
-        factor = self.config.attribution.whale_factor
-        by_id = {lc.request_id: lc for lc in lcs}
-        whales = tuple(sorted(rid for rid in held if rid in by_id and median > 0
-                              and _footprint(by_id[rid]) >= factor * median))
+        footprints = {lc.request_id: f for lc in self.timeline.lifecycles() if (f := _footprint(lc)) > 0}
+        in_flight = set(whales(footprints, self.config.attribution.whale_factor)) & held.keys()
+        whale_ids = tuple(sorted(in_flight))
         top = max(held.items(), key=lambda kv: (kv[1], kv[0]), default=None)
         last_rec = recs[-1] if recs else None
         return KvNow(ts=last_ts, pool_blocks=pool, ledger_blocks=sum(held.values()),
                      vllm_blocks=last_rec.observed_blocks if last_rec else None,
-                     residual_blocks=last_rec.residual if last_rec else None, held=held, whales=whales,
+                     residual_blocks=last_rec.residual if last_rec else None, held=held, whales=whale_ids,
                      top_request_id=top[0] if top else None,
                      top_share=(top[1] / pool) if top and pool else 0.0)
 

@@ -7,7 +7,6 @@ parsers as live and a parser fix can be checked on old recordings. See docs/reco
 from __future__ import annotations
 
 import base64
-import dataclasses
 import gzip
 import json
 import lzma
@@ -49,11 +48,6 @@ def log_record(ts: float, line: str, **extra: Any) -> dict[str, Any]:
 
 def otlp_record(ts: float, content_type: str, body: bytes, **extra: Any) -> dict[str, Any]:
     return {"ts": ts, "content_type": content_type, "body_b64": base64.b64encode(body).decode("ascii"), **extra}
-
-
-def nvml_record(sample: Any) -> dict[str, Any]:
-    """A GpuSample as an nvml.jsonl line: its fields, `ts` first among them."""
-    return dict(dataclasses.asdict(sample))
 
 
 def otlp_body(record: Mapping[str, Any]) -> bytes:

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import httpx
 
-from attrib_agent.agent_state import AgentState
 from attrib_agent.attribution.forecast import Candidate, ForecastConfig, ForecastSettings, forecast
 from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
 from attrib_agent.events import EngineStep, RequestReceived
 from attrib_agent.pipeline import AttributionPipeline
+from attrib_agent.read_model import AgentState
 from attrib_agent.sinks.http_api import api_app
 from attrib_agent.sources.replay import ReplaySource
 from benchmarks._measure import machine, pin_one_core
@@ -67,7 +67,7 @@ def main() -> None:
     moments = 0
     for rec in recordings():
         p = AttributionPipeline()
-        state = AgentState(p, forecast=ForecastSettings(cfg, ref))
+        state = AgentState(p, forecast_settings=ForecastSettings(cfg, ref))
         transport = httpx.ASGITransport(app=api_app(state))
         steps = 0
         for ev in ReplaySource(rec).events():

@@ -49,9 +49,9 @@ async def choose(clients: Sequence[httpx.AsyncClient], prompt_tokens: int, max_t
 
 def _replayed_agents() -> list[tuple[str, httpx.AsyncClient]]:
     """Two in-process agents at recorded moments, behind the real API."""
-    from attrib_agent.agent_state import AgentState
     from attrib_agent.events import RequestReceived
     from attrib_agent.pipeline import AttributionPipeline
+    from attrib_agent.read_model import AgentState
     from attrib_agent.sinks.http_api import api_app
     from attrib_agent.sources.replay import ReplaySource
 

@@ -16,9 +16,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from attrib_agent.attribution.cost_model import StepCostModel, StepFeatures
-from attrib_agent.attribution.result import NO_CAUSES, AttributionResult, Culprit
+from attrib_agent.attribution.result import NO_CAUSES, AttributionResult, Culprit, itl_gaps
 from attrib_agent.attribution.scheduler_sim import shapley, simulate
 from attrib_agent.attribution.sim_types import SchedulerConfig, SimOutcome, SimRequest, SimResult
+from attrib_agent.attribution.whales import whales
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.model import RequestLifecycle
 
@@ -63,10 +64,9 @@ class _PeriodPlan:
                  sched: SchedulerConfig, cost: StepCostModel) -> None:
         self.period = period
         self.victims = victims
-        footprint = {r.request_id: r.prompt_tokens + r.output_tokens for r in period}
-        median = statistics.median(footprint.values())
-        self.whales = sorted((rid for rid, f in footprint.items() if f >= config.whale_factor * median),
-                             key=lambda rid: (-footprint[rid], rid))[: config.max_players]
+        ranked = whales(_footprints(period), config.whale_factor)
+        self.all_whales = frozenset(ranked)  # what marks a culprit a whale
+        self.whales = ranked[: config.max_players]  # the players given exact Shapley values
         self._sched, self._cost = sched, cost
         self.needy: set[str] = set()  # victims slowed beyond the noise: only they read runs but the full one
         self._sims: dict[frozenset[str], SimResult] = {}
@@ -202,9 +202,9 @@ class Attributor:
 
     def _victim(self, v: _Victim, plan: _PeriodPlan, kv: dict[str, float], membership: float,
                 base: _Baseline) -> AttributionResult:
-        period, whales, whale_set, runner = plan.period, plan.whales, set(plan.whales), plan.run
+        whale_list, whale_set, runner = plan.whales, set(plan.whales), plan.run
         rid = v.req.request_id
-        players = [w for w in whales if w != rid]
+        players = [w for w in whale_list if w != rid]
         own = frozenset({rid}) if rid in whale_set else frozenset()
         obs_ttft, obs_itl = v.lc.ttft_s, v.lc.mean_itl_s
         base_ttft, base_itl, ttft_slow, itl_slow = base.ttft_s, base.itl_s, base.ttft_slow_s, base.itl_slow_s
@@ -251,10 +251,8 @@ class Attributor:
                 overall[cause] += secs
         unexplained_ttft = max(0.0, ttft_slow - sum(blame_ttft.values()))
         unexplained_itl = max(0.0, itl_slow - sum(blame_itl.values()))
-        n_gaps = max((v.lc.completion_tokens or 1) - 1, 1)
+        n_gaps = itl_gaps(v.lc.completion_tokens)
         total = sum(blame_ttft.values()) + n_gaps * sum(blame_itl.values())
-        fp = {r.request_id: r.prompt_tokens + r.output_tokens for r in period}
-        median_fp = statistics.median(fp.values())
         culprits = []
         for other in sorted(set(blame_ttft) | set(blame_itl)):
             t, i = blame_ttft.get(other, 0.0), blame_itl.get(other, 0.0)
@@ -263,9 +261,9 @@ class Attributor:
             culprits.append(Culprit(
                 request_id=other, ttft_s=t, itl_s=i, share=(t + n_gaps * i) / total if total > 0 else 0.0,
                 causes=_split_causes(t, causes.get(other, {}), overall), kv_block_seconds=kv.get(other, 0.0),
-                is_whale=fp.get(other, 0) >= self.config.whale_factor * median_fp))
+                is_whale=other in plan.all_whales))
         culprits.sort(key=lambda c: (-(c.ttft_s + n_gaps * c.itl_s), c.request_id))
-        full = runner(frozenset(whales)).outcomes.get(rid)
+        full = runner(frozenset(whale_list)).outcomes.get(rid)
         sim_ttft = _metric(full, v.req.arrival_ts, "ttft")
         fidelity = 1.0 - min(1.0, abs(sim_ttft - (obs_ttft or 0.0)) / max(obs_ttft or 0.0, 0.05))
         return AttributionResult(
@@ -293,6 +291,10 @@ class Attributor:
             for other, secs in w.by_request:
                 out[other][w.cause] += secs
         return out
+
+
+def _footprints(period: list[SimRequest]) -> dict[str, int]:
+    return {r.request_id: r.prompt_tokens + r.output_tokens for r in period}
 
 
 def _sim_request(lc: RequestLifecycle) -> SimRequest | None:

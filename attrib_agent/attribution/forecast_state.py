@@ -17,11 +17,27 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Protocol
 
+from attrib_agent.attribution.attributor import Attributor
 from attrib_agent.attribution.cost_model import StepCostModel, StepFeatures
 from attrib_agent.attribution.forecast import ArrivalLoad, EngineState, InFlight
-from attrib_agent.pipeline import AttributionPipeline
+from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.model import RequestLifecycle
+
+
+class PipelineParts(Protocol):
+    """What the state is read from: the pipeline's timeline and attributor at its latest event time (the
+    pipeline sits above this layer, so it is named by shape)."""
+
+    @property
+    def last_event_ts(self) -> float | None: ...
+
+    @property
+    def timeline(self) -> EngineTimeline: ...
+
+    @property
+    def attributor(self) -> Attributor: ...
 
 
 @dataclass(frozen=True)
@@ -39,7 +55,7 @@ class StateConfig:
             raise ValueError("load_window_s and min_load_span_s must be > 0")
 
 
-def engine_state(pipeline: AttributionPipeline, config: StateConfig | None = None,
+def engine_state(pipeline: PipelineParts, config: StateConfig | None = None,
                  load: ArrivalLoad | None = None, prompts: Mapping[str, int] | None = None) -> EngineState | None:
     """The state at the pipeline's latest event time (None before any event). `load` overrides the learnt one;
     `prompts` gives prompt lengths the caller knows (a router knows what it sent) for requests whose prefill
@@ -85,7 +101,7 @@ def engine_state(pipeline: AttributionPipeline, config: StateConfig | None = Non
     ordered += [r for _, r in sorted(preempted, key=lambda x: x[0])] + waiting
     return EngineState(now, pipeline.attributor.scheduler_config(tl), tuple(ordered),
                        load if load is not None else learnt_load(lcs, now, cfg),
-                       pipeline.attributor.frontend_offsets()[0])
+                       pipeline.attributor.frontend_offsets()[0], tl.engine)
 
 
 class ScaledCost:
@@ -103,7 +119,7 @@ class ScaledCost:
                                                                  decode_context_sum, prefill_pairs)
 
 
-def forecast_cost(pipeline: AttributionPipeline, max_steps: int = 64) -> StepCostModel | ScaledCost:
+def forecast_cost(pipeline: PipelineParts, max_steps: int = 64) -> StepCostModel | ScaledCost:
     """The fitted cost model; before it is fitted (a fresh agent: the first `min_steps` steps), its prior scaled
     by the median ratio of the observed to the predicted time of the steps seen so far, so that a machine five
     times faster than the prior's is not forecast five times too slow from its first steps on. The ratio is of

@@ -60,3 +60,4 @@ class EngineState:
     requests: tuple[InFlight, ...]  # running ones in admission order, then waiting ones in queue order
     load: ArrivalLoad | None = None
     ttft_offset_s: float = 0.0  # the frontend's own part of TTFT (outside engine steps), learnt by attribution
+    engine: int = 0  # the vLLM engine (data-parallel rank) it is the state of

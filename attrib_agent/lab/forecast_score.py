@@ -26,12 +26,13 @@ from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
 from attrib_agent.events import RequestReceived
 from attrib_agent.lab.score import SLOWED_RATIO, spec_ids
 from attrib_agent.lab.server import LabError
-from attrib_agent.lab.workload import CLASSES
+from attrib_agent.lab.workload import LILO, LISO, SILO, SISO
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.recording import Recording
 from attrib_agent.sources.replay import ReplaySource
 
 LOADS = ("learnt", "declared")
+CLASSES = {c.name: c for c in (SISO, SILO, LISO, LILO)}  # the class names truth.json gives its shorts
 
 
 @dataclass

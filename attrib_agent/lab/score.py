@@ -143,7 +143,7 @@ def engine_blame(path: Path) -> dict[str, dict[str, float]]:
 
 def naive_blame(path: Path) -> dict[str, dict[str, float]]:
     """Overlap-proportional blame of the same measured slowdown (the correlation baseline)."""
-    from attrib_agent.attribution.naive import overlap_blame
+    from attrib_agent.lab.naive import overlap_blame
 
     results, lcs, spec = _attributed(path)
     out: dict[str, dict[str, float]] = {}

@@ -26,7 +26,6 @@ SISO = RequestClass("siso", prompt_tokens=32, output_tokens=32)
 SILO = RequestClass("silo", prompt_tokens=32, output_tokens=256)
 LISO = RequestClass("liso", prompt_tokens=1024, output_tokens=32)
 LILO = RequestClass("lilo", prompt_tokens=1024, output_tokens=256)
-CLASSES: dict[str, RequestClass] = {c.name: c for c in (SISO, SILO, LISO, LILO)}
 
 
 def whale(prompt_tokens: int, output_tokens: int) -> RequestClass:

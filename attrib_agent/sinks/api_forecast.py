@@ -19,9 +19,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from attrib_agent.agent_state import AgentState
-from attrib_agent.attribution.forecast import ArrivalLoad, Candidate, forecast
-from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
+from attrib_agent.attribution.forecast import ArrivalLoad, Candidate
+from attrib_agent.read_model import AgentState
 from attrib_agent.sinks.api_http import error, json_response
 
 MAX_BODY_BYTES: Final = 64 * 1024
@@ -107,22 +106,19 @@ def parse_body(raw: bytes) -> tuple[list[Candidate], ArrivalLoad | None, dict[st
 
 
 def forecast_routes(state: AgentState, errs: Counter[str]) -> list[Route]:
-    pipeline = state.pipeline
-
     async def post(request: Request) -> Response:
         try:
             candidates, load, prompts = parse_body(await request.body())
         except BadForecast as exc:
             return error(400, str(exc), errs, "bad_forecast")
-        settings = state.forecast
-        now = engine_state(pipeline, load=load, prompts=prompts)
-        if now is None:
+        answer = state.forecast(candidates, load, prompts)
+        if answer is None:
             return error(503, "no engine state yet: the agent has seen no events from vLLM", errs, "no_state")
-        out = forecast(now, candidates, forecast_cost(pipeline), settings.config)
-        cfg = settings.config
+        now, out = answer
+        cfg = state.forecast_settings.config
         return json_response({
-            "engine": pipeline.config.engine, "at": now.now, "running": sum(r.running for r in now.requests),
-            "waiting": sum(not r.running for r in now.requests), "cost_model_fitted": pipeline.attributor.cost.fitted,
+            "engine": now.engine, "at": now.now, "running": sum(r.running for r in now.requests),
+            "waiting": sum(not r.running for r in now.requests), "cost_model_fitted": state.cost_model.fitted,
             "slo": {"ttft_s": cfg.ttft_slo_s, "itl_p95_s": cfg.itl_p95_slo_s}, "horizon_s": cfg.horizon_s,
             "forecasts": [f.as_dict() | {"harmless": f.harmless(cfg)} for f in out]})
 

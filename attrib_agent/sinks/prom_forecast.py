@@ -8,17 +8,14 @@ from __future__ import annotations
 
 from prometheus_client.metrics_core import Metric
 
-from attrib_agent.agent_state import AgentState
-from attrib_agent.attribution.forecast import forecast
-from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
+from attrib_agent.read_model import AgentState
 from attrib_agent.sinks.prom_families import gauge
 
 
 def forecast_families(state: AgentState) -> list[Metric]:
     harm = gauge("attrib_forecast_reference_harm_seconds")
-    p = state.pipeline
-    now = engine_state(p)
-    if now is not None:
-        f = forecast(now, [state.forecast.reference], forecast_cost(p), state.forecast.config)[0]
-        harm.add_metric([str(p.config.engine)], f.ttft_extra_sum_s)
+    answer = state.forecast([state.forecast_settings.reference])
+    if answer is not None:
+        now, [f] = answer
+        harm.add_metric([str(now.engine)], f.ttft_extra_sum_s)
     return [harm]

@@ -20,9 +20,9 @@ import chart_check  # tools/helm_render/chart_check.py, put on sys.path by conft
 import pytest
 import yaml  # type: ignore[import-untyped]
 
+from attrib_agent.health import SourceHealth
 from attrib_agent.lab.server import LOG_DATEFMT, LOG_FORMAT
 from attrib_agent.recording import LOG, Recording
-from attrib_agent.sources.health import SourceHealth
 from attrib_agent.sources.log_parser import LogLineParser
 
 REPO = Path(__file__).resolve().parents[2]

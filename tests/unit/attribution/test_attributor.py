@@ -5,9 +5,10 @@ import json
 import pytest
 
 from attrib_agent.attribution.attributor import Attributor, busy_periods
-from attrib_agent.attribution.naive import overlap_blame
-from attrib_agent.attribution.result import AttributionResult, Culprit, ResultStore
+from attrib_agent.attribution.result import AttributionResult, Culprit
 from attrib_agent.attribution.sim_types import SimRequest
+from attrib_agent.attribution.store import ResultStore
+from attrib_agent.lab.naive import overlap_blame
 from attrib_agent.lab.score import NULL_BLAME_S, SLOWED_RATIO
 from attrib_agent.recording import CLIENT, Recording
 from attrib_agent.sources.replay import ReplaySource

@@ -13,9 +13,9 @@ from .mutate import CASES, Mutator, Tally
 
 def _journal() -> Any:
     """The one import of the code under test (its module path may move)."""
-    from attrib_agent.sinks import journal, journal_segments
+    from attrib_agent.sinks.journal import result_journal, segments
 
-    return journal.ResultJournal, journal_segments.segment_path
+    return result_journal.ResultJournal, segments.segment_path
 
 
 def _real_lines(tmp: Path) -> list[bytes]:

@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 from starlette.types import ASGIApp
 
-from attrib_agent.agent_state import AgentState
 from attrib_agent.events import Event
+from attrib_agent.health import SourceHealth
 from attrib_agent.pipeline import AttributionPipeline
-from attrib_agent.sources.health import SourceHealth
+from attrib_agent.read_model import AgentState
 from attrib_agent.sources.replay import ReplaySource
 
 RECORDINGS = Path(__file__).resolve().parents[2] / "fixtures" / "recordings"

@@ -15,11 +15,11 @@ from prometheus_client import make_asgi_app
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.types import ASGIApp
 
-from attrib_agent.agent_state import AgentState
 from attrib_agent.attribution.forecast import Candidate, ForecastConfig, ForecastSettings, forecast
 from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
 from attrib_agent.events import RequestReceived
 from attrib_agent.pipeline import AttributionPipeline
+from attrib_agent.read_model import AgentState
 from attrib_agent.sinks.api_forecast import MAX_CANDIDATES
 from attrib_agent.sinks.http_api import api_app
 from attrib_agent.sinks.prom_collector import registry_for
@@ -117,7 +117,7 @@ def test_no_events_yet_is_a_503_and_the_token_rule_holds() -> None:
 def test_the_gauge_is_the_reference_whales_forecast() -> None:
     p = at_second_whale()
     ref = Candidate(6000, 600)
-    state = AgentState(p, forecast=ForecastSettings(ForecastConfig(horizon_s=5), ref))
+    state = AgentState(p, forecast_settings=ForecastSettings(ForecastConfig(horizon_s=5), ref))
     text = call(api_app(state, metrics_app=make_asgi_app(registry_for(state))), "/metrics").text
     [family] = [f for f in text_string_to_metric_families(text) if f.name == "attrib_forecast_reference_harm_seconds"]
     [sample] = family.samples
