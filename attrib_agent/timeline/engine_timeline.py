@@ -206,6 +206,10 @@ class EngineTimeline:
         self._inference.refresh()
         return self._window.outcomes()
 
+    def last_step_end(self) -> float | None:
+        """When the latest step held ended: how far the steps have told what happened."""
+        return self._window.last_end()
+
     def steps(self) -> list[StepRecord]:
         return [out.record for _, out in self.outcomes()]
 
