@@ -14,7 +14,8 @@ from attrib_agent.report import explain_table
 from attrib_agent.sources.replay import ReplaySource
 
 RECORDINGS = Path(__file__).parents[1] / "fixtures" / "recordings"
-ROW = re.compile(r"^  \S+(?: \[whale\])?\s+(?P<ttft>[\d.]+ m?s)\s+(?P<itl>[\d.]+ m?s)\s+(?P<share>\d+)%  (?P<causes>.*)$")
+ROW = re.compile(r"^  \S+(?: \[whale\])?\s+(?P<ttft>[\d.]+ m?s)\s+(?P<itl>[\d.]+ m?s)"
+                 r"\s+(?P<share>\d+)%  (?P<causes>.*)$")
 
 
 @pytest.mark.parametrize("name", ["whale1", "whale2"])
