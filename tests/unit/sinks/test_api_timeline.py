@@ -117,7 +117,7 @@ def test_since_until_filter() -> None:
 
 
 def test_midway_lanes_show_running_requests() -> None:
-    p = midway("preempt")
+    p = midway("whale1")
     body = timeline(p)
     statuses = {lane["status"] for lane in body["requests"]}
     assert {"running", "partial"} <= statuses
