@@ -22,9 +22,9 @@ def cases() -> list[WhaleCase]:
 def test_declared_load_figures_hold() -> None:
     s = summary(cases(), "declared")
     assert s["whales"] == 5
-    # measured 35 %; the goal is 25 %, below the truth's own median resolution (41 %); a change beyond that
-    # resolution is a regression
-    assert s["median_rel_error"] <= 0.45
+    # measured 22 %; the goal (25 %) is the stricter bound: today's figure plus the truth's own median
+    # resolution (41 %) would allow 63 %
+    assert s["median_rel_error"] <= 0.25
     assert s["rank_correlation"] >= 0.3  # measured 0.40 (5 whales: steps of 0.1)
     assert s["called_harmless_but_2x"] == []  # every whale with a short slowed >= 2x is forecast harmful
 
