@@ -15,7 +15,7 @@ from attrib_agent.lab.record import record_run
 from attrib_agent.lab.server import LabConfig, VllmLab
 from attrib_agent.lab.step_truth import external_id, score_recording
 from attrib_agent.lab.summary import shorts, ttft_s
-from attrib_agent.lab.workload import SISO, RequestSpec, Scenario, whale
+from attrib_agent.lab.workload import get_scenario
 from attrib_agent.recording import CLIENT, LOG, VLLM_STEPS, Recording
 from attrib_agent.sources.replay import ReplaySource
 
@@ -25,11 +25,7 @@ ADDED = re.compile(r"Added request (\S+)\.")
 STEP_KEYS = {"v", "kind", "t", "ts", "step", "iter", "tokens", "scheduled", "admitted", "resumed", "preempted",
              "finished", "running", "waiting", "blocks", "free_blocks", "total_blocks", "head", "drops", "cost_us"}
 
-# 2 x 5,600 prompt tokens fit the 95 usable 128-token blocks (88); at ~6,080 tokens each they no longer do.
-PAIR = Scenario("kvpair", "two whales that outgrow the KV pool while decoding, and a few shorts", (
-    RequestSpec("w1", whale(5600, 600), 0.2), RequestSpec("w2", whale(5600, 600), 0.25),
-    *(RequestSpec(f"s{i:03d}", SISO, 0.6 + 0.5 * i) for i in range(4)),
-))
+PAIR = get_scenario("kvpair")
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +101,7 @@ def test_agent_inputs_are_unchanged_in_kind_and_the_plugin_is_cheap(with_plugin,
     print(f"\nplugin cost per step: median {statistics.median(costs)} us, max {max(costs)} us over {len(costs)} "
           f"steps; {100 * share:.3f} % of step time; shorts' median TTFT with {ttft['with'] * 1000:.1f} ms, "
           f"without {ttft['without'] * 1000:.1f} ms")
-    assert share < 0.01
+    assert statistics.median(costs) < 1000  # engine-thread microseconds; the benchmark measures the step rate
 
 
 def test_lab_score_reads_the_stream(with_plugin):

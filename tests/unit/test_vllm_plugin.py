@@ -148,6 +148,7 @@ def test_hook_sends_hello_then_steps_and_an_error_turns_it_off_for_good(tmp_path
     s = cls(scheduler([a], [], {a.request_id: 1}, free=90))
     s._out = output({a.request_id: 1})
     assert s.schedule() is s._out
+    exporter.flush()
     s._out = None  # a vLLM whose output lacks what we read
     assert s.schedule() is None  # the engine still gets its output
     assert not exporter.enabled and "disabled" in caplog.text
@@ -155,6 +156,17 @@ def test_hook_sends_hello_then_steps_and_an_error_turns_it_off_for_good(tmp_path
     s.schedule()
     kinds = [json.loads(x)["kind"] for x in path.read_text().splitlines()]
     assert kinds == ["hello", "step"]
+
+
+def test_a_full_queue_drops_and_counts_instead_of_waiting(tmp_path):
+    out = channel.Fanout.from_env({channel.ENV_FILE: str(tmp_path / "steps.ndjson")})
+    exporter = StepExporter(out, queue_size=1)
+    exporter._thread = object()  # no sender: the queue stays full
+    a = req("cmpl-a-0-00000001", 10, 10)
+    s = scheduler([a], [], {a.request_id: 1}, free=90)
+    for _ in range(3):
+        exporter.after_schedule(s, output({a.request_id: 1}))
+    assert exporter.enabled and exporter.queued_drops == 3 and exporter.dropped == 3  # hello kept, 3 steps lost
 
 
 def test_register_is_inert_without_settings():
