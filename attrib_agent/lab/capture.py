@@ -45,7 +45,7 @@ from attrib_agent.recording import (
 
 MAX_OTLP_BODY = 16 * 1024 * 1024
 MAX_STEP_DATAGRAM = 256 * 1024
-STEPS_RCVBUF = 4 * 1024 * 1024  # ~1,000 steps of slack if this process is briefly descheduled
+STEPS_RCVBUF = 4 * 1024 * 1024  # bytes; the kernel also caps the queue at net.unix.max_dgram_qlen datagrams
 
 
 class Capture:

@@ -5,6 +5,8 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -118,6 +120,26 @@ def test_datagrams_reach_a_listener_and_a_full_buffer_drops_without_blocking(tmp
         ch.send(b"y" * 1000)
     assert ch.dropped > 0 and ch.sent > 1
     assert ch.send(b"z" * (channel.MAX_DATAGRAM + 1)) is False
+    rx.close()
+
+
+def test_a_slow_receiver_loses_nothing_within_the_wait_and_a_restarted_one_is_found_again(tmp_path):
+    path = str(tmp_path / "s.sock")
+    rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    rx.bind(path)
+    ch = channel.DatagramChannel(path, wait_s=5.0)
+    sender = threading.Thread(target=lambda: [ch.send(b"%d" % i) for i in range(100)])
+    sender.start()  # far more than the kernel queues for one receiver (max_dgram_qlen, often 10)
+    time.sleep(0.2)
+    got = [int(rx.recv(100)) for _ in range(100)]
+    sender.join()
+    assert got == list(range(100)) and ch.dropped == 0
+    rx.close()
+    os.unlink(path)
+    assert ch.send(b"x") is False  # the receiver is gone: dropped
+    rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    rx.bind(path)
+    assert ch.send(b"y") is True and rx.recv(10) == b"y"
     rx.close()
 
 
