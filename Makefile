@@ -23,5 +23,5 @@ unit: setup
 	.venv/bin/python -m pytest -m "not e2e"
 
 lint: setup
-	.venv/bin/ruff check attrib_agent tests
+	.venv/bin/ruff check attrib_agent plugins tests
 	.venv/bin/mypy

@@ -27,7 +27,8 @@ LOG: Final = "log"
 OTLP: Final = "otlp"
 NVML: Final = "nvml"
 CLIENT: Final = "client"
-STREAMS: Final = (METRICS, LOG, OTLP, NVML, CLIENT)
+VLLM_STEPS: Final = "vllm_steps"  # lab only: the step plugin's truth (docs/exact-mode.md); replay never reads it
+STREAMS: Final = (METRICS, LOG, OTLP, NVML, CLIENT, VLLM_STEPS)
 
 
 class RecordingError(Exception):

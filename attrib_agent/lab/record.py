@@ -154,6 +154,7 @@ def record_run(
         "vllm_version": _vllm_version(),
         "model": {"name": lab.model, "kv_cache_bytes": lab.kv_cache_bytes},
         "vllm_args": lab.vllm_args,
+        "truth_plugin": lab.truth_plugin,
         "scenario": scenario_meta(scenario),
         "max_lateness_s": max_lateness_s,
         # Every text prompt of the run starts with this; token-id prompts carry no text at all.

@@ -158,6 +158,13 @@ SCENARIOS: dict[str, Scenario] = {
             [RequestSpec(f"t{i:03d}", SISO, 0.5 + 0.4 * i, api=("text", "chat")[i % 2]) for i in range(4)],
         ),
         _scenario(
+            "kvpair",
+            "two whales that fit the KV pool when admitted and outgrow it while decoding (a preemption), 4 shorts",
+            # 2 x 5,600 prompt tokens fit the 95 usable 128-token blocks (88); at ~6,080 tokens each they do not.
+            [RequestSpec("w1", whale(5600, 600), 0.2), RequestSpec("w2", whale(5600, 600), 0.25),
+             *scripted("s", SISO, 0.6, 0.5, 4)],
+        ),
+        _scenario(
             "smoke",
             "6 shorts arriving during one whale's long prefill: the shortest run that shows interference",
             [*_shorts(count=6, every_s=0.12, start_s=0.3), RequestSpec("w1", whale(7600, 100), 0.2)],

@@ -79,7 +79,8 @@ def test_a_three_way_interaction_is_split_within_the_goal(fixtures_dir):
 def test_score_cli_json(fixtures_dir, capsys):
     assert main(["lab", "score", str(fixtures_dir / "truth" / "whale2"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert [o["name"].split(" [")[0] for o in out] == ["attrib-agent", "naive overlap"]
+    assert [o["name"].split(" [")[0] for o in out["counterfactual"]] == ["attrib-agent", "naive overlap"]
+    assert out["step_truth"] == {}  # its recordings were made without the step plugin
 
 
 def test_score_properties():
