@@ -3,7 +3,9 @@
 Steps (with members by phase), the KV ledger per request as change points only (a request's blocks change
 every block_size tokens, not every step), request lanes and the victims with their top culprits. At most
 `max_steps` steps (and `MAX_MEMBERS` step members) go out: with `since`, the oldest ones after it (page on
-with `next_since`); without, the newest ones, which is what a live view wants.
+with `next_since`); without, the newest ones, which is what a live view wants. `window` keeps only the last
+that many seconds before the newest step (not before "now": an idle engine keeps its last traffic in view).
+Requests that never entered the engine (vLLM's `/tokenize` ids, rejections) get no lane: see `entered_engine`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any, Final
 from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.attribution.result_codec import culprit_to_dict
 from attrib_agent.read_model import TimelineReads
-from attrib_agent.sinks.api_top import BadQuery
+from attrib_agent.sinks.api_top import BadQuery, parse_duration
 from attrib_agent.timeline.model import RequestLifecycle
 
 DEFAULT_MAX_STEPS: Final = 2000
@@ -38,6 +40,17 @@ def parse_ts(name: str, text: str | None) -> float | None:
     return ts
 
 
+def parse_window(text: str | None) -> float | None:
+    """`?window=` as in /v1/culprits/top: `2m`, `90s` or plain seconds."""
+    return None if text is None else parse_duration(text)
+
+
+def entered_engine(lc: RequestLifecycle, stepped: set[str]) -> bool:
+    """Whether vLLM ran this request: a step in view held it, or its span (only generations have one) landed.
+    A `/tokenize` call is logged as `Received request tokenize-...` and nothing else: no lane, no axis."""
+    return lc.complete or lc.request_id in stepped
+
+
 def parse_max_steps(text: str | None) -> int:
     if text is None:
         return DEFAULT_MAX_STEPS
@@ -52,13 +65,17 @@ def parse_max_steps(text: str | None) -> int:
 
 def timeline_json(view: TimelineReads, since: float | None, until: float | None, *,
                   max_steps: int = DEFAULT_MAX_STEPS, max_requests: int = MAX_REQUESTS,
-                  max_members: int = MAX_MEMBERS) -> dict[str, Any]:
+                  max_members: int = MAX_MEMBERS, window_s: float | None = None) -> dict[str, Any]:
     """The timeline between `since` and `until` (step end times, inclusive), bounded as the module says."""
     if since is not None and until is not None and since > until:
         raise BadQuery("since must not be after until")
     outcomes = view.outcomes()
     ends = [si.end_ts for si, _ in outcomes]
-    lo = 0 if since is None else bisect.bisect_left(ends, since)
+    floor = None
+    if window_s is not None:  # the newest steps within `window_s` of the newest one (or of `until`)
+        anchor = until if until is not None else (ends[-1] if ends else view.last_event_ts)
+        floor = None if anchor is None else max(anchor - window_s, since or 0.0)
+    lo = 0 if since is None and floor is None else bisect.bisect_left(ends, floor if floor is not None else since)
     hi = len(ends) if until is None else bisect.bisect_right(ends, until)
     forward = since is not None  # from `since` on; else the newest steps
     order = range(lo, hi) if forward else range(hi - 1, lo - 1, -1)
@@ -95,9 +112,10 @@ def timeline_json(view: TimelineReads, since: float | None, until: float | None,
                 kv.setdefault(rid, []).append([si.end_ts, blocks])
         held = now
 
-    t0 = chosen[0][0].start_ts if chosen else since
+    t0 = chosen[0][0].start_ts if chosen else (since if floor is None else floor)
     t1 = chosen[-1][0].end_ts if chosen else until
-    lanes, lanes_truncated = _lanes(view, t0, t1, max_requests)
+    stepped = {m.request_id for _, out in chosen for m in out.record.members}
+    lanes, lanes_truncated = _lanes(view, t0, t1, max_requests, stepped)
     lane_ids = {lane["request_id"] for lane in lanes}
     results = _results_of(view, lane_ids)
     block_size, pool = view.pool()
@@ -105,7 +123,8 @@ def timeline_json(view: TimelineReads, since: float | None, until: float | None,
         "since": t0, "until": t1, "now": view.last_event_ts,
         "block_size": block_size, "pool_blocks": pool,
         "victim_threshold_s": view.victim_threshold_s,
-        "max_steps": max_steps, "truncated": truncated or lanes_truncated,
+        "max_steps": max_steps, "window_s": window_s, "window_start": floor,
+        "truncated": truncated or lanes_truncated,
         "next_since": ends[hi] if truncated and since is not None and hi < len(ends) else None,
         "steps": steps,
         "kv": {rid: points for rid, points in kv.items() if rid in lane_ids or not lanes_truncated},
@@ -129,12 +148,13 @@ def _whole_ties(ends: list[float], lo: int, taken: int, hi: int) -> int:
 
 
 def _lanes(view: TimelineReads, t0: float | None, t1: float | None,
-           max_requests: int) -> tuple[list[dict[str, Any]], bool]:
-    """Requests whose life overlaps [t0, t1], earliest arrival first, with what makes each a whale."""
+           max_requests: int, stepped: set[str]) -> tuple[list[dict[str, Any]], bool]:
+    """Requests vLLM ran whose life overlaps [t0, t1], earliest arrival first, with what makes each a whale."""
     if t0 is None or t1 is None:
         return [], False
     lcs = [lc for lc in view.lifecycles()
-           if lc.arrival_ts is not None and lc.arrival_ts <= t1 and (lc.end_ts is None or lc.end_ts >= t0)]
+           if lc.arrival_ts is not None and lc.arrival_ts <= t1 and (lc.end_ts is None or lc.end_ts >= t0)
+           and entered_engine(lc, stepped)]
     lcs.sort(key=lambda lc: (lc.arrival_ts or 0.0, lc.request_id))
     truncated = len(lcs) > max_requests
     lcs = lcs[:max_requests]
