@@ -167,12 +167,12 @@ PHANTOM = "tokenize-9f2c0d"
 
 
 def with_tokenize_call(name: str) -> AttributionPipeline:
-    """The recording with a client's `/tokenize` call near its end: vLLM logs `Received request tokenize-...`
+    """The recording with a client's `/tokenize` call at its last step: vLLM logs `Received request tokenize-...`
     and nothing else for it, so it stays "running" for ever (and its lane ran on to "now")."""
     p = AttributionPipeline()
     p.feed_all(events(name))
     last = p.timeline.outcomes()[-1][0].end_ts
-    p.feed(RequestReceived(ts=last, log_ts=last - 0.5, request_id=PHANTOM, max_tokens=None))
+    p.feed(RequestReceived(ts=last, log_ts=last, request_id=PHANTOM, max_tokens=None))
     p.settle()
     return p
 
