@@ -19,7 +19,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.read_model import AgentState
-from attrib_agent.sinks.prom_collector import AgentCollector, registry_for
+from attrib_agent.sinks.prom_collector import SECTIONS, AgentCollector, registry_for
 from attrib_agent.sources.replay import ReplaySource
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -151,7 +151,7 @@ def test_a_fresh_agent_serves_every_family_and_leaves_unknowns_without_a_sample(
                        "attrib_source_skipped_total", "attrib_source_last_success_timestamp_seconds",
                        "attrib_journal_errors_total"}
     errors = families["attrib_collector_errors_total"].samples
-    assert len(errors) == 6 and all(s.value == 0 for s in errors)
+    assert len(errors) == len(SECTIONS) == 7 and all(s.value == 0 for s in errors)
     assert families["attrib_cost_model_fitted"].samples[0].value == 0.0
 
 
