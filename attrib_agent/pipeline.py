@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, replace
 from attrib_agent.attribution.attributor import AttributionConfig, Attributor
 from attrib_agent.attribution.cost_model import StepCostModel
 from attrib_agent.attribution.result import AttributionResult
-from attrib_agent.attribution.store import ResultStore
 from attrib_agent.attribution.slo import SloConfig, SloTally
+from attrib_agent.attribution.store import ResultStore
 from attrib_agent.attribution.tally import SlowdownTally
 from attrib_agent.attribution.whales import whales
 from attrib_agent.events import EngineStep, Event, MetricsSnapshot, RequestSpan

@@ -71,11 +71,11 @@ def timeline_json(view: TimelineReads, since: float | None, until: float | None,
         raise BadQuery("since must not be after until")
     outcomes = view.outcomes()
     ends = [si.end_ts for si, _ in outcomes]
-    floor = None
-    if window_s is not None:  # the newest steps within `window_s` of the newest one (or of `until`)
-        anchor = until if until is not None else (ends[-1] if ends else view.last_event_ts)
-        floor = None if anchor is None else max(anchor - window_s, since or 0.0)
-    lo = 0 if since is None and floor is None else bisect.bisect_left(ends, floor if floor is not None else since)
+    floor = since  # the earliest step end sent
+    anchor = until if until is not None else (ends[-1] if ends else view.last_event_ts)
+    if window_s is not None and anchor is not None:  # the steps within `window_s` of the newest (or `until`)
+        floor = max(anchor - window_s, since or 0.0)
+    lo = 0 if floor is None else bisect.bisect_left(ends, floor)
     hi = len(ends) if until is None else bisect.bisect_right(ends, until)
     forward = since is not None  # from `since` on; else the newest steps
     order = range(lo, hi) if forward else range(hi - 1, lo - 1, -1)
@@ -112,7 +112,7 @@ def timeline_json(view: TimelineReads, since: float | None, until: float | None,
                 kv.setdefault(rid, []).append([si.end_ts, blocks])
         held = now
 
-    t0 = chosen[0][0].start_ts if chosen else (since if floor is None else floor)
+    t0 = chosen[0][0].start_ts if chosen else floor
     t1 = chosen[-1][0].end_ts if chosen else until
     stepped = {m.request_id for _, out in chosen for m in out.record.members}
     lanes, lanes_truncated = _lanes(view, t0, t1, max_requests, stepped)
@@ -123,7 +123,7 @@ def timeline_json(view: TimelineReads, since: float | None, until: float | None,
         "since": t0, "until": t1, "now": view.last_event_ts,
         "block_size": block_size, "pool_blocks": pool,
         "victim_threshold_s": view.victim_threshold_s,
-        "max_steps": max_steps, "window_s": window_s, "window_start": floor,
+        "max_steps": max_steps, "window_s": window_s, "window_start": floor if window_s is not None else None,
         "truncated": truncated or lanes_truncated,
         "next_since": ends[hi] if truncated and since is not None and hi < len(ends) else None,
         "steps": steps,

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from api_replayed import call, events, midway, replayed, state_of
 
-from attrib_agent.health import SourceHealth
 from attrib_agent.events import RequestReceived
+from attrib_agent.health import SourceHealth
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.sinks.api_timeline import timeline_json
 from attrib_agent.sinks.http_api import api_app

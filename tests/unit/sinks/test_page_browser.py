@@ -135,7 +135,8 @@ def test_axis_fits_the_data_in_the_window(tmp_path: Path, base_url: str) -> None
     t0, t1 = axis(dom)
     assert t0 == pytest.approx(steps[-1].end_ts - window, abs=1e-3) and t1 == pytest.approx(last, abs=1e-3)
     shown = {html.unescape(x) for x in re.findall(r'<g class="lane[^"]*" data-request-id="([^"]+)"', dom)}
-    assert shown == {lc.request_id for lc in lcs if lc.end_ts is None or lc.end_ts >= t0} != {lc.request_id for lc in lcs}
+    assert shown == {lc.request_id for lc in lcs if lc.end_ts is None or lc.end_ts >= t0}
+    assert len(shown) < len(lcs)
     assert '<option value="2m">last 2m</option>' in dom
 
 
