@@ -95,6 +95,10 @@ def samples(tmp_path: Path, token_file: Path) -> dict[str, tuple[object, Any]]:
         "max_results": (500, 500),
         "max_result_age_s": (600.0, 600.0),
         "max_pending": (100, 100),
+        "slo_ttft_s": (2.0, 2.0),
+        "slo_itl_s": (0.1, 0.1),
+        "shape_long_prompt_tokens": (2048, 2048),
+        "shape_long_output_tokens": (512, 512),
         "log_level": ("debug", "DEBUG"),
     }
 
