@@ -5,7 +5,8 @@ every block_size tokens, not every step), request lanes and the victims with the
 `max_steps` steps (and `MAX_MEMBERS` step members) go out: with `since`, the oldest ones after it (page on
 with `next_since`); without, the newest ones, which is what a live view wants. `window` keeps only the last
 that many seconds before the newest step (not before "now": an idle engine keeps its last traffic in view).
-Requests that never entered the engine (vLLM's `/tokenize` ids, rejections) get no lane: see `entered_engine`.
+Requests that never entered the engine (vLLM's `/tokenize` ids, rejections) get no lane: the timeline's book
+holds only requests with an `Added request` line or a span (timeline/lifecycle.py).
 """
 
 from __future__ import annotations
@@ -43,12 +44,6 @@ def parse_ts(name: str, text: str | None) -> float | None:
 def parse_window(text: str | None) -> float | None:
     """`?window=` as in /v1/culprits/top: `2m`, `90s` or plain seconds."""
     return None if text is None else parse_duration(text)
-
-
-def entered_engine(lc: RequestLifecycle, stepped: set[str]) -> bool:
-    """Whether vLLM ran this request: a step in view held it, or its span (only generations have one) landed.
-    A `/tokenize` call is logged as `Received request tokenize-...` and nothing else: no lane, no axis."""
-    return lc.complete or lc.request_id in stepped
 
 
 def parse_max_steps(text: str | None) -> int:
@@ -114,8 +109,7 @@ def timeline_json(view: TimelineReads, since: float | None, until: float | None,
 
     t0 = chosen[0][0].start_ts if chosen else floor
     t1 = chosen[-1][0].end_ts if chosen else until
-    stepped = {m.request_id for _, out in chosen for m in out.record.members}
-    lanes, lanes_truncated = _lanes(view, t0, t1, max_requests, stepped)
+    lanes, lanes_truncated = _lanes(view, t0, t1, max_requests)
     lane_ids = {lane["request_id"] for lane in lanes}
     results = _results_of(view, lane_ids)
     block_size, pool = view.pool()
@@ -148,13 +142,12 @@ def _whole_ties(ends: list[float], lo: int, taken: int, hi: int) -> int:
 
 
 def _lanes(view: TimelineReads, t0: float | None, t1: float | None,
-           max_requests: int, stepped: set[str]) -> tuple[list[dict[str, Any]], bool]:
-    """Requests vLLM ran whose life overlaps [t0, t1], earliest arrival first, with what makes each a whale."""
+           max_requests: int) -> tuple[list[dict[str, Any]], bool]:
+    """Requests whose life overlaps [t0, t1], earliest arrival first, with what makes each a whale."""
     if t0 is None or t1 is None:
         return [], False
     lcs = [lc for lc in view.lifecycles()
-           if lc.arrival_ts is not None and lc.arrival_ts <= t1 and (lc.end_ts is None or lc.end_ts >= t0)
-           and entered_engine(lc, stepped)]
+           if lc.arrival_ts is not None and lc.arrival_ts <= t1 and (lc.end_ts is None or lc.end_ts >= t0)]
     lcs.sort(key=lambda lc: (lc.arrival_ts or 0.0, lc.request_id))
     truncated = len(lcs) > max_requests
     lcs = lcs[:max_requests]
