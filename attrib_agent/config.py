@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from attrib_agent.attribution.attributor import AttributionConfig
 from attrib_agent.attribution.forecast import Candidate, ForecastConfig, ForecastSettings
+from attrib_agent.attribution.slo import SloConfig
 from attrib_agent.config_file import read_config_file
 from attrib_agent.config_settings import BY_NAME, CONFIG_ENV, ENV_PREFIX, EXCLUSIVE, SETTINGS, is_chosen, parse_token
 from attrib_agent.config_types import ConfigError, HostPort, OtlpTarget, Secret, shown
@@ -73,6 +74,10 @@ class AgentConfig:
     max_results: int = _d("max_results")
     max_result_age_s: float = _d("max_result_age_s")
     max_pending: int = _d("max_pending")
+    slo_ttft_s: float = _d("slo_ttft_s")
+    slo_itl_s: float = _d("slo_itl_s")
+    shape_long_prompt_tokens: int = _d("shape_long_prompt_tokens")
+    shape_long_output_tokens: int = _d("shape_long_output_tokens")
     forecast_ttft_slo_s: float = _d("forecast_ttft_slo_s")
     forecast_itl_p95_slo_s: float = _d("forecast_itl_p95_slo_s")
     forecast_horizon_s: float = _d("forecast_horizon_s")
@@ -114,7 +119,9 @@ class AgentConfig:
                               token_budget=self.token_budget, settle_interval_s=self.settle_interval_s,
                               partial_timeout_s=self.partial_timeout_s, max_results=self.max_results,
                               max_result_age_s=self.max_result_age_s, max_pending=self.max_pending,
-                              victim_threshold_s=self.victim_threshold_s, attribution=attribution)
+                              victim_threshold_s=self.victim_threshold_s, attribution=attribution,
+                              slo=SloConfig(self.slo_ttft_s, self.slo_itl_s, self.shape_long_prompt_tokens,
+                                            self.shape_long_output_tokens))
 
     def forecast_settings(self) -> ForecastSettings:
         return ForecastSettings(ForecastConfig(ttft_slo_s=self.forecast_ttft_slo_s,

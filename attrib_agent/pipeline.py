@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from attrib_agent.attribution.attributor import AttributionConfig, Attributor
 from attrib_agent.attribution.cost_model import StepCostModel
 from attrib_agent.attribution.result import AttributionResult
+from attrib_agent.attribution.slo import SloConfig, SloTally
 from attrib_agent.attribution.store import ResultStore
 from attrib_agent.attribution.tally import SlowdownTally
 from attrib_agent.attribution.whales import whales
@@ -45,6 +46,7 @@ class PipelineConfig:
     max_pending: int = 10_000  # victims waiting for attribution or refinement
     victim_threshold_s: float = 0.1  # slowdown that makes a request a "slowed" victim in the counters
     attribution: AttributionConfig = field(default_factory=AttributionConfig)
+    slo: SloConfig = field(default_factory=SloConfig)  # budgets and shape classes of the goodput series
 
     def __post_init__(self) -> None:
         if self.settle_interval_s <= 0 or self.partial_timeout_s <= 0 or self.max_pending < 1:
@@ -92,7 +94,7 @@ class AttributionPipeline:
         self.timeline = self._new_timeline()
         self.attributor = Attributor(cfg.attribution)
         self.store = ResultStore(cfg.max_results, cfg.max_result_age_s)
-        self.tally = SlowdownTally(victim_threshold_s=cfg.victim_threshold_s)
+        self.tally = SlowdownTally(victim_threshold_s=cfg.victim_threshold_s, slo=SloTally(cfg.slo))
         self.events: Counter[str] = Counter()
         self.vllm_restarts = 0
         self._restarted_ts: float | None = None  # when the last restart was seen: no span of before it will land

@@ -15,6 +15,7 @@ from dashboards.panels import RATE, Query, Section, agent, build_dashboard, heat
 UID: Final = "attrib-interference"
 TITLE: Final = "vLLM interference (attrib-agent)"
 SHORT: Final = 'victim_class="short"'
+MET: Final = 'outcome="met"'
 NOT_NVML: Final = 'source!="nvml"'  # optional: a sidecar without GPU visibility keeps it down for good
 
 
@@ -90,6 +91,22 @@ def _blame() -> Section:
     ])
 
 
+def _goodput() -> Section:
+    met = f"sum by (shape) (increase({agent('attrib_slo_requests_total', MET)}[{RATE}]))"
+    every = f"sum by (shape) (increase({agent('attrib_slo_requests_total')}[{RATE}]))"
+    blamed = f"sum by (shape, blamed_on) (increase({agent('attrib_slo_missed_blamed_seconds_total')}[{RATE}]))"
+    return Section("Goodput: which traffic shapes meet their SLO, and who is to blame for the misses?", [
+        timeseries("SLO compliance by traffic shape", "Share of the attributed requests of each shape (siso, silo, "
+                   "liso, lilo: short or long input and output) whose TTFT and mean ITL met the agent's budgets "
+                   "(slo_ttft_s, slo_itl_s), per interval.", "percentunit",
+                   [Query(f"{met} / {every}", "{{shape}}")], width=12),
+        timeseries("Missed requests' slowdown: whales vs crowd, by shape", "Slowdown seconds of the requests that "
+                   "missed their SLO, split by what the attribution blamed: whales, the ordinary crowd, or "
+                   "unexplained. Mostly whales: isolate or limit them; mostly crowd: the load itself is too high.",
+                   "s", [Query(blamed, "{{shape}} {{blamed_on}}")], width=12, stacked=True),
+    ])
+
+
 def _kv() -> Section:
     pool = f"max by (pod) ({agent('attrib_kv_pool_blocks')})"
     return Section("KV cache: who holds it", [
@@ -159,4 +176,4 @@ def build() -> dict[str, Any]:
     """The dashboard's JSON model."""
     return build_dashboard(UID, TITLE, "Short requests' latency beside the slowdown attrib-agent blames on "
                            "co-scheduled requests (whales), with the mechanism and the agent's own health.",
-                           [_headline(), _latency(), _blame(), _kv(), _engine(), _forecast(), _health()])
+                           [_headline(), _latency(), _blame(), _goodput(), _kv(), _engine(), _forecast(), _health()])

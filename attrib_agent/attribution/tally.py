@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from attrib_agent.attribution.result import AttributionResult
+from attrib_agent.attribution.slo import SloTally
 
 SLOWDOWN_BUCKETS_S: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 PHASES: Final = ("ttft", "itl")
@@ -75,6 +76,7 @@ class SlowdownTally:
     requests: Counter[str] = field(default_factory=Counter)  # victim class
     slowed: Counter[tuple[str, str]] = field(default_factory=Counter)  # phase, victim class
     histograms: dict[tuple[str, str], SlowdownHistogram] = field(default_factory=dict)  # phase, victim class
+    slo: SloTally = field(default_factory=SloTally)  # goodput by traffic shape, from the same final results
 
     def add(self, r: AttributionResult) -> None:
         if not r.final:
@@ -82,6 +84,7 @@ class SlowdownTally:
         vc = victim_class(r)
         gaps = r.itl_gaps
         self.requests[vc] += 1
+        self.slo.add(r)
         for phase, slow, unexplained in (("ttft", r.ttft_slowdown_s, r.unexplained_ttft_s),
                                          ("itl", r.itl_slowdown_s * gaps, r.unexplained_itl_s * gaps)):
             if slow >= self.victim_threshold_s:

@@ -3,7 +3,10 @@
 Steps (with members by phase), the KV ledger per request as change points only (a request's blocks change
 every block_size tokens, not every step), request lanes and the victims with their top culprits. At most
 `max_steps` steps (and `MAX_MEMBERS` step members) go out: with `since`, the oldest ones after it (page on
-with `next_since`); without, the newest ones, which is what a live view wants.
+with `next_since`); without, the newest ones, which is what a live view wants. `window` keeps only the last
+that many seconds before the newest step (not before "now": an idle engine keeps its last traffic in view).
+Requests that never entered the engine (vLLM's `/tokenize` ids, rejections) get no lane: the timeline's book
+holds only requests with an `Added request` line or a span (timeline/lifecycle.py).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any, Final
 from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.attribution.result_codec import culprit_to_dict
 from attrib_agent.read_model import TimelineReads
-from attrib_agent.sinks.api_top import BadQuery
+from attrib_agent.sinks.api_top import BadQuery, parse_duration
 from attrib_agent.timeline.model import RequestLifecycle
 
 DEFAULT_MAX_STEPS: Final = 2000
@@ -38,6 +41,11 @@ def parse_ts(name: str, text: str | None) -> float | None:
     return ts
 
 
+def parse_window(text: str | None) -> float | None:
+    """`?window=` as in /v1/culprits/top: `2m`, `90s` or plain seconds."""
+    return None if text is None else parse_duration(text)
+
+
 def parse_max_steps(text: str | None) -> int:
     if text is None:
         return DEFAULT_MAX_STEPS
@@ -52,13 +60,17 @@ def parse_max_steps(text: str | None) -> int:
 
 def timeline_json(view: TimelineReads, since: float | None, until: float | None, *,
                   max_steps: int = DEFAULT_MAX_STEPS, max_requests: int = MAX_REQUESTS,
-                  max_members: int = MAX_MEMBERS) -> dict[str, Any]:
+                  max_members: int = MAX_MEMBERS, window_s: float | None = None) -> dict[str, Any]:
     """The timeline between `since` and `until` (step end times, inclusive), bounded as the module says."""
     if since is not None and until is not None and since > until:
         raise BadQuery("since must not be after until")
     outcomes = view.outcomes()
     ends = [si.end_ts for si, _ in outcomes]
-    lo = 0 if since is None else bisect.bisect_left(ends, since)
+    floor = since  # the earliest step end sent
+    anchor = until if until is not None else (ends[-1] if ends else view.last_event_ts)
+    if window_s is not None and anchor is not None:  # the steps within `window_s` of the newest (or `until`)
+        floor = max(anchor - window_s, since or 0.0)
+    lo = 0 if floor is None else bisect.bisect_left(ends, floor)
     hi = len(ends) if until is None else bisect.bisect_right(ends, until)
     forward = since is not None  # from `since` on; else the newest steps
     order = range(lo, hi) if forward else range(hi - 1, lo - 1, -1)
@@ -95,7 +107,7 @@ def timeline_json(view: TimelineReads, since: float | None, until: float | None,
                 kv.setdefault(rid, []).append([si.end_ts, blocks])
         held = now
 
-    t0 = chosen[0][0].start_ts if chosen else since
+    t0 = chosen[0][0].start_ts if chosen else floor
     t1 = chosen[-1][0].end_ts if chosen else until
     lanes, lanes_truncated = _lanes(view, t0, t1, max_requests)
     lane_ids = {lane["request_id"] for lane in lanes}
@@ -105,7 +117,8 @@ def timeline_json(view: TimelineReads, since: float | None, until: float | None,
         "since": t0, "until": t1, "now": view.last_event_ts,
         "block_size": block_size, "pool_blocks": pool,
         "victim_threshold_s": view.victim_threshold_s,
-        "max_steps": max_steps, "truncated": truncated or lanes_truncated,
+        "max_steps": max_steps, "window_s": window_s, "window_start": floor if window_s is not None else None,
+        "truncated": truncated or lanes_truncated,
         "next_since": ends[hi] if truncated and since is not None and hi < len(ends) else None,
         "steps": steps,
         "kv": {rid: points for rid, points in kv.items() if rid in lane_ids or not lanes_truncated},

@@ -4,7 +4,8 @@ Endpoints (JSON; errors are `{"error": "..."}`):
   GET /v1/requests/{id}/culprits   200 final result (or `aborted`: no result will come), 202 partial or still
                                    running, 404 unknown, 400 bad id
   GET /v1/culprits/top?window=5m&limit=10   culprits ranked by victim seconds caused
-  GET /v1/timeline?since=&until=&max_steps=  steps, KV ledger, request lanes, victims (bounded)
+  GET /v1/timeline?window=2m&since=&until=&max_steps=   steps, KV ledger, request lanes, victims
+                                   (bounded; `window`: the last 2 minutes before the newest step)
   POST /v1/forecast                what admitting a request now would cost the others (api_forecast.py)
   GET /healthz, /readyz            probes (never need the token); /readyz also says whether vLLM is in a
                                    gap now (`vllm_gap_since`, `vllm_gap_s`) and how many there were
@@ -34,7 +35,7 @@ from attrib_agent.read_model import AgentState
 from attrib_agent.sinks.api_forecast import forecast_routes
 from attrib_agent.sinks.api_http import PAGE_CSP, BearerAuth, error, error_handlers, json_response
 from attrib_agent.sinks.api_ids import BadRequestId, resolve
-from attrib_agent.sinks.api_timeline import parse_max_steps, parse_ts, timeline_json
+from attrib_agent.sinks.api_timeline import parse_max_steps, parse_ts, parse_window, timeline_json
 from attrib_agent.sinks.api_top import BadQuery, parse_duration, parse_limit
 
 DEFAULT_WINDOW: Final = "5m"
@@ -90,7 +91,8 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
         q = request.query_params
         try:
             body = timeline_json(state, parse_ts("since", q.get("since")), parse_ts("until", q.get("until")),
-                                 max_steps=parse_max_steps(q.get("max_steps")))
+                                 max_steps=parse_max_steps(q.get("max_steps")),
+                                 window_s=parse_window(q.get("window")))
         except BadQuery as exc:
             return error(400, str(exc), errs, "bad_query")
         return json_response(body | {"live": state.live, "version": state.version})

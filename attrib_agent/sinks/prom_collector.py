@@ -25,6 +25,7 @@ from attrib_agent.sinks.prom_engine import cost_families, kv_families, pipeline_
 from attrib_agent.sinks.prom_families import SPECS, counter, empty_family
 from attrib_agent.sinks.prom_forecast import forecast_families
 from attrib_agent.sinks.prom_health import agent_families, source_families
+from attrib_agent.sinks.prom_slo import slo_families
 from attrib_agent.sinks.prom_slowdown import slowdown_families
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ Section = Callable[[AgentState], list[Metric]]
 _BUILDERS: Final[dict[str, Section]] = {
     "agent": agent_families,
     "slowdown": lambda state: slowdown_families(state.tally),
+    "slo": lambda state: slo_families(state.tally.slo),
     "pipeline": pipeline_families,
     "kv": kv_families,
     "cost": cost_families,

@@ -65,6 +65,12 @@ SPECS: Final = (
           "Finished requests attributed (final results only)."),
     _spec("attrib_slowed_requests_total", "counter", "", _SLOW,
           "Attributed requests whose slowdown exceeded the victim threshold."),
+    _spec("attrib_slo_requests_total", "counter", "", "shape, outcome",
+          "Attributed requests (final results) by traffic shape (siso, silo, liso, lilo by prompt and output "
+          "length) and outcome against the TTFT and ITL budgets."),
+    _spec("attrib_slo_missed_blamed_seconds_total", "counter", "seconds", "shape, blamed_on",
+          "Slowdown of the requests that missed their SLO, by what the attribution blamed: whales, the ordinary "
+          "crowd, or unexplained."),
     _spec("attrib_victims_dropped_total", "counter", "", "",
           "Victims dropped unattributed because too many were waiting (max_pending)."),
     _spec("attrib_whales", "gauge", "", "", "Requests in flight whose KV footprint makes them whales."),

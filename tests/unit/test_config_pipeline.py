@@ -8,6 +8,7 @@ import pytest
 from test_config import load, write_toml
 
 from attrib_agent.attribution.result_codec import to_dict
+from attrib_agent.config import ConfigError
 from attrib_agent.events import Event
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.sources.replay import ReplaySource
@@ -43,3 +44,20 @@ def test_file_env_and_flag_overrides_reach_the_pipeline(events: list[Event], tmp
     assert len(p.store) == 5 and p.store.evicted > 0  # the flag's bound, not the file's
     assert not any(c.is_whale for r in p.store for c in r.culprits)  # nobody holds 1000x the median
     assert sum(p.tally.requests.values()) == 23 and sum(p.tally.slowed.values()) == 0  # nobody 10 s slower
+
+
+def test_slo_budgets_and_shape_thresholds_reach_the_goodput_tally(events: list[Event], tmp_path: Path) -> None:
+    default = run(AttributionPipeline(load().pipeline_config()), events).tally.slo
+    assert default.requests[("siso", "met")] == 20  # preempt's shorts: 32 tokens in and out, TTFT < 5 s
+    cfg_file = write_toml(tmp_path / "agent.toml", attribution={"slo_ttft_s": 1.0})
+    cfg = load(["--config", str(cfg_file), "--shape-long-output-tokens", "16"], {"ATTRIB_SLO_ITL_S": "0.5"})
+    slo = run(AttributionPipeline(cfg.pipeline_config()), events).tally.slo
+    assert (slo.config.ttft_s, slo.config.itl_s, slo.config.long_output_tokens) == (1.0, 0.5, 16)
+    assert not any(shape == "siso" for shape, _ in slo.requests)  # 32 output tokens are now long
+    assert slo.requests[("silo", "missed_ttft")] > 0  # shorts queued 1-5 s behind the whales
+
+
+@pytest.mark.parametrize(("env", "value"), [("ATTRIB_SLO_TTFT_S", "0"), ("ATTRIB_SHAPE_LONG_PROMPT_TOKENS", "0")])
+def test_bad_slo_settings_are_refused(env: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=env.removeprefix("ATTRIB_").lower()):
+        load([], {env: value})

@@ -32,8 +32,10 @@ const AttribDraw = (function () {
     return (m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10) * p;
   }
 
-  function defs(svg) {
+  // Patterns, and the plot's clip (zoomed to one request, what lies outside its time is cut at the axes).
+  function defs(svg, xMin, xMax, H) {
     const defs = el('defs', {}, svg);
+    el('rect', { x: xMin, y: 0, width: Math.max(xMax - xMin, 1), height: H }, el('clipPath', { id: 'plot' }, defs));
     const hatch = el('pattern', { id: 'hatch-red', width: 6, height: 6, patternUnits: 'userSpaceOnUse',
                                   patternTransform: 'rotate(45)' }, defs);
     el('rect', { width: 6, height: 6, fill: '#fde0e0' }, hatch);
@@ -115,7 +117,8 @@ const AttribDraw = (function () {
       }
       const fill = st.s.whale ? whaleColour[st.s.id] : GREYS[grey++ % GREYS.length];
       const path = el('path', { d: p + 'Z', fill: fill, stroke: '#ffffff', 'stroke-width': 0.4,
-                                class: 'kv-area' + (st.s.whale ? ' whale' : ''), 'data-request-id': st.s.id }, g);
+                                class: 'kv-area' + (st.s.whale ? ' whale' : ''), 'data-request-id': st.s.id,
+                                'clip-path': 'url(#plot)' }, g);
       el('title', {}, path).textContent = st.s.id + ': up to ' + Math.max.apply(null, st.s.vals) + ' KV blocks';
     });
 
@@ -126,7 +129,7 @@ const AttribDraw = (function () {
       vp += (vp ? 'H' + xs[i].toFixed(1) + 'V' : 'M' + xs[i].toFixed(1) + ',') + y(s.vllm_kv_blocks).toFixed(1);
     });
     if (vp) el('path', { d: vp + 'H' + xs[n].toFixed(1), fill: 'none', stroke: '#222', 'stroke-width': 1,
-                         'stroke-dasharray': '2 2', class: 'vllm-kv' }, g);
+                         'stroke-dasharray': '2 2', class: 'vllm-kv', 'clip-path': 'url(#plot)' }, g);
     if (d.pool_blocks) {
       el('line', { x1: xMin, x2: xMax, y1: y(d.pool_blocks), y2: y(d.pool_blocks), stroke: RED,
                    'stroke-dasharray': '6 4', 'stroke-width': 1.2 }, g);
@@ -139,14 +142,16 @@ const AttribDraw = (function () {
     el('rect', { class: 'lane-bg', x: 0, y: y0, width: W - right + 190, height: rowH,
                  fill: i % 2 ? '#fafafa' : '#ffffff' }, lane);
     const colour = whaleColour[r.request_id] || LANE_GREY;
-    text(lane, left - 8, y0 + rowH / 2 + 4, names[r.request_id],
-         { 'text-anchor': 'end', class: 'lane-label' + (r.is_whale ? ' whale' : ''),
-           fill: r.is_whale ? colour : '#333' });
+    const label = text(lane, left - 8, y0 + rowH / 2 + 4, names[r.request_id],
+                       { 'text-anchor': 'end', class: 'lane-label' + (r.is_whale ? ' whale' : ''),
+                         fill: r.is_whale ? colour : '#333' });
+    el('title', {}, label).textContent = r.request_id;  // the full id on hover, whatever the cut
     const h = rowH - 6, yb = y0 + 3;
     const end = r.finish_ts != null ? r.finish_ts : r.aborted_ts != null ? r.aborted_ts : now;
     const seg = function (a, b, attrs) {
       if (a == null || b == null || b < a) return;
-      el('rect', Object.assign({ x: x(a), y: yb, width: Math.max(x(b) - x(a), 1), height: h }, attrs), lane);
+      el('rect', Object.assign({ x: x(a), y: yb, width: Math.max(x(b) - x(a), 1), height: h,
+                                 'clip-path': 'url(#plot)' }, attrs), lane);
     };
     const sched = r.scheduled_ts != null ? r.scheduled_ts : (r.first_token_ts != null ? r.first_token_ts : end);
     seg(r.arrival_ts, sched, { fill: '#ffffff', stroke: colour, 'stroke-dasharray': '3 2', class: 'queued' });
@@ -166,7 +171,8 @@ const AttribDraw = (function () {
       const decodeExtra = victim.itl_slowdown_s * victim.itl_gaps;
       if (decodeExtra > 0 && r.finish_ts != null) {
         el('rect', { x: x(r.finish_ts - decodeExtra), y: yb + h - 3, width: Math.max(x(r.finish_ts) -
-                     x(r.finish_ts - decodeExtra), 1), height: 3, fill: RED, class: 'decode-extra' }, lane);
+                     x(r.finish_ts - decodeExtra), 1), height: 3, fill: RED, class: 'decode-extra',
+                     'clip-path': 'url(#plot)' }, lane);
       }
       const top = victim.culprits[0];
       const label = '+' + fmtS(victim.slowdown_s) + (top ? ' ← ' + (names[top.request_id] || top.request_id) : '');

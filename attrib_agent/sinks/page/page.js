@@ -17,14 +17,24 @@
   }
   const token = sessionStorage.getItem(TOKEN_KEY);
   const MAX_LANES = Math.max(parseInt(params.get('lanes'), 10) || 400, 1);  // `?lanes=N` draws at most N lanes
-
-  let selected = null;  // request id whose culprits are shown
+  const WINDOWS = [['1m', 60], ['2m', 120], ['5m', 300], ['15m', 900], ['1h', 3600]];
+  // The time window follows live traffic: the last N minutes before the newest engine step (`?window=`).
+  let windowParam = params.get('window') || '2m';
+  let focused = params.get('request');  // request id whose span of time fills the axis (`?request=`, or a click)
+  let selected = focused;  // request id whose culprits are shown
   let current = null;   // the last timeline drawn
 
   function setStatus(msg, isError) {
     const st = document.getElementById('status');
     st.textContent = msg;
     st.className = isError ? 'error' : '';
+  }
+
+  // A readable cut of a long id: its head and tail, which is where ids differ (`cmpl-3f9a…e41c-0`).
+  function cut(s, max) {
+    if (s.length <= max) return s;
+    const tail = Math.floor((max - 1) / 3);
+    return s.slice(0, max - 1 - tail) + '…' + s.slice(s.length - tail);
   }
 
   // Short lane labels: the part of the ids that differs (`cmpl-<tag>-s003-0` -> `s003`).
@@ -39,9 +49,7 @@
     pre = pre.slice(0, pre.lastIndexOf('-') + 1);
     suf = suf.indexOf('-') >= 0 ? suf.slice(suf.indexOf('-')) : '';
     ids.forEach(function (id) {
-      let s = id.slice(pre.length, id.length - suf.length) || id;
-      if (s.length > 18) s = s.slice(0, 17) + '…';
-      names[id] = s;
+      names[id] = cut(id.slice(pre.length, id.length - suf.length) || id, 24);
     });
     return names;
   }
@@ -51,6 +59,7 @@
   async function load() {
     const q = new URLSearchParams();
     ['since', 'until', 'max_steps'].forEach(function (k) { if (params.has(k)) q.set(k, params.get(k)); });
+    if (!params.has('since') && windowParam !== 'all') q.set('window', windowParam);
     const headers = token ? { Authorization: 'Bearer ' + token } : {};
     let resp;
     try {
@@ -102,8 +111,31 @@
     return d.requests.filter(function (r) { return keep.has(r.request_id); });
   }
 
+  // [t0, t1] around one request's life (a sixth of it either side, at least 0.2 s), or null.
+  function focusSpan(lanes, id, now) {
+    const r = lanes.find(function (l) { return l.request_id === id; });
+    if (!r || r.arrival_ts == null) return null;
+    const end = r.finish_ts != null ? r.finish_ts : r.aborted_ts != null ? r.aborted_ts : now;
+    const pad = Math.max((end - r.arrival_ts) / 6, 0.2);
+    return [r.arrival_ts - pad, Math.max(end, r.arrival_ts) + pad];
+  }
+
+  function showFocus(id, span) {
+    const box = document.getElementById('focus');
+    box.textContent = '';
+    if (id == null) return;
+    const say = document.createElement('span');
+    say.textContent = span ? 'Zoomed to ' + id + ' ' : 'Request ' + id + ' is not in this window. ';
+    box.appendChild(say);
+    const back = document.createElement('button');
+    back.type = 'button';
+    back.textContent = 'Show the whole window';
+    back.addEventListener('click', function () { focus(null); });
+    box.appendChild(back);
+  }
+
   function draw(d) {
-    const lanes = pickLanes(d);
+    let lanes = pickLanes(d);
     const steps = d.steps;
     const names = shortNames(lanes.map(function (r) { return r.request_id; }).concat(Object.keys(d.kv)));
     const whaleColour = {};
@@ -122,26 +154,43 @@
                 (lanes.length < d.requests.length ? 'Lanes for ' + lanes.length + ' of ' + d.requests.length +
                  ' requests: whales, the most slowed and their culprits first.' : ''), false);
     }
+    // The axis fits the data in the window: its steps and lanes, never "now" (an idle engine would squeeze
+    // its last traffic to the right) and never before the window (a request arrived earlier is cut).
     let t0 = d.since, t1 = d.until;
     lanes.forEach(function (r) {
       if (r.arrival_ts != null) t0 = t0 == null ? r.arrival_ts : Math.min(t0, r.arrival_ts);
       const end = r.finish_ts != null ? r.finish_ts : r.aborted_ts;
       if (end != null) t1 = t1 == null ? end : Math.max(t1, end);
     });
-    if (d.live && d.now != null && t1 != null) t1 = Math.max(t1, d.now);  // running requests reach now
+    if (d.window_start != null && t0 != null) t0 = Math.max(t0, d.window_start);
     if (t0 == null || t1 == null || t1 <= t0) { t0 = (t0 || 0); t1 = t0 + 1; }
-    const now = t1;
+    const now = t1;  // running requests reach the newest data
+    const span = focusSpan(lanes, focused, now);
+    if (span) {  // zoomed to one request: its time, a margin either side, and the lanes it overlaps
+      t0 = span[0]; t1 = span[1];
+      lanes = lanes.filter(function (r) {
+        const end = r.finish_ts != null ? r.finish_ts : r.aborted_ts != null ? r.aborted_ts : now;
+        return r.arrival_ts != null && r.arrival_ts <= t1 && end >= t0;
+      });
+      Object.keys(laneIndex).forEach(function (id) { delete laneIndex[id]; });
+      lanes.forEach(function (r, i) { laneIndex[r.request_id] = i; });
+    }
+    showFocus(focused, span);
 
     const chart = document.getElementById('chart');
     chart.textContent = '';
     const W = Math.max(chart.clientWidth || 0, 900);
-    const left = 120, right = 200, top = 14, areaH = 230, axisH = 34, rowH = 20;
+    // The label column fits the longest lane name (monospace, ~7.3 px a character), and the start clock.
+    const longest = lanes.reduce(function (m, r) { return Math.max(m, names[r.request_id].length); }, 6);
+    const left = Math.min(Math.max(longest * 7.3 + 22, 125), 240), right = 200, top = 14, areaH = 230, axisH = 34,
+      rowH = 20;
     const lanesTop = top + areaH + axisH;
     const H = lanesTop + lanes.length * rowH + 10;
     const x = function (t) { return left + (t - t0) / (t1 - t0) * (W - left - right); };
     const svg = el('svg', { width: W, height: H, viewBox: '0 0 ' + W + ' ' + H, role: 'img',
-                            'aria-label': 'KV blocks by request over time, and request lanes' }, chart);
-    defs(svg);
+                            'aria-label': 'KV blocks by request over time, and request lanes',
+                            'data-t0': t0, 'data-t1': t1 }, chart);
+    defs(svg, left, W - right, H);
 
     // Time grid and axis
     const tick = niceStep(t1 - t0, 10);
@@ -165,7 +214,7 @@
                             victims[r.request_id], d.victim_threshold_s, W, right, left);
       lane.addEventListener('mousemove', function (ev) { showTip(ev, r, victims[r.request_id], names); });
       lane.addEventListener('mouseleave', hideTip);
-      lane.addEventListener('click', function () { select(r.request_id); });
+      lane.addEventListener('click', function () { focus(r.request_id); });
       laneEls[r.request_id] = lane;
     });
     // Link from the selected victim's wait to its top culprit
@@ -173,6 +222,10 @@
     const sel = selected && victims[selected] ? victims[selected] : null;
     if (sel) drawLinks(links, sel, laneIndex, lanes, lanesTop, rowH, x);
     if (selected in laneEls) laneEls[selected].classList.add('selected');
+    if (span && focused in laneEls) {
+      laneEls[focused].classList.add('focused');
+      if (laneEls[focused].scrollIntoView) laneEls[focused].scrollIntoView({ block: 'center' });
+    }
     if (sel) {
       sel.culprits.forEach(function (c) {
         if (c.request_id in laneEls) laneEls[c.request_id].classList.add('culprit');
@@ -235,6 +288,35 @@
     if (current) draw(current);
   }
 
+  // Zoom to one request (null: the whole window); the URL keeps it, so the view can be shared.
+  function focus(id) {
+    focused = id;
+    if (id != null) selected = id;
+    const q = new URLSearchParams(location.search);
+    if (id == null) q.delete('request'); else q.set('request', id);
+    history.replaceState(null, '', location.pathname + (q.toString() ? '?' + q : '') + location.hash);
+    if (current) draw(current);
+  }
+
+  function windowPicker() {
+    const pick = document.getElementById('window');
+    if (!WINDOWS.some(function (w) { return w[0] === windowParam; })) WINDOWS.push([windowParam, null]);
+    WINDOWS.concat([['all', null]]).forEach(function (w) {
+      const o = document.createElement('option');
+      o.value = w[0];
+      o.textContent = w[0] === 'all' ? 'all kept' : 'last ' + w[0];
+      pick.appendChild(o);
+    });
+    pick.value = windowParam;
+    pick.addEventListener('change', function () {
+      windowParam = pick.value;
+      const q = new URLSearchParams(location.search);
+      q.set('window', windowParam);
+      history.replaceState(null, '', location.pathname + '?' + q + location.hash);
+      load().then(function (data) { if (data) { current = data; draw(data); } });
+    });
+  }
+
   function showTip(ev, r, v, names) {
     const tip = document.getElementById('tip');
     tip.textContent = '';
@@ -266,6 +348,7 @@
   function hideTip() { document.getElementById('tip').hidden = true; }
 
   document.addEventListener('DOMContentLoaded', function () {
+    windowPicker();
     refresh().then(function () {
       // Start with the worst-slowed request selected, so its culprits show without a click.
       if (current && selected == null && current.victims.length) {

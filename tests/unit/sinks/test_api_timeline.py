@@ -8,8 +8,9 @@ import json
 from typing import Any
 
 import pytest
-from api_replayed import call, midway, replayed, state_of
+from api_replayed import call, events, midway, replayed, state_of
 
+from attrib_agent.events import RequestReceived
 from attrib_agent.health import SourceHealth
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.sinks.api_timeline import timeline_json
@@ -160,3 +161,45 @@ def test_response_is_gzipped_for_clients_that_ask() -> None:
     assert zipped.headers["content-encoding"] == "gzip"
     assert json.loads(zipped.content) == plain.json()  # httpx decodes; the wire size is what gzip saves
     assert len(gzip.compress(plain.content)) < len(plain.content) / 5
+
+
+PHANTOM = "tokenize-9f2c0d"
+
+
+def with_tokenize_call(name: str) -> AttributionPipeline:
+    """The recording with a client's `/tokenize` call at its start (as `vllm bench serve` makes): vLLM logs
+    `Received request tokenize-...` and nothing else for it. It used to stay "running" for ever, take a lane
+    that ran on to "now" and stretch the page's axis."""
+    evs = events(name)
+    p = AttributionPipeline()
+    p.feed(RequestReceived(ts=evs[0].ts, log_ts=None, request_id=PHANTOM, max_tokens=None))
+    p.feed_all(evs)
+    p.settle()
+    return p
+
+
+def test_requests_that_never_entered_the_engine_get_no_lane() -> None:
+    p = with_tokenize_call("whale2")
+    body = timeline(p, "?window=2m")
+    ids = {lane["request_id"] for lane in body["requests"]}
+    assert PHANTOM not in ids
+    assert ids == {lc.request_id for lc in replayed("whale2").timeline.lifecycles()}
+
+
+def test_window_keeps_the_last_seconds_before_the_newest_step() -> None:
+    p = replayed("whale2")
+    ends = [si.end_ts for si, _ in p.timeline.outcomes()]
+    span = ends[-1] - ends[0]
+    body = timeline(p, f"?window={span / 2!r}")
+    floor = ends[-1] - span / 2
+    assert body["window_start"] == pytest.approx(floor) and body["window_s"] == pytest.approx(span / 2)
+    assert [s["ts"] for s in body["steps"]] == [t for t in ends if t >= floor]
+    assert all(lane["finish_ts"] is None or lane["finish_ts"] >= body["since"] for lane in body["requests"])
+    assert len(body["requests"]) < len(list(p.timeline.lifecycles()))  # the first half's requests are gone
+    assert timeline(p, "?window=1h")["steps"] == timeline(p)["steps"]  # all of it: the window is not "now"
+
+
+@pytest.mark.parametrize("window", ["0", "-5", "x", "nan", "2d1x"])
+def test_bad_window_is_400(window: str) -> None:
+    resp = call(api_app(state_of(replayed("whale2"))), f"/v1/timeline?window={window}")
+    assert resp.status_code == 400 and "window" in resp.json()["error"]

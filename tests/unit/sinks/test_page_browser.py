@@ -1,5 +1,7 @@
 """The page in Debian's real headless Chromium, served by uvicorn from a replayed state with a token: it draws
-the KV areas and every request's lane without a console error, and keeps the token from `?token=`.
+the KV areas and every request's lane without a console error, and keeps the token from `?token=`. The state
+holds a client's `/tokenize` call (a request vLLM never ran): it gets no lane. The axis fits the data in the time
+window, `?request=` zooms to one request, and every lane label carries the full id.
 
 Writes the screenshot to docs/img/page.png (the README's picture) when it changed. Chromium is required:
 scripts/setup-system.sh installs it, and this test fails (not skips) without it.
@@ -8,6 +10,7 @@ scripts/setup-system.sh installs it, and this test fails (not skips) without it.
 from __future__ import annotations
 
 import html
+import math
 import os
 import re
 import shutil
@@ -21,6 +24,7 @@ from pathlib import Path
 import pytest
 import uvicorn
 from api_replayed import replayed, state_of
+from test_api_timeline import PHANTOM, with_tokenize_call
 
 from attrib_agent.sinks.http_api import api_app
 
@@ -40,7 +44,7 @@ def chromium() -> str:
 def base_url() -> Iterator[str]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    app = api_app(state_of(replayed("preempt")), token=TOKEN)
+    app = api_app(state_of(with_tokenize_call("preempt")), token=TOKEN)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -74,6 +78,7 @@ def test_page_draws_lanes_and_kv_without_console_errors(tmp_path: Path, base_url
     pipeline = replayed("preempt")
     lanes = re.findall(r'<g class="lane[^"]*" data-request-id="([^"]+)"', dom)
     assert sorted(html.unescape(x) for x in lanes) == sorted(lc.request_id for lc in pipeline.timeline.lifecycles())
+    assert PHANTOM not in dom and "tokenize-" not in dom
     whale_areas = re.findall(r'class="kv-area whale" data-request-id="([^"]+)"', dom)
     assert set(whale_areas) == {r.request_id for r in pipeline.store if r.is_whale}
     assert dom.count('class="wait"') >= 10  # the shorts queued behind the whales
@@ -108,3 +113,55 @@ def test_screenshot(tmp_path: Path, base_url: str) -> None:
     if not README_PICTURE.exists() or README_PICTURE.read_bytes() != png:
         README_PICTURE.parent.mkdir(parents=True, exist_ok=True)
         README_PICTURE.write_bytes(png)
+
+
+def axis(dom: str) -> tuple[float, float]:
+    m = re.search(r'<svg [^>]*data-t0="([^"]+)" data-t1="([^"]+)"', dom)
+    assert m is not None, "no chart drawn"
+    return float(m.group(1)), float(m.group(2))
+
+
+def test_axis_fits_the_data_in_the_window(tmp_path: Path, base_url: str) -> None:
+    p = replayed("preempt")
+    lcs = list(p.timeline.lifecycles())
+    steps = [si for si, _ in p.timeline.outcomes()]
+    first = min(min(lc.arrival_ts or math.inf for lc in lcs), steps[0].start_ts)
+    last = max(max(lc.end_ts or 0.0 for lc in lcs), steps[-1].end_ts)
+    t0, t1 = axis(run_chromium(tmp_path, f"{base_url}/?token={TOKEN}", "--dump-dom")[0])
+    assert (t0, t1) == pytest.approx((first, last), abs=1e-3)  # the phantom does not stretch it
+    window = (steps[-1].end_ts - steps[0].end_ts) / 2  # the last half: the axis starts at its start
+    dom, console = run_chromium(tmp_path, f"{base_url}/?token={TOKEN}&window={window!r}", "--dump-dom")
+    assert console == []
+    t0, t1 = axis(dom)
+    assert t0 == pytest.approx(steps[-1].end_ts - window, abs=1e-3) and t1 == pytest.approx(last, abs=1e-3)
+    shown = {html.unescape(x) for x in re.findall(r'<g class="lane[^"]*" data-request-id="([^"]+)"', dom)}
+    assert shown == {lc.request_id for lc in lcs if lc.end_ts is None or lc.end_ts >= t0}
+    assert len(shown) < len(lcs)
+    assert '<option value="2m">last 2m</option>' in dom
+
+
+def test_request_param_zooms_to_that_request(tmp_path: Path, base_url: str) -> None:
+    p = replayed("preempt")
+    worst = max((r for r in p.store if not r.is_whale), key=lambda r: r.ttft_slowdown_s)
+    lc = next(lc for lc in p.timeline.lifecycles() if lc.request_id == worst.request_id)
+    assert lc.arrival_ts is not None and lc.end_ts is not None
+    dom, console = run_chromium(tmp_path, f"{base_url}/?token={TOKEN}&request={lc.request_id}", "--dump-dom")
+    assert console == []
+    t0, t1 = axis(dom)
+    pad = max((lc.end_ts - lc.arrival_ts) / 6, 0.2)
+    assert (t0, t1) == pytest.approx((lc.arrival_ts - pad, lc.end_ts + pad), abs=1e-3)
+    focused = re.findall(r'<g class="lane[^"]*focused[^"]*" data-request-id="([^"]+)"', dom)
+    assert [html.unescape(x) for x in focused] == [lc.request_id]
+    shown = {html.unescape(x) for x in re.findall(r'<g class="lane[^"]*" data-request-id="([^"]+)"', dom)}
+    overlapping = {o.request_id for o in p.timeline.lifecycles() if o.arrival_ts is not None and o.arrival_ts <= t1
+                   and (o.end_ts is None or o.end_ts >= t0)}
+    assert shown == overlapping and "Zoomed to " + lc.request_id in html.unescape(dom)
+    assert "Slowed by" in dom  # its culprits are shown too
+
+
+def test_lane_labels_carry_the_full_id(tmp_path: Path, base_url: str) -> None:
+    dom, _ = run_chromium(tmp_path, f"{base_url}/?token={TOKEN}", "--dump-dom")
+    labels = re.findall(r'<text [^>]*class="lane-label[^"]*"[^>]*>([^<]*)<title>([^<]*)</title></text>', dom)
+    ids = {lc.request_id for lc in replayed("preempt").timeline.lifecycles()}
+    assert {html.unescape(full) for _, full in labels} == ids
+    assert all(len(short) <= 24 for short, _ in labels)

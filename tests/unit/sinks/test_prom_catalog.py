@@ -151,7 +151,7 @@ def test_a_fresh_agent_serves_every_family_and_leaves_unknowns_without_a_sample(
                        "attrib_source_skipped_total", "attrib_source_last_success_timestamp_seconds",
                        "attrib_journal_errors_total", "attrib_forecast_reference_harm_seconds"}
     errors = families["attrib_collector_errors_total"].samples
-    assert len(errors) == len(SECTIONS) and all(s.value == 0 for s in errors)
+    assert len(errors) == len(SECTIONS) == 8 and all(s.value == 0 for s in errors)
     assert families["attrib_cost_model_fitted"].samples[0].value == 0.0
 
 

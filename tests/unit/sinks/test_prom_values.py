@@ -15,8 +15,9 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
+from attrib_agent.attribution.slo import SloConfig, outcome_of, shape_of
 from attrib_agent.events import Event
-from attrib_agent.pipeline import AttributionPipeline, KvNow
+from attrib_agent.pipeline import AttributionPipeline, KvNow, PipelineConfig
 from attrib_agent.read_model import AgentState
 from attrib_agent.sinks.prom_collector import registry_for
 from attrib_agent.sources.replay import ReplaySource
@@ -174,3 +175,26 @@ def test_a_failing_section_is_counted_and_the_rest_still_served(caplog: pytest.L
     assert value(second, "attrib_collector_errors_total", section="cost") == 0
     records = [r for r in caplog.records if "section kv failed" in r.getMessage()]
     assert len(records) == 2 and records[0].exc_info and not records[1].exc_info
+
+
+def test_goodput_by_shape_and_the_blame_of_misses() -> None:
+    """preempt's shorts (32 prompt and output tokens) wait up to 4.75 s behind three whales: with a 1 s TTFT
+    budget most miss, and most of their blamed seconds are the whales'."""
+    cfg = SloConfig(ttft_s=1.0, itl_s=0.25, long_prompt_tokens=1024, long_output_tokens=256)
+    pipeline = AttributionPipeline(PipelineConfig(slo=cfg))
+    pipeline.feed_all(events("preempt"))
+    pipeline.settle()
+    fams = scrape(AgentState(pipeline))
+    finals = [r for r in pipeline.store if r.final]
+    shorts = [r for r in finals if shape_of(r.prompt_tokens, r.completion_tokens, cfg) == "siso"]
+    missed = [r for r in shorts if outcome_of(r, cfg) != "met"]
+    assert len(shorts) == 20 and 0 < len(missed) < len(shorts)
+    assert value(fams, "attrib_slo_requests_total", shape="siso", outcome="met") == len(shorts) - len(missed)
+    assert value(fams, "attrib_slo_requests_total", shape="siso", outcome="missed_ttft") == len(missed)
+    assert value(fams, "attrib_slo_requests_total") == len(finals)
+    on = {k: value(fams, "attrib_slo_missed_blamed_seconds_total", shape="siso", blamed_on=k)
+          for k in ("whale", "crowd", "unexplained")}
+    expected = sum(r.ttft_slowdown_s + r.itl_slowdown_s * r.itl_gaps for r in missed)
+    assert sum(on.values()) == pytest.approx(expected, rel=1e-9)  # a result's parts add up to its slowdown
+    assert on["whale"] / sum(on.values()) > 0.5
+    assert len(fams["attrib_slo_requests"].samples) == 20  # 5 shapes x 4 outcomes, from the start
