@@ -7,9 +7,9 @@ spans up to ~5 s after a request finishes. Decoding is the agent's own (sources/
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
@@ -42,16 +42,31 @@ def span_attr(span: Span, key: str) -> str | int | float | None:
 
 def span_request_ids(otlp_jsonl: Path) -> set[str]:
     """Request ids of every `llm_request` span in a (possibly still growing) otlp.jsonl; bad lines skipped."""
-    ids: set[str] = set()
+    return set(span_times(otlp_jsonl))
+
+
+def span_times(otlp_jsonl: Path) -> dict[str, tuple[float, float]]:
+    """Request id -> (span start = arrival, span end) for every `llm_request` span in an otlp.jsonl."""
     try:
         lines = otlp_jsonl.read_text().splitlines()
     except FileNotFoundError:
-        return ids
+        return {}
+    records = []
     for line in lines:
         try:
-            rec = json.loads(line)
-            req = decode_export(otlp_body(rec), rec.get("content_encoding"))
-        except (ValueError, KeyError, OtlpError):
+            records.append(json.loads(line))
+        except ValueError:
             continue
-        ids.update(s.request_id for s in request_spans(req, 0.0).spans)
-    return ids
+    return span_times_of(records)
+
+
+def span_times_of(records: Iterable[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """`span_times` over recorded OTLP records (e.g. `Recording.records("otlp")`); bad ones skipped."""
+    times: dict[str, tuple[float, float]] = {}
+    for rec in records:
+        try:
+            req = decode_export(otlp_body(rec), rec.get("content_encoding"))
+        except (ValueError, KeyError, TypeError, OtlpError):
+            continue
+        times.update((s.request_id, (s.start_ts, s.end_ts)) for s in request_spans(req, 0.0).spans)
+    return times

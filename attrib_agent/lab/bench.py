@@ -1,0 +1,220 @@
+"""Record a run of a third-party load client (`vllm bench serve`) against the lab's vLLM.
+
+Like lab/record.py, but the client is vLLM's own benchmark, run as users run it: it sends its own
+`/tokenize` call, a readiness request, and Poisson arrivals from its dataset. It cannot report its own
+lateness, so the lab's lateness probe (lab/probe.py) runs beside it at the same priority on the same CPUs,
+and a run whose probe was late while requests were in flight is retried, then rejected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from attrib_agent import __version__
+from attrib_agent.lab.cpus import client_cpus
+from attrib_agent.lab.model import ensure_model_dir
+from attrib_agent.lab.probe import client_place, lateness_summary
+from attrib_agent.lab.record import DEFAULT_MAX_LATENESS_S, RunRejected, RunResult, _vllm_version, wait_idle
+from attrib_agent.lab.server import LabEndpoints, LabError, lab_home
+from attrib_agent.lab.spans import span_times, span_times_of
+from attrib_agent.recording import LOG, METRICS, OTLP, Recording, RecordingWriter, compress_streams
+from attrib_agent.sources.metrics_parser import parse_metrics
+
+BENCH_TIMEOUT_S = 300.0
+SPAN_WAIT_S = 20.0
+RECEIVED = re.compile(r"Received request (\S+?):?\s")
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+               "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def bench_command(lab: LabEndpoints, prefix: str, result_dir: Path, args: Sequence[str]) -> list[str]:
+    """`vllm bench serve` (through lab/vllm_cli.py) at the lab's server, tokenizer and model name."""
+    model_dir = ensure_model_dir(lab_home() / "models")
+    return [sys.executable, "-m", "attrib_agent.lab.vllm_cli", "bench", "serve",
+            "--base-url", lab.vllm_url, "--model", lab.model, "--tokenizer", str(model_dir),
+            "--request-id-prefix", prefix, "--save-result", "--save-detailed",
+            "--result-dir", str(result_dir), "--result-filename", "bench.json", *args]
+
+
+def _scalars(result: dict[str, Any]) -> dict[str, Any]:
+    """The benchmark's summary figures only: its per-request lists hold generated text, never kept."""
+    return {k: v for k, v in result.items() if isinstance(v, int | float | bool) or
+            (isinstance(v, str) and len(v) < 200)}
+
+
+def traffic_figures(rec: Recording, prefix: str | None = None) -> dict[str, Any]:
+    """What the run sent, read back from the recording: requests (spans), the ids vLLM received that never
+    produced a span (e.g. `tokenize-...`), and the prefix cache's hit share of prompt tokens over the run."""
+    spans = span_times_of(rec.records(OTLP))
+    ours = {k: v for k, v in spans.items() if prefix is None or prefix in k}
+    received: list[str] = []
+    for r in rec.records(LOG):
+        m = RECEIVED.search(str(r.get("line", "")))
+        if m:
+            received.append(m.group(1))
+    hits: list[float] = []
+    queries: list[float] = []
+    for r in rec.records(METRICS):
+        for s in parse_metrics(str(r.get("text", "")), float(r["ts"])):
+            if s.prefix_cache_hits_total is not None and s.prefix_cache_queries_total is not None:
+                hits.append(s.prefix_cache_hits_total)
+                queries.append(s.prefix_cache_queries_total)
+    q = queries[-1] - queries[0] if queries else 0.0
+    h = hits[-1] - hits[0] if hits else 0.0
+    return {
+        "requests": len(ours),
+        "duration_s": round(max(e for _, e in ours.values()) - min(s for s, _ in ours.values()), 3) if ours else 0.0,
+        "received_without_span": sorted(set(received) - set(spans)),
+        "prefix_cache_queries": q, "prefix_cache_hits": h, "prefix_hit_share": round(h / q, 4) if q else 0.0,
+    }
+
+
+@dataclass(frozen=True)
+class Companion:
+    """A second `vllm bench serve` started `delay_s` after the measured one, at normal priority: another
+    user's traffic arriving mid-stream (e.g. whales), with its own readiness request and `/tokenize` call."""
+
+    delay_s: float
+    args: tuple[str, ...]
+
+
+def whale_companion(delay_s: float, count: int, seed: int, prompt_tokens: int = 3900,
+                    output_tokens: int = 300) -> Companion:
+    """`count` long random-dataset prompts (+-20 %) from a second client: whales arriving mid-stream."""
+    return Companion(delay_s, ("--dataset-name", "random", "--random-input-len", str(prompt_tokens),
+                               "--random-output-len", str(output_tokens), "--random-range-ratio", "0.2",
+                               "--num-prompts", str(count), "--request-rate", "0.2", "--seed", str(seed),
+                               "--ignore-eos", "--disable-tqdm"))
+
+
+def _start_companions(lab: LabEndpoints, prefix: str, tmp: Path,
+                      companions: Sequence[Companion]) -> list[tuple[Companion, subprocess.Popen[bytes], Path]]:
+    started = []
+    t0 = time.monotonic()
+    for i, c in enumerate(sorted(companions, key=lambda c: c.delay_s)):
+        time.sleep(max(0.0, t0 + c.delay_s - time.monotonic()))
+        d = tmp / f"companion{i}"
+        d.mkdir()
+        cmd = bench_command(lab, f"{prefix}c{i}-", d, c.args)
+        started.append((c, subprocess.Popen(cmd, env={**os.environ, **OFFLINE_ENV}, stdout=subprocess.PIPE,
+                                            stderr=subprocess.STDOUT), d))
+    return started
+
+
+def _attempt(lab: LabEndpoints, out: Path, args: Sequence[str], meta: dict[str, Any],
+             companions: Sequence[Companion] = ()) -> RunResult:
+    tag = secrets.token_hex(3)
+    prefix = f"bench-{tag}-"
+    before = wait_idle(lab)
+    cpus = client_cpus(lab.vllm_pid)
+    http = httpx.Client(timeout=10.0, trust_env=False)
+    started = time.time()
+    http.post(f"{lab.capture_url}/lab/start", json={"dir": str(out), "meta": meta}).raise_for_status()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            probe_out = Path(tmp) / "probe.json"
+            probe = subprocess.Popen([sys.executable, "-m", "attrib_agent.lab.probe", str(probe_out),
+                                      *map(str, cpus or [])])
+            others: list[tuple[Companion, subprocess.Popen[bytes], Path]] = []
+            try:
+                cmd = bench_command(lab, prefix, Path(tmp), args)
+                proc = subprocess.Popen(cmd, env={**os.environ, **OFFLINE_ENV}, preexec_fn=lambda: client_place(cpus),
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                others = _start_companions(lab, prefix, Path(tmp), companions)
+                runs = [(proc, Path(tmp)), *((p, d) for _, p, d in others)]
+                results = [_finish(p, d) for p, d in runs]
+            finally:
+                for p in [proc, *(p for _, p, _ in others)]:
+                    if p.poll() is None:
+                        p.kill()
+                probe.terminate()
+                probe.wait(timeout=30)
+            probe_data = json.loads(probe_out.read_text())
+        result = results[0]
+        expected = sum(int(r.get("completed", 0)) for r in results)
+        times = _wait_spans(out, prefix, expected)
+        after = wait_idle(lab)
+    finally:
+        counts = http.post(f"{lab.capture_url}/lab/stop").json()
+        http.close()
+    start = min((s for s, _ in times.values()), default=started) - 0.05
+    end = max((e for _, e in times.values()), default=time.time())
+    lateness = {**lateness_summary(probe_data["samples"], start, end),
+                **{k: probe_data[k] for k in ("scheduling_policy", "scheduling_priority", "cpus")}}
+    rec = Recording(out)
+    run_meta = {
+        "run_tag": tag, "request_id_prefix": prefix, "started_ts": started, "start_ts": start, "ended_ts": time.time(),
+        "client_lateness": lateness, "stream_counts": counts, "bench_result": _scalars(result),
+        "companions": [{"delay_s": c.delay_s, "args": list(c.args), "bench_result": _scalars(r)}
+                       for c, r in zip(companions, results[1:], strict=True)],
+        "block_size": after.block_size, "num_gpu_blocks": after.num_gpu_blocks,
+        "preemptions": after.preemptions - before.preemptions,
+        "spans_expected": expected, "spans_seen": len(times), "traffic": traffic_figures(rec, prefix),
+    }
+    with RecordingWriter(out, merge_existing=True) as w:
+        w.update_meta(run_meta)
+    return RunResult(out, Recording(out).meta, [])
+
+
+def _finish(proc: subprocess.Popen[bytes], result_dir: Path) -> dict[str, Any]:
+    """Wait for one `vllm bench serve`; its saved result (raises with its output's tail if it failed)."""
+    out, _ = proc.communicate(timeout=BENCH_TIMEOUT_S)
+    if proc.returncode != 0:
+        raise LabError(f"vllm bench serve failed with code {proc.returncode}:\n" + out.decode(errors="replace")[-3000:])
+    result: dict[str, Any] = json.loads((result_dir / "bench.json").read_text())
+    return result
+
+
+def _wait_spans(out: Path, prefix: str, expected: int) -> dict[str, tuple[float, float]]:
+    deadline = time.monotonic() + SPAN_WAIT_S
+    while True:
+        times = {k: v for k, v in span_times(out / "otlp.jsonl").items() if prefix in k}
+        if len(times) >= expected or time.monotonic() > deadline:
+            return times
+        time.sleep(0.5)
+
+
+def record_bench(lab: LabEndpoints, out: Path, args: Sequence[str], *, command: str = "",
+                 dataset: dict[str, Any] | None = None, max_lateness_s: float = DEFAULT_MAX_LATENESS_S,
+                 attempts: int = 3, compress: bool = True, companions: Sequence[Companion] = ()) -> RunResult:
+    """Record `vllm bench serve ARGS` into `out`, retrying a run whose probe was late; raise if all were."""
+    if out.exists() and any(out.iterdir()):
+        raise LabError(f"{out} exists and is not empty; refusing to overwrite a recording")
+    meta = {
+        "created_by": f"attrib-agent {__version__}", "command": command or " ".join(sys.argv),
+        "vllm_version": _vllm_version(), "model": {"name": lab.model, "kv_cache_bytes": lab.kv_cache_bytes},
+        "vllm_args": lab.vllm_args, "client": {"name": "vllm bench serve", "args": list(args)},
+        "dataset": dataset, "max_lateness_s": max_lateness_s,
+    }
+    rejected: list[float] = []
+    for attempt in range(1, attempts + 1):
+        if out.exists():
+            shutil.rmtree(out)
+        res = _attempt(lab, out, args, {**meta, "attempt": attempt}, sorted(companions, key=lambda c: c.delay_s))
+        late = float(res.meta["client_lateness"]["lateness_s"])
+        ok = late <= max_lateness_s
+        with RecordingWriter(out, merge_existing=True) as w:
+            w.update_meta({"accepted": ok, "rejected_attempts_lateness_s": rejected})
+        if ok:
+            if compress:
+                compress_streams(out)
+            return RunResult(out, Recording(out).meta, [])
+        rejected.append(late)
+    raise RunRejected(
+        f"vllm bench serve: probe lateness {', '.join(f'{x * 1000:.0f} ms' for x in rejected)} over {attempts} "
+        f"attempts exceeds {max_lateness_s * 1000:.0f} ms; the machine is too busy to measure"
+    )
