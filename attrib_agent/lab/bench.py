@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,12 +30,13 @@ from attrib_agent.lab.model import ensure_model_dir
 from attrib_agent.lab.probe import client_place, lateness_summary
 from attrib_agent.lab.record import DEFAULT_MAX_LATENESS_S, RunRejected, RunResult, _vllm_version, wait_idle
 from attrib_agent.lab.server import LabEndpoints, LabError, lab_home
-from attrib_agent.lab.spans import span_times, span_times_of
+from attrib_agent.lab.spans import request_spans_of, span_times
 from attrib_agent.recording import LOG, METRICS, OTLP, Recording, RecordingWriter, compress_streams
 from attrib_agent.sources.metrics_parser import parse_metrics
 
 BENCH_TIMEOUT_S = 300.0
 SPAN_WAIT_S = 20.0
+LONG_PROMPT = 2000
 RECEIVED = re.compile(r"Received request (\S+?):?\s")
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"}
@@ -59,8 +60,9 @@ def _scalars(result: dict[str, Any]) -> dict[str, Any]:
 def traffic_figures(rec: Recording, prefix: str | None = None) -> dict[str, Any]:
     """What the run sent, read back from the recording: requests (spans), the ids vLLM received that never
     produced a span (e.g. `tokenize-...`), and the prefix cache's hit share of prompt tokens over the run."""
-    spans = span_times_of(rec.records(OTLP))
+    spans = request_spans_of(rec.records(OTLP))
     ours = {k: v for k, v in spans.items() if prefix is None or prefix in k}
+    t0 = min((s.start_ts for s in ours.values()), default=0.0)
     received: list[str] = []
     for r in rec.records(LOG):
         m = RECEIVED.search(str(r.get("line", "")))
@@ -77,7 +79,11 @@ def traffic_figures(rec: Recording, prefix: str | None = None) -> dict[str, Any]
     h = hits[-1] - hits[0] if hits else 0.0
     return {
         "requests": len(ours),
-        "duration_s": round(max(e for _, e in ours.values()) - min(s for s, _ in ours.values()), 3) if ours else 0.0,
+        "duration_s": round(max(s.end_ts for s in ours.values()) - t0, 3) if ours else 0.0,
+        "prompt_tokens_max": max((s.prompt_tokens or 0 for s in ours.values()), default=0),
+        # Arrival offsets of the long prompts (>= LONG_PROMPT tokens): whales arriving mid-stream or not.
+        "long_prompts_at_s": sorted(round(s.start_ts - t0, 2) for s in ours.values()
+                                    if (s.prompt_tokens or 0) >= LONG_PROMPT),
         "received_without_span": sorted(set(received) - set(spans)),
         "prefix_cache_queries": q, "prefix_cache_hits": h, "prefix_hit_share": round(h / q, 4) if q else 0.0,
     }
@@ -116,9 +122,11 @@ def _start_companions(lab: LabEndpoints, prefix: str, tmp: Path,
 
 
 def _attempt(lab: LabEndpoints, out: Path, args: Sequence[str], meta: dict[str, Any],
-             companions: Sequence[Companion] = ()) -> RunResult:
+             companions: Sequence[Companion] = (), watch: Callable[[str], None] | None = None) -> RunResult:
     tag = secrets.token_hex(3)
     prefix = f"bench-{tag}-"
+    if watch is not None:
+        watch(prefix)
     before = wait_idle(lab)
     cpus = client_cpus(lab.vllm_pid)
     http = httpx.Client(timeout=10.0, trust_env=False)
@@ -190,8 +198,12 @@ def _wait_spans(out: Path, prefix: str, expected: int) -> dict[str, tuple[float,
 
 def record_bench(lab: LabEndpoints, out: Path, args: Sequence[str], *, command: str = "",
                  dataset: dict[str, Any] | None = None, max_lateness_s: float = DEFAULT_MAX_LATENESS_S,
-                 attempts: int = 3, compress: bool = True, companions: Sequence[Companion] = ()) -> RunResult:
-    """Record `vllm bench serve ARGS` into `out`, retrying a run whose probe was late; raise if all were."""
+                 attempts: int = 3, compress: bool = True, companions: Sequence[Companion] = (),
+                 watch: Callable[[str], None] | None = None) -> RunResult:
+    """Record `vllm bench serve ARGS` into `out`, retrying a run whose probe was late; raise if all were.
+
+    `watch(prefix)` is called before each attempt with the prefix of its request ids (vLLM's ids are
+    `cmpl-<prefix><index>-0`), so a test can follow the run's requests while it goes."""
     if out.exists() and any(out.iterdir()):
         raise LabError(f"{out} exists and is not empty; refusing to overwrite a recording")
     meta = {
@@ -204,7 +216,8 @@ def record_bench(lab: LabEndpoints, out: Path, args: Sequence[str], *, command: 
     for attempt in range(1, attempts + 1):
         if out.exists():
             shutil.rmtree(out)
-        res = _attempt(lab, out, args, {**meta, "attempt": attempt}, sorted(companions, key=lambda c: c.delay_s))
+        res = _attempt(lab, out, args, {**meta, "attempt": attempt}, sorted(companions, key=lambda c: c.delay_s),
+                       watch)
         late = float(res.meta["client_lateness"]["lateness_s"])
         ok = late <= max_lateness_s
         with RecordingWriter(out, merge_existing=True) as w:

@@ -14,6 +14,7 @@ from typing import Any, Final
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from attrib_agent.events import RequestSpan
 from attrib_agent.recording import otlp_body
 from attrib_agent.sources.otlp_decode import OtlpError, parse_export_request, request_spans
 
@@ -62,11 +63,16 @@ def span_times(otlp_jsonl: Path) -> dict[str, tuple[float, float]]:
 
 def span_times_of(records: Iterable[dict[str, Any]]) -> dict[str, tuple[float, float]]:
     """`span_times` over recorded OTLP records (e.g. `Recording.records("otlp")`); bad ones skipped."""
-    times: dict[str, tuple[float, float]] = {}
+    return {rid: (s.start_ts, s.end_ts) for rid, s in request_spans_of(records).items()}
+
+
+def request_spans_of(records: Iterable[dict[str, Any]]) -> dict[str, RequestSpan]:
+    """Request id -> its decoded `llm_request` span, over recorded OTLP records; bad ones skipped."""
+    spans: dict[str, RequestSpan] = {}
     for rec in records:
         try:
             req = decode_export(otlp_body(rec), rec.get("content_encoding"))
         except (ValueError, KeyError, TypeError, OtlpError):
             continue
-        times.update((s.request_id, (s.start_ts, s.end_ts)) for s in request_spans(req, 0.0).spans)
-    return times
+        spans.update((s.request_id, s) for s in request_spans(req, 0.0).spans)
+    return spans
