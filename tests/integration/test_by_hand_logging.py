@@ -14,4 +14,5 @@ REPO = Path(__file__).resolve().parents[2]
 def test_the_shipped_logging_config_is_the_charts(renderer: Path) -> None:
     out = chart_check.render(renderer, kube_version="1.33", sets=["vllm.model=m"])
     cm = next(m for m in out.of_kind("ConfigMap") if m["metadata"]["name"].endswith("-vllm-logging"))
-    assert json.loads(cm["data"]["vllm-logging.json"]) == json.loads((REPO / "deploy" / "vllm-logging.json").read_text())
+    shipped = json.loads((REPO / "deploy" / "vllm-logging.json").read_text())
+    assert json.loads(cm["data"]["vllm-logging.json"]) == shipped

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from attrib_agent.lab.logging_config import by_hand_logging_config, main
+from attrib_agent.lab.logging_config import main
 
 REPO = Path(__file__).resolve().parents[2]
 
