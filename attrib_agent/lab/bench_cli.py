@@ -3,7 +3,7 @@
     attrib-agent lab bench --dataset mixed --count 130 --out rec/mixed -- --request-rate 2 --ignore-eos
 
 With `--dataset mixed|rag` the lab writes a custom dataset (lab/bench_data.py) and passes it with
-`--dataset-name custom --disable-shuffle --skip-chat-template --custom-output-len -1 --num-prompts COUNT`;
+`--dataset-name custom --disable-shuffle --skip-chat-template --custom-output-len -1 --num-prompts <all>`;
 without, the arguments after `--` are vLLM's alone (e.g. `--dataset-name prefix_repetition ...`).
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,13 @@ from attrib_agent.lab.server import LabConfig, lab_home, running_lab
 
 
 def dataset_args(kind: str, path: Path, count: int, seed: int) -> tuple[list[str], dict[str, Any]]:
-    """Write the lab dataset `kind` to `path`; the `vllm bench serve` arguments that send it in file order."""
+    """Write the lab dataset `kind` to `path`; the `vllm bench serve` arguments that send all of it (`count`
+    requests plus the whales placed in the file) in file order."""
     from attrib_agent.lab.bench_data import make_dataset
 
     summary = make_dataset(kind, path, ensure_model_dir(lab_home() / "models") / "tokenizer.json", count, seed)
     return ["--dataset-name", "custom", "--dataset-path", str(path), "--disable-shuffle", "--skip-chat-template",
-            "--custom-output-len", "-1", "--num-prompts", str(count)], summary
+            "--custom-output-len", "-1", "--num-prompts", str(summary["requests"])], summary
 
 
 def cmd_bench(args: argparse.Namespace, config: LabConfig) -> int:
@@ -33,13 +35,12 @@ def cmd_bench(args: argparse.Namespace, config: LabConfig) -> int:
 
     bench_args = [a for a in args.bench_args if a != "--"]
     dataset = None
-    if args.dataset:
-        extra, dataset = dataset_args(args.dataset, args.out.with_name(args.out.name + ".dataset.jsonl"),
-                                      args.count, args.seed)
-        bench_args = [*extra, *bench_args]
-        bench_args[bench_args.index("--num-prompts") + 1] = str(dataset["requests"])  # + the file's whales
     command = " ".join(shlex.quote(a) for a in ["attrib-agent", *sys.argv[1:]])
-    with running_lab(config, args.attach) as ep:
+    # The dataset is remade from its seed (its summary goes to meta.json), so it lives only for the run.
+    with tempfile.TemporaryDirectory() as tmp, running_lab(config, args.attach) as ep:
+        if args.dataset:
+            extra, dataset = dataset_args(args.dataset, Path(tmp) / "dataset.jsonl", args.count, args.seed)
+            bench_args = [*extra, *bench_args]
         res = record_bench(ep, args.out, bench_args, command=command, dataset=dataset,
                            max_lateness_s=args.max_lateness_ms / 1000.0, attempts=args.attempts,
                            companions=[whale_companion(args.whales_after_s, args.whales, args.seed)]

@@ -41,7 +41,7 @@ class FinalWatch:
 
     def _run(self) -> None:
         with httpx.Client(trust_env=False, timeout=5.0) as c:
-            while not self._stop.wait(0.5):
+            while not self._stop.wait(1.0):
                 for rid in self.ids():
                     if rid in self.first_final:
                         continue
@@ -62,7 +62,6 @@ class FinalWatch:
 def bench_run(lab, tmp_path_factory):
     root = tmp_path_factory.mktemp("bench")
     args, _ = dataset_args("mixed", root / "mixed.jsonl", COUNT, seed=5)
-    args[args.index("--num-prompts") + 1] = str(COUNT + 2)  # the file's two whales
     with agent_beside(lab, root) as agent, FinalWatch(agent.api_url) as watch:
         res = record_bench(lab, root / "rec", [*args, "--request-rate", "3", "--ignore-eos", "--disable-tqdm"],
                            companions=[Companion(3.0, RANDOM_WHALE)], attempts=3, compress=False,

@@ -78,7 +78,7 @@ def test_dataset_args_send_the_file_in_order_with_its_output_lengths(tmp_path):
     args, summary = dataset_args("mixed", tmp_path / "d.jsonl", 10, seed=1)
     assert args[:4] == ["--dataset-name", "custom", "--dataset-path", str(tmp_path / "d.jsonl")]
     assert {"--disable-shuffle", "--skip-chat-template"} <= set(args)
-    assert args[args.index("--custom-output-len") + 1] == "-1"
+    assert args[args.index("--custom-output-len") + 1] == "-1" and args[args.index("--num-prompts") + 1] == "12"
     lines = [json.loads(x) for x in (tmp_path / "d.jsonl").read_text().splitlines()]
     assert len(lines) == summary["requests"] == 12 and summary["whale_positions"] == [4, 7]
     assert all(set(x) == {"prompt", "output_tokens", "klass"} for x in lines)
