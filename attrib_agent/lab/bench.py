@@ -12,7 +12,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,10 +27,10 @@ from attrib_agent import __version__
 from attrib_agent.lab.cpus import client_cpus
 from attrib_agent.lab.model import ensure_model_dir
 from attrib_agent.lab.probe import client_place, lateness_summary
-from attrib_agent.lab.record import DEFAULT_MAX_LATENESS_S, RunRejected, RunResult, _vllm_version, wait_idle
+from attrib_agent.lab.record import DEFAULT_MAX_LATENESS_S, RunResult, _vllm_version, retry_until_on_time, wait_idle
 from attrib_agent.lab.server import LabEndpoints, LabError, lab_home
 from attrib_agent.lab.spans import request_spans_of, span_times
-from attrib_agent.recording import LOG, METRICS, OTLP, Recording, RecordingWriter, compress_streams
+from attrib_agent.recording import LOG, METRICS, OTLP, Recording, RecordingWriter
 from attrib_agent.sources.metrics_parser import parse_metrics
 
 BENCH_TIMEOUT_S = 300.0
@@ -212,22 +211,7 @@ def record_bench(lab: LabEndpoints, out: Path, args: Sequence[str], *, command: 
         "vllm_args": lab.vllm_args, "client": {"name": "vllm bench serve", "args": list(args)},
         "dataset": dataset, "max_lateness_s": max_lateness_s,
     }
-    rejected: list[float] = []
-    for attempt in range(1, attempts + 1):
-        if out.exists():
-            shutil.rmtree(out)
-        res = _attempt(lab, out, args, {**meta, "attempt": attempt}, sorted(companions, key=lambda c: c.delay_s),
-                       watch)
-        late = float(res.meta["client_lateness"]["lateness_s"])
-        ok = late <= max_lateness_s
-        with RecordingWriter(out, merge_existing=True) as w:
-            w.update_meta({"accepted": ok, "rejected_attempts_lateness_s": rejected})
-        if ok:
-            if compress:
-                compress_streams(out)
-            return RunResult(out, Recording(out).meta, [])
-        rejected.append(late)
-    raise RunRejected(
-        f"vllm bench serve: probe lateness {', '.join(f'{x * 1000:.0f} ms' for x in rejected)} over {attempts} "
-        f"attempts exceeds {max_lateness_s * 1000:.0f} ms; the machine is too busy to measure"
-    )
+    ordered = sorted(companions, key=lambda c: c.delay_s)
+    return retry_until_on_time(lambda n: _attempt(lab, out, args, {**meta, "attempt": n}, ordered, watch), out,
+                               "vllm bench serve (the probe's lateness)", max_lateness_s=max_lateness_s,
+                               attempts=attempts, compress=compress)
