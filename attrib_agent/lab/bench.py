@@ -106,7 +106,7 @@ def whale_companion(delay_s: float, count: int, seed: int, prompt_tokens: int = 
                                "--ignore-eos", "--disable-tqdm"))
 
 
-def _start_companions(lab: LabEndpoints, prefix: str, tmp: Path,
+def _start_companions(lab: LabEndpoints, run_id: str, tmp: Path,
                       companions: Sequence[Companion]) -> list[tuple[Companion, subprocess.Popen[bytes], Path]]:
     started = []
     t0 = time.monotonic()
@@ -114,7 +114,7 @@ def _start_companions(lab: LabEndpoints, prefix: str, tmp: Path,
         time.sleep(max(0.0, t0 + c.delay_s - time.monotonic()))
         d = tmp / f"companion{i}"
         d.mkdir()
-        cmd = bench_command(lab, f"{prefix}c{i}-", d, c.args)
+        cmd = bench_command(lab, f"{run_id}c{i}-", d, c.args)
         started.append((c, subprocess.Popen(cmd, env={**os.environ, **OFFLINE_ENV}, stdout=subprocess.PIPE,
                                             stderr=subprocess.STDOUT), d))
     return started
@@ -122,8 +122,8 @@ def _start_companions(lab: LabEndpoints, prefix: str, tmp: Path,
 
 def _attempt(lab: LabEndpoints, out: Path, args: Sequence[str], meta: dict[str, Any],
              companions: Sequence[Companion] = (), watch: Callable[[str], None] | None = None) -> RunResult:
-    tag = secrets.token_hex(3)
-    prefix = f"bench-{tag}-"
+    run_id = f"bench-{secrets.token_hex(3)}"  # in every request id of the run; companions' are "<run_id>c<i>-"
+    prefix = f"{run_id}-"
     if watch is not None:
         watch(prefix)
     before = wait_idle(lab)
@@ -141,7 +141,7 @@ def _attempt(lab: LabEndpoints, out: Path, args: Sequence[str], meta: dict[str, 
                 cmd = bench_command(lab, prefix, Path(tmp), args)
                 proc = subprocess.Popen(cmd, env={**os.environ, **OFFLINE_ENV}, preexec_fn=lambda: client_place(cpus),
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-                others = _start_companions(lab, prefix, Path(tmp), companions)
+                others = _start_companions(lab, run_id, Path(tmp), companions)
                 runs = [(proc, Path(tmp)), *((p, d) for _, p, d in others)]
                 results = [_finish(p, d) for p, d in runs]
             finally:
@@ -153,24 +153,27 @@ def _attempt(lab: LabEndpoints, out: Path, args: Sequence[str], meta: dict[str, 
             probe_data = json.loads(probe_out.read_text())
         result = results[0]
         expected = sum(int(r.get("completed", 0)) for r in results)
-        times = _wait_spans(out, prefix, expected)
+        times = _wait_spans(out, run_id, expected)
         after = wait_idle(lab)
     finally:
         counts = http.post(f"{lab.capture_url}/lab/stop").json()
         http.close()
-    start = min((s for s, _ in times.values()), default=started) - 0.05
-    end = max((e for _, e in times.values()), default=time.time())
+    # Lateness counts while the measured client has requests in flight (not its own summing-up afterwards).
+    mine = [t for rid, t in times.items() if prefix in rid]
+    start = min((s for s, _ in mine), default=started) - 0.05
+    end = max((e for _, e in mine), default=time.time())
     lateness = {**lateness_summary(probe_data["samples"], start, end),
                 **{k: probe_data[k] for k in ("scheduling_policy", "scheduling_priority", "cpus")}}
     rec = Recording(out)
     run_meta = {
-        "run_tag": tag, "request_id_prefix": prefix, "started_ts": started, "start_ts": start, "ended_ts": time.time(),
+        "run_tag": run_id, "request_id_prefix": prefix, "started_ts": started, "start_ts": start,
+        "ended_ts": time.time(),
         "client_lateness": lateness, "stream_counts": counts, "bench_result": _scalars(result),
         "companions": [{"delay_s": c.delay_s, "args": list(c.args), "bench_result": _scalars(r)}
                        for c, r in zip(companions, results[1:], strict=True)],
         "block_size": after.block_size, "num_gpu_blocks": after.num_gpu_blocks,
         "preemptions": after.preemptions - before.preemptions,
-        "spans_expected": expected, "spans_seen": len(times), "traffic": traffic_figures(rec, prefix),
+        "spans_expected": expected, "spans_seen": len(times), "traffic": traffic_figures(rec, run_id),
     }
     with RecordingWriter(out, merge_existing=True) as w:
         w.update_meta(run_meta)
@@ -186,10 +189,10 @@ def _finish(proc: subprocess.Popen[bytes], result_dir: Path) -> dict[str, Any]:
     return result
 
 
-def _wait_spans(out: Path, prefix: str, expected: int) -> dict[str, tuple[float, float]]:
+def _wait_spans(out: Path, run_id: str, expected: int) -> dict[str, tuple[float, float]]:
     deadline = time.monotonic() + SPAN_WAIT_S
     while True:
-        times = {k: v for k, v in span_times(out / "otlp.jsonl").items() if prefix in k}
+        times = {k: v for k, v in span_times(out / "otlp.jsonl").items() if run_id in k}
         if len(times) >= expected or time.monotonic() > deadline:
             return times
         time.sleep(0.5)
