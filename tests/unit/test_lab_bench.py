@@ -82,3 +82,15 @@ def test_dataset_args_send_the_file_in_order_with_its_output_lengths(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "d.jsonl").read_text().splitlines()]
     assert len(lines) == summary["requests"] == 12 and summary["whale_positions"] == [4, 7]
     assert all(set(x) == {"prompt", "output_tokens", "klass"} for x in lines)
+
+
+def test_vllms_own_cli_runs_through_the_shim():
+    """The command `.venv/bin/vllm` runs (scripts/setup-venv.sh): vLLM's CLI parses and answers its version."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("vllm")
+    out = subprocess.run([sys.executable, "-m", "attrib_agent.lab.vllm_cli", "--version"], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "0.32.0+cpu"
