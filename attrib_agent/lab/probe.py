@@ -4,7 +4,8 @@ A third-party client (`vllm bench serve`) times requests from when it actually s
 about being starved of CPU. This process runs where that client runs (same scheduling priority, same CPUs:
 lab/client.py's `_raise_priority`, the cores from lab/cpus.py) and wakes every 10 ms; how late it wakes is
 how late a client there could have been. `python -m attrib_agent.lab.probe OUT.json [CPU ...]` runs until
-SIGTERM/SIGINT, then writes its samples as `[[unix time, lateness s], ...]`.
+SIGTERM/SIGINT, then writes its samples as `[[unix time, lateness s], ...]` (100 a second; the lab stops it
+with its run, at most lab/bench.py's BENCH_TIMEOUT_S, so at most ~30,000 samples).
 """
 
 from __future__ import annotations
