@@ -154,12 +154,16 @@ def _attempt(lab: LabEndpoints, out: Path, args: Sequence[str], meta: dict[str, 
         result = results[0]
         expected = sum(int(r.get("completed", 0)) for r in results)
         times = _wait_spans(out, run_id, expected)
+        # vLLM's prefix_repetition dataset ignores --request-id-prefix: then the run's requests are the last
+        # `completed` to arrive (the recording holds this run only; its readiness request came first).
+        named = {k: v for k, v in times.items() if run_id in k}
+        mine = ([t for rid, t in named.items() if prefix in rid] if named else
+                sorted(times.values())[-int(result.get("completed", 0)):] if result.get("completed") else [])
         after = wait_idle(lab)
     finally:
         counts = http.post(f"{lab.capture_url}/lab/stop").json()
         http.close()
     # Lateness counts while the measured client has requests in flight (not its own summing-up afterwards).
-    mine = [t for rid, t in times.items() if prefix in rid]
     start = min((s for s, _ in mine), default=started) - 0.05
     end = max((e for _, e in mine), default=time.time())
     lateness = {**lateness_summary(probe_data["samples"], start, end),
@@ -173,7 +177,8 @@ def _attempt(lab: LabEndpoints, out: Path, args: Sequence[str], meta: dict[str, 
                        for c, r in zip(companions, results[1:], strict=True)],
         "block_size": after.block_size, "num_gpu_blocks": after.num_gpu_blocks,
         "preemptions": after.preemptions - before.preemptions,
-        "spans_expected": expected, "spans_seen": len(times), "traffic": traffic_figures(rec, run_id),
+        "spans_expected": expected, "spans_seen": len(named or times),
+        "traffic": traffic_figures(rec, run_id if named else None),
     }
     with RecordingWriter(out, merge_existing=True) as w:
         w.update_meta(run_meta)
@@ -192,8 +197,10 @@ def _finish(proc: subprocess.Popen[bytes], result_dir: Path) -> dict[str, Any]:
 def _wait_spans(out: Path, run_id: str, expected: int) -> dict[str, tuple[float, float]]:
     deadline = time.monotonic() + SPAN_WAIT_S
     while True:
-        times = {k: v for k, v in span_times(out / "otlp.jsonl").items() if run_id in k}
-        if len(times) >= expected or time.monotonic() > deadline:
+        times = span_times(out / "otlp.jsonl")
+        named = sum(run_id in k for k in times)
+        # Unnamed (see _attempt): the run's spans plus the readiness request's.
+        if (named or len(times) - 1) >= expected or time.monotonic() > deadline:
             return times
         time.sleep(0.5)
 
