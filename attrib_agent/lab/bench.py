@@ -1,7 +1,7 @@
 """Record a run of a third-party load client (`vllm bench serve`) against the lab's vLLM.
 
 Like lab/record.py, but the client is vLLM's own benchmark, run as users run it: it sends its own
-`/tokenize` call, a readiness request, and Poisson arrivals from its dataset. It cannot report its own
+`/tokenize` call (random and prefix_repetition datasets) and Poisson arrivals from its dataset. It cannot report its own
 lateness, so the lab's lateness probe (lab/probe.py) runs beside it at the same priority on the same CPUs,
 and a run whose probe was late while requests were in flight is retried, then rejected.
 """
@@ -91,7 +91,7 @@ def traffic_figures(rec: Recording, prefix: str | None = None) -> dict[str, Any]
 @dataclass(frozen=True)
 class Companion:
     """A second `vllm bench serve` started `delay_s` after the measured one, at normal priority: another
-    user's traffic arriving mid-stream (e.g. whales), with its own readiness request and `/tokenize` call."""
+    user's traffic arriving mid-stream (e.g. whales), with its own `/tokenize` call (random dataset)."""
 
     delay_s: float
     args: tuple[str, ...]
@@ -155,7 +155,7 @@ def _attempt(lab: LabEndpoints, out: Path, args: Sequence[str], meta: dict[str, 
         expected = sum(int(r.get("completed", 0)) for r in results)
         times = _wait_spans(out, run_id, expected)
         # vLLM's prefix_repetition dataset ignores --request-id-prefix: then the run's requests are the last
-        # `completed` to arrive (the recording holds this run only; its readiness request came first).
+        # `completed` to arrive (the recording holds this run only; `--ready-check-timeout-sec` would add one first).
         named = {k: v for k, v in times.items() if run_id in k}
         mine = ([t for rid, t in named.items() if prefix in rid] if named else
                 sorted(times.values())[-int(result.get("completed", 0)):] if result.get("completed") else [])
@@ -199,8 +199,7 @@ def _wait_spans(out: Path, run_id: str, expected: int) -> dict[str, tuple[float,
     while True:
         times = span_times(out / "otlp.jsonl")
         named = sum(run_id in k for k in times)
-        # Unnamed (see _attempt): the run's spans plus the readiness request's.
-        if (named or len(times) - 1) >= expected or time.monotonic() > deadline:
+        if (named or len(times)) >= expected or time.monotonic() > deadline:
             return times
         time.sleep(0.5)
 
