@@ -1,22 +1,27 @@
 # Every target sets up .venv first (idempotent), so a fresh clone needs nothing else.
-.PHONY: setup system demo test unit lint
+.PHONY: setup system helm demo test unit lint
 
 setup:
 	@bash scripts/setup-venv.sh
 
-# Debian packages the tests drive (prometheus, promtool, chromium, go + sprig)
+# Debian packages the tests drive (prometheus, promtool, chromium, go + sprig; kubectl where apt has it)
 system:
 	@bash scripts/setup-system.sh
+
+# .venv-helm: Python 3.12 with helm-sdkpy (real Helm v4) for the chart's lint and package tests
+helm:
+	@bash scripts/setup-helm-venv.sh
 
 demo: setup
 	.venv/bin/attrib-agent demo
 
-test: setup system
+# The last lines give the skip count (tests/conftest.py); with CI=true an unexpected skip fails the run.
+test: setup system helm
 	.venv/bin/python -m pytest
 
 unit: setup
 	.venv/bin/python -m pytest -m "not e2e"
 
 lint: setup
-	.venv/bin/ruff check attrib_agent tests
+	.venv/bin/ruff check attrib_agent plugins tests
 	.venv/bin/mypy

@@ -19,7 +19,8 @@ from attrib_agent.lab.workload import SCENARIOS, get_scenario
 
 def _lab_config(args: argparse.Namespace) -> LabConfig:
     return LabConfig(kv_cache_bytes=args.kv_cache_bytes, metrics_interval_s=args.metrics_interval,
-                     log_level=args.log_level, extra_args=list(args.vllm_arg or []))
+                     log_level=args.log_level, extra_args=list(args.vllm_arg or []),
+                     truth_plugin=args.truth_plugin)
 
 
 def _add_lab_options(p: argparse.ArgumentParser) -> None:
@@ -34,6 +35,8 @@ def _add_lab_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attempts", type=int, default=3, help="tries per run before giving up (default %(default)s)")
     p.add_argument("--log-level", default="INFO", choices=["INFO", "DEBUG"],
                    help="vLLM's log level; DEBUG logs prompt text (privacy canary recordings only)")
+    p.add_argument("--truth-plugin", action="store_true",
+                   help="load the step plugin (plugins/vllm) in vLLM and record its per-step truth as vllm_steps")
     p.add_argument("--vllm-arg", action="append", metavar="ARG",
                    help="extra argument for vllm serve, e.g. --vllm-arg=--enable-log-outputs (repeatable)")
 
@@ -93,16 +96,27 @@ def cmd_score(args: argparse.Namespace) -> int:
     import json
 
     from attrib_agent.lab.score import format_scores, score_command
+    from attrib_agent.lab.step_truth import format_step_scores, score_dir
 
     scores = []
     for d in args.truth_dirs:
+        if not (d / "truth.json").is_file() and (d / "meta.json").is_file():
+            continue  # a single recording: only the step truth below applies
         for s in score_command(d):
             s.name = f"{s.name} [{d.name}]"
             scores.append(s)
+    steps = [(d.name, st) for d in args.truth_dirs if (st := score_dir(d)) is not None]
     if args.json:
-        print(json.dumps([s.as_dict() for s in scores], indent=1))
-    else:
+        print(json.dumps({"counterfactual": [s.as_dict() for s in scores],
+                          "step_truth": {name: s.as_dict() for name, s in steps}}, indent=1))
+        return 0
+    if scores:
         print(format_scores(scores))
+    if steps:
+        print(("\n" if scores else "") + format_step_scores(steps))
+    if not scores and not steps:
+        print("nothing to score: no truth.json and no recording with the vllm_steps stream", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -212,11 +226,17 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--keep-recordings", action="store_true", help="keep every run's recording under OUT/runs/")
     _add_lab_options(tr)
     tr.set_defaults(func=cmd_truth)
-    sc2 = lsub.add_parser("score", help="score attribution against counterfactual truth (needs --keep-recordings)")
-    sc2.add_argument("truth_dirs", type=Path, nargs="+", metavar="TRUTH_DIR")
+    sc2 = lsub.add_parser("score", help="score attribution against counterfactual truth (needs --keep-recordings)"
+                          " and the timeline against vLLM's per-step truth (recordings made with --truth-plugin)")
+    sc2.add_argument("truth_dirs", type=Path, nargs="+", metavar="TRUTH_DIR|RECORDING")
     sc2.add_argument("--json", action="store_true")
     sc2.set_defaults(func=cmd_score)
     add_bench_command(lsub, _add_lab_options, _lab_config)
+    from attrib_agent.lab.oracle import suite as oracle  # no vLLM import until it runs
+
+    orc = lsub.add_parser("oracle", help="vLLM's own scheduler vs the re-simulation: step agreement report")
+    oracle.add_arguments(orc)
+    orc.set_defaults(func=oracle.run)
     return p
 
 

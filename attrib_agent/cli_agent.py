@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 
 from attrib_agent import __version__
-from attrib_agent.app import AgentCore, ServeOptions, journal_for, replay_into
+from attrib_agent.agent.core import AgentCore, ServeOptions
+from attrib_agent.agent.live import LiveAgent
+from attrib_agent.agent.replay import replay_into
 from attrib_agent.config import AgentConfig, ConfigError, add_run_arguments, load_config
-from attrib_agent.live import LiveAgent
-from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.report import explain_table, json_lines, summary_row, write_parquet
 from attrib_agent.sinks.journal import JournalError
 
@@ -92,8 +92,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if cfg is None:
         return 2
     try:
-        core = AgentCore(AttributionPipeline(cfg.pipeline_config()),
-                         journal=journal_for(cfg.journal_dir, cfg.journal_max_bytes))
+        core = AgentCore.from_config(cfg, live=False)
     except JournalError as e:
         print(f"attrib-agent: error: {e}", file=sys.stderr)
         return 2

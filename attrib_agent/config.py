@@ -21,7 +21,7 @@ from attrib_agent.attribution.attributor import AttributionConfig
 from attrib_agent.config_file import read_config_file
 from attrib_agent.config_settings import BY_NAME, CONFIG_ENV, ENV_PREFIX, EXCLUSIVE, SETTINGS, is_chosen, parse_token
 from attrib_agent.config_types import ConfigError, HostPort, OtlpTarget, Secret, shown
-from attrib_agent.config_values import WILDCARD_HOSTS, did_you_mean, is_loopback
+from attrib_agent.config_values import WILDCARD_HOSTS, did_you_mean, expand_user, is_loopback
 from attrib_agent.pipeline import PipelineConfig
 
 __all__ = ["AgentConfig", "ConfigError", "HostPort", "OtlpTarget", "Secret", "add_run_arguments", "load_config"]
@@ -181,7 +181,14 @@ def _parse(name: str, raw: object, source: str) -> Any:
 def _file_layer(args: argparse.Namespace, environ: Mapping[str, str]) -> Layer:
     flag_path = getattr(args, "config", None)
     path = flag_path if flag_path is not None else environ.get(CONFIG_ENV) or None
-    return read_config_file(Path(path).expanduser()) if path else {}
+    if not path:
+        return {}
+    try:
+        expanded = expand_user(Path(path))
+    except ValueError as e:
+        source = "flag --config" if flag_path is not None else f"env {CONFIG_ENV}"
+        raise ConfigError(f"config file ({source}): {e}") from None
+    return read_config_file(expanded)
 
 
 def _env_layer(environ: Mapping[str, str]) -> Layer:
@@ -231,7 +238,14 @@ def _check_paths(values: dict[str, Any], origin: dict[str, str]) -> None:
     for name in ("log_file", "journal_dir"):
         p: Path | None = values[name]
         want_dir = name == "journal_dir"
-        if p is not None and p.exists() and p.is_dir() != want_dir:
+        if p is None:
+            continue
+        try:  # Path.exists() raises for a name too long, a permission denied on the way (only ENOENT is False)
+            exists = p.exists()
+        except OSError as e:
+            why = e.strerror or type(e).__name__
+            raise ConfigError(f"{name} ({origin[name]}): cannot use this path: {why}") from None
+        if exists and p.is_dir() != want_dir:
             raise ConfigError(f"{name} ({origin[name]}): {p} is {'not ' if want_dir else ''}a directory")
 
 

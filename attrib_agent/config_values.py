@@ -143,7 +143,15 @@ def choice(options: tuple[str, ...], *, upper: bool = False) -> Callable[[object
 
 def path(value: object) -> Path:
     """A file system path (`~` expanded); whether it must exist is the setting's own check."""
-    return Path(_text(value, "a path")).expanduser()
+    return expand_user(Path(_text(value, "a path")))
+
+
+def expand_user(path: Path) -> Path:
+    """`~` and `~user` expanded; an unknown user is a ValueError (pathlib raises RuntimeError)."""
+    try:
+        return path.expanduser()
+    except RuntimeError:
+        raise ValueError(f"cannot expand {str(path).split('/', 1)[0]!r}: no such user or home directory") from None
 
 
 def host(value: object) -> str:

@@ -10,16 +10,21 @@ stream, so no counter counts a victim twice.
 
 from __future__ import annotations
 
-import statistics
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, replace
 
 from attrib_agent.attribution.attributor import AttributionConfig, Attributor
-from attrib_agent.attribution.result import AttributionResult, ResultStore
+from attrib_agent.attribution.cost_model import StepCostModel
+from attrib_agent.attribution.result import AttributionResult
+from attrib_agent.attribution.store import ResultStore
 from attrib_agent.attribution.tally import SlowdownTally
+from attrib_agent.attribution.whales import whales
 from attrib_agent.events import EngineStep, Event, MetricsSnapshot, RequestSpan
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.model import RequestLifecycle
+from attrib_agent.timeline.preemption import InferredPreemption
+from attrib_agent.timeline.sched_state import StepInput
+from attrib_agent.timeline.step_outcome import StepOutcome
 
 CLOCK_STEP_BACK_S = 30.0
 """Event (receipt) time going back further than this is the clock stepping back, not sources' disorder."""
@@ -33,6 +38,8 @@ class PipelineConfig:
     token_budget: int | None = None  # vLLM's max_num_batched_tokens (default: inferred from the steps)
     settle_interval_s: float = 0.25  # event time between attribution passes
     partial_timeout_s: float = 120.0  # a partial result is finalised this long after the victim finished
+    settle_margin_s: float = 0.5  # event time past a victim's finish before it can be final (late log lines)
+    final_horizon_s: float = 10.0  # a request in flight (no span) this long holds no other result any more
     max_results: int = 100_000
     max_result_age_s: float = 3600.0
     max_pending: int = 10_000  # victims waiting for attribution or refinement
@@ -42,6 +49,8 @@ class PipelineConfig:
     def __post_init__(self) -> None:
         if self.settle_interval_s <= 0 or self.partial_timeout_s <= 0 or self.max_pending < 1:
             raise ValueError("settle_interval_s and partial_timeout_s must be > 0, max_pending >= 1")
+        if self.settle_margin_s < 0 or self.final_horizon_s <= 0:
+            raise ValueError("settle_margin_s must be >= 0 and final_horizon_s > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +66,22 @@ class KvNow:
     whales: tuple[str, ...]  # requests in flight whose footprint makes them whales
     top_request_id: str | None
     top_share: float  # of the pool, 0..1
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineStats:
+    """What went through the pipeline and what its bounded stores hold now (the `attrib_*` pipeline series)."""
+
+    events: dict[str, int]  # by event type name
+    steps_total: int
+    step_seconds_total: float
+    vllm_restarts: int
+    preemptions_inferred: int
+    dropped_pending: int
+    results_stored: int
+    results_evicted: int
+    timeline_held: dict[str, int]  # by kind
+    last_event_ts: float | None
 
 
 class AttributionPipeline:
@@ -168,7 +193,7 @@ class AttributionPipeline:
         lcs = {lc.request_id: lc for lc in self.timeline.lifecycles()}
         wanted = set(self._due)
         for rid, finished in self._partial.items():
-            if now - finished >= self.config.partial_timeout_s or not self._blockers(rid, lcs):
+            if now - finished >= self.config.partial_timeout_s or not self._blockers(rid, lcs, now):
                 wanted.add(rid)
         self._due.clear()
         if not wanted:
@@ -178,7 +203,7 @@ class AttributionPipeline:
             lc = lcs.get(r.request_id)
             ids = self.span_of(r.request_id)
             timed_out = now - r.finished_ts >= self.config.partial_timeout_s
-            final = timed_out or lc is None or not self._blockers(r.request_id, lcs)
+            final = timed_out or lc is None or not self._blockers(r.request_id, lcs, now)
             r = replace(r, final=final, trace_id=ids[0] if ids else None, span_id=ids[1] if ids else None)
             self.store.put(r)
             if final:
@@ -203,17 +228,35 @@ class AttributionPipeline:
         if finalised:
             self.preemptions_inferred += sum(p.request_id in finalised for p in self.timeline.preemptions())
 
-    def _blockers(self, rid: str, lcs: dict[str, RequestLifecycle]) -> list[str]:
-        """Requests that overlapped `rid` in time and are still running (their spans have not landed). One that
-        ended before vLLM last restarted is not waited for: the old server's spans died with it."""
+    def _blockers(self, rid: str, lcs: dict[str, RequestLifecycle], now: float) -> list[str]:
+        """What `rid`'s answer still waits for; empty when its result can be final.
+
+        A victim's re-simulation reads, of each request that overlapped it in the engine, its arrival, its
+        prompt and, only where that request ended before the victim did, its end. So it waits for:
+        - itself: event time `settle_margin_s` past its finish (a line logged just before it lands late);
+        - each overlapping request without a span that ended (as the steps show) before the victim finished:
+          its span is on its way and brings its exact times and token counts;
+        - each overlapping request whose prompt is not known yet (still queued or prefilling at the victim's
+          finish): the steps will tell when its prefill completes.
+        A request still running past the victim's finish with its prompt known holds nothing (what is left of
+        it, its output length, cannot change the victim's past), nor does one in flight for `final_horizon_s`
+        (its span lost, or stuck), one that ended before the victim arrived, or one that ended with a vLLM
+        restart. Continuous load never closes a busy period, and needs none of this to wait for it."""
         me = lcs.get(rid)
         if me is None or me.arrival_ts is None:
             return []
         end = me.end_ts if me.end_ts is not None else float("inf")
+        if now < end + self.config.settle_margin_s:
+            return [rid]
         gone = self._restarted_ts if self._restarted_ts is not None else float("-inf")
+        covered = self.timeline.last_step_end()
+        ran_past = covered is not None and covered >= end
         return [lc.request_id for lc in lcs.values()
                 if lc.request_id != rid and not lc.complete and lc.aborted_ts is None
                 and lc.arrival_ts is not None and lc.arrival_ts < end
+                and now - lc.arrival_ts < self.config.final_horizon_s
+                and not (lc.end_ts is not None and lc.end_ts < me.arrival_ts)
+                and not (ran_past and lc.prompt_tokens is not None and (lc.finish_ts is None or lc.finish_ts > end))
                 and not (lc.end_ts is not None and lc.end_ts <= gone) and not self._lost(lc)]
 
     def _lost(self, lc: RequestLifecycle) -> bool:
@@ -223,6 +266,40 @@ class AttributionPipeline:
         return until is not None and not lc.complete and lc.arrival_ts is not None and lc.arrival_ts <= until
 
     # ---- reads for the sinks -----------------------------------------------------------------------------
+    def stats(self) -> PipelineStats:
+        return PipelineStats(dict(self.events), self.steps_total, self.step_seconds_total, self.vllm_restarts,
+                             self.preemptions_inferred, self.dropped_pending, len(self.store), self.store.evicted,
+                             dict(self.timeline.sizes()), self.last_event_ts)
+
+    def result(self, request_id: str) -> AttributionResult | None:
+        return self.store.get(request_id)
+
+    def lifecycle(self, request_id: str) -> RequestLifecycle | None:
+        return self.timeline.lifecycle(request_id)
+
+    def lifecycles(self) -> list[RequestLifecycle]:
+        return self.timeline.lifecycles()
+
+    def preemptions(self) -> list[InferredPreemption]:
+        return self.timeline.preemptions()
+
+    def outcomes(self) -> list[tuple[StepInput, StepOutcome]]:
+        """The engine steps held, each with what the timeline reconstructed of it."""
+        return self.timeline.outcomes()
+
+    def pool(self) -> tuple[int | None, int | None]:
+        """(block size, pool blocks) as far as known."""
+        return self.timeline.pool()
+
+    @property
+    def victim_threshold_s(self) -> float:
+        return self.config.victim_threshold_s
+
+    @property
+    def cost_model(self) -> StepCostModel:
+        """The step-cost model the attributor fits (its `fitted` gates readiness)."""
+        return self.attributor.cost
+
     def status(self, request_id: str) -> str:
         """`final`, `partial` (culprits still running), `running` (known, not finished), `aborted` (ended without
         finishing: aborted, failed, or lost when vLLM restarted; no result will come), or `unknown`."""
@@ -243,18 +320,14 @@ class AttributionPipeline:
         block_size, pool = self.timeline.pool()
         last_ts = steps[-1].ts if steps else None
         held = {k: v for k, v in ledger.held_at(last_ts).items() if v > 0} if last_ts is not None else {}
-        lcs = self.timeline.lifecycles()
-        footprints = [_footprint(lc) for lc in lcs if _footprint(lc) > 0]
-        median = statistics.median(footprints) if footprints else 0
-        factor = self.config.attribution.whale_factor
-        by_id = {lc.request_id: lc for lc in lcs}
-        whales = tuple(sorted(rid for rid in held if rid in by_id and median > 0
-                              and _footprint(by_id[rid]) >= factor * median))
+        footprints = {lc.request_id: f for lc in self.timeline.lifecycles() if (f := _footprint(lc)) > 0}
+        in_flight = set(whales(footprints, self.config.attribution.whale_factor)) & held.keys()
+        whale_ids = tuple(sorted(in_flight))
         top = max(held.items(), key=lambda kv: (kv[1], kv[0]), default=None)
         last_rec = recs[-1] if recs else None
         return KvNow(ts=last_ts, pool_blocks=pool, ledger_blocks=sum(held.values()),
                      vllm_blocks=last_rec.observed_blocks if last_rec else None,
-                     residual_blocks=last_rec.residual if last_rec else None, held=held, whales=whales,
+                     residual_blocks=last_rec.residual if last_rec else None, held=held, whales=whale_ids,
                      top_request_id=top[0] if top else None,
                      top_share=(top[1] / pool) if top and pool else 0.0)
 

@@ -7,12 +7,12 @@ parsers as live and a parser fix can be checked on old recordings. See docs/reco
 from __future__ import annotations
 
 import base64
-import dataclasses
 import gzip
 import json
 import lzma
 import os
 import threading
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +27,8 @@ LOG: Final = "log"
 OTLP: Final = "otlp"
 NVML: Final = "nvml"
 CLIENT: Final = "client"
-STREAMS: Final = (METRICS, LOG, OTLP, NVML, CLIENT)
+VLLM_STEPS: Final = "vllm_steps"  # lab only: the step plugin's truth (docs/exact-mode.md); replay never reads it
+STREAMS: Final = (METRICS, LOG, OTLP, NVML, CLIENT, VLLM_STEPS)
 
 
 class RecordingError(Exception):
@@ -48,11 +49,6 @@ def log_record(ts: float, line: str, **extra: Any) -> dict[str, Any]:
 
 def otlp_record(ts: float, content_type: str, body: bytes, **extra: Any) -> dict[str, Any]:
     return {"ts": ts, "content_type": content_type, "body_b64": base64.b64encode(body).decode("ascii"), **extra}
-
-
-def nvml_record(sample: Any) -> dict[str, Any]:
-    """A GpuSample as an nvml.jsonl line: its fields, `ts` first among them."""
-    return dict(dataclasses.asdict(sample))
 
 
 def otlp_body(record: Mapping[str, Any]) -> bytes:
@@ -170,8 +166,18 @@ class Recording:
         if p is None:
             return
         opener: Any = {".gz": gzip.open, ".xz": lzma.open}.get(p.suffix, open)
+        lineno = 0
         with opener(p, "rt", encoding="utf-8", errors="replace") as f:
-            for lineno, raw in enumerate(f, 1):
+            lines = enumerate(f, 1)
+            while True:
+                try:
+                    lineno, raw = next(lines)
+                except StopIteration:
+                    return
+                except (OSError, EOFError, lzma.LZMAError, zlib.error) as e:
+                    # A torn or damaged compressed stream (a recorder killed mid-write): keep what came before.
+                    self._skip(stats, f"{p.name}:{lineno + 1}: damaged {p.suffix} stream ({type(e).__name__})")
+                    return
                 if not raw.strip():
                     continue
                 try:
@@ -179,9 +185,13 @@ class Recording:
                     if not isinstance(rec, dict) or not isinstance(rec.get("ts"), int | float):
                         raise ValueError("not an object with a numeric ts")
                 except ValueError as e:
-                    stats.skipped += 1
-                    if len(stats.skipped_examples) < 5:
-                        stats.skipped_examples.append(f"{p.name}:{lineno}: {e}")
+                    self._skip(stats, f"{p.name}:{lineno}: {e}")
                     continue
                 stats.records += 1
                 yield rec
+
+    @staticmethod
+    def _skip(stats: StreamReadStats, example: str) -> None:
+        stats.skipped += 1
+        if len(stats.skipped_examples) < 5:
+            stats.skipped_examples.append(example)

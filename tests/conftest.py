@@ -1,4 +1,6 @@
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,3 +42,57 @@ def golden(request: pytest.FixtureRequest):
         assert text == path.read_text(), f"output differs from {path}; if intended, run pytest --update-golden"
 
     return check
+
+
+# Skips CI may take, as {a text in the skip's reason: why CI cannot run that test}. Under CI=true (set by the CI
+# runner) any other skip fails the run: a test that never runs in CI checks nothing, so everything a test needs
+# is installed by the project's setup (scripts/setup-*.sh, `make test`). Empty: CI runs every test.
+ALLOWED_SKIPS: dict[str, str] = {}
+_skips: dict[str, list[str]] = {"allowed": [], "unexpected": []}
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def _police_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
+    """Count a skip; in CI, turn one not in ALLOWED_SKIPS into a failure that says why."""
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    reason = _skip_reason(report)
+    if any(text in reason for text in ALLOWED_SKIPS):
+        _skips["allowed"].append(f"{report.nodeid}: {reason}")
+        return
+    _skips["unexpected"].append(f"{report.nodeid}: {reason}")
+    if _in_ci():
+        report.outcome = "failed"
+        report.longrepr = (f"skipped in CI: {reason}\n(every test runs in CI: install what it needs through the "
+                           "project's setup, or add the reason to ALLOWED_SKIPS in tests/conftest.py with why)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    outcome = yield
+    _police_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):  # type: ignore[no-untyped-def]
+    outcome = yield
+    _police_skip(outcome.get_result())
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    allowed, unexpected = len(_skips["allowed"]), len(_skips["unexpected"])
+    policy = "unexpected skips fail (CI=true)" if _in_ci() else "not CI: skips allowed"
+    terminalreporter.write_line(f"skip policy: {allowed + unexpected} skipped ({allowed} allowed, {unexpected} "
+                                f"unexpected); {policy}")
+    for line in _skips["unexpected"]:
+        terminalreporter.write_line(f"  unexpected skip: {line}")

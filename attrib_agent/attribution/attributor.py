@@ -16,11 +16,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from attrib_agent.attribution.cost_model import StepCostModel, StepFeatures
-from attrib_agent.attribution.result import NO_CAUSES, AttributionResult, Culprit
+from attrib_agent.attribution.result import NO_CAUSES, AttributionResult, Culprit, itl_gaps
 from attrib_agent.attribution.scheduler_sim import shapley, simulate
 from attrib_agent.attribution.sim_types import SchedulerConfig, SimOutcome, SimRequest, SimResult
+from attrib_agent.attribution.whales import whales
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.model import RequestLifecycle
+
+MIN_CULPRIT_S = 0.001
+"""A request blamed for less than this (TTFT seconds plus ITL seconds over all the victim's gaps) is not named
+as a culprit: its part stays in `unexplained`, so no culprit reads "0 ms / 0 ms" beside a share."""
 
 
 @dataclass(frozen=True)
@@ -30,7 +35,7 @@ class AttributionConfig:
     noise_floor_s: float = 0.030  # TTFT slowdown below this (or below the ratio) is "no interference"
     noise_floor_ratio: float = 0.5  # ... relative to the request's own uncontended TTFT
     itl_noise_floor_ratio: float = 0.25
-    max_period_requests: int = 400  # a longer busy period is cut into windows of this many requests
+    max_period_requests: int = 64  # a longer busy period is simulated around its victims only (neighbourhoods)
     offset_window: int = 512  # recent requests whose observed-minus-simulated times calibrate the baseline
     default_block_size: int = 16
     default_num_blocks: int = 4096
@@ -63,10 +68,9 @@ class _PeriodPlan:
                  sched: SchedulerConfig, cost: StepCostModel) -> None:
         self.period = period
         self.victims = victims
-        footprint = {r.request_id: r.prompt_tokens + r.output_tokens for r in period}
-        median = statistics.median(footprint.values())
-        self.whales = sorted((rid for rid, f in footprint.items() if f >= config.whale_factor * median),
-                             key=lambda rid: (-footprint[rid], rid))[: config.max_players]
+        ranked = whales(_footprints(period), config.whale_factor)
+        self.all_whales = frozenset(ranked)  # what marks a culprit a whale
+        self.whales = ranked[: config.max_players]  # the players given exact Shapley values
         self._sched, self._cost = sched, cost
         self.needy: set[str] = set()  # victims slowed beyond the noise: only they read runs but the full one
         self._sims: dict[frozenset[str], SimResult] = {}
@@ -105,6 +109,41 @@ def busy_periods(requests: Sequence[tuple[SimRequest, float]], max_len: int) -> 
     if current:
         periods.append(current)
     return periods
+
+
+def neighbourhoods(chain: Sequence[tuple[SimRequest, float]], victims: set[str],
+                   max_len: int) -> list[list[SimRequest]]:
+    """The windows of a long busy period (one that never closes under continuous load) that its victims need.
+
+    A victim's re-simulation needs the requests that overlapped it and, so that those hold the right state when
+    it arrives, the requests in flight when the earliest of them arrived. Victims close in time share one
+    window; a window is at most `max_len` requests (the latest arrivals kept). Cost per settle pass is then
+    bounded by the concurrency, not by how long the engine has been busy."""
+    ordered = sorted(chain, key=lambda x: (x[0].arrival_ts, x[0].request_id))
+
+    def start_of(req: SimRequest, end: float) -> float:
+        first = min((r.arrival_ts for r, e in ordered if r.arrival_ts <= end and e >= req.arrival_ts),
+                    default=req.arrival_ts)
+        return min((r.arrival_ts for r, e in ordered if r.arrival_ts <= first and e >= first), default=first)
+
+    def window(lo: float, hi: float) -> list[SimRequest]:
+        return [r for r, e in ordered if e >= lo and r.arrival_ts <= hi]
+
+    out: list[list[SimRequest]] = []
+    group: tuple[float, float] | None = None
+    for req, end in ordered:
+        if req.request_id not in victims:
+            continue
+        lo = start_of(req, end)
+        if group is not None and len(window(min(group[0], lo), max(group[1], end))) <= max_len:
+            group = (min(group[0], lo), max(group[1], end))
+            continue
+        if group is not None:
+            out.append(window(*group)[-max_len:])
+        group = (lo, end)
+    if group is not None:
+        out.append(window(*group)[-max_len:])
+    return out
 
 
 class Attributor:
@@ -160,7 +199,7 @@ class Attributor:
             known.append((req, end))
         kv = {r.request_id: r.block_seconds for r in timeline.ledger.requests()}
         plans = []
-        for period in busy_periods(known, self.config.max_period_requests):
+        for period in self._periods(known, lcs, wanted):
             victims = [_Victim(lcs[r.request_id], r) for r in period
                        if lcs[r.request_id].complete and (wanted is None or r.request_id in wanted)]
             if victims:
@@ -183,6 +222,24 @@ class Attributor:
                 out.append(self._victim(v, plan, kv, membership, base))
         return out
 
+    def _periods(self, known: list[tuple[SimRequest, float]], lcs: dict[str, RequestLifecycle],
+                 wanted: set[str] | None) -> list[list[SimRequest]]:
+        """Busy periods, each simulated whole when short; a long one (continuous load) around its victims."""
+        limit = self.config.max_period_requests
+        if wanted is None:  # everything (batch scoring): the fixed windows of the period
+            return busy_periods(known, limit)
+        ends = {r.request_id: e for r, e in known}
+        out: list[list[SimRequest]] = []
+        for chain in busy_periods(known, len(known) + 1):
+            victims = {r.request_id for r in chain if r.request_id in wanted and lcs[r.request_id].complete}
+            if not victims:
+                continue
+            if len(chain) <= limit:
+                out.append(chain)
+            else:
+                out += neighbourhoods([(r, ends[r.request_id]) for r in chain], victims, limit)
+        return out
+
     def _baseline(self, v: _Victim, cfg: SchedulerConfig, offsets: tuple[float, float]) -> _Baseline:
         ttft_off, itl_off = offsets
         base_ttft = self.cost.solo_ttft_s(v.req.prompt_tokens, cfg.token_budget) + ttft_off
@@ -202,9 +259,9 @@ class Attributor:
 
     def _victim(self, v: _Victim, plan: _PeriodPlan, kv: dict[str, float], membership: float,
                 base: _Baseline) -> AttributionResult:
-        period, whales, whale_set, runner = plan.period, plan.whales, set(plan.whales), plan.run
+        whale_list, whale_set, runner = plan.whales, set(plan.whales), plan.run
         rid = v.req.request_id
-        players = [w for w in whales if w != rid]
+        players = [w for w in whale_list if w != rid]
         own = frozenset({rid}) if rid in whale_set else frozenset()
         obs_ttft, obs_itl = v.lc.ttft_s, v.lc.mean_itl_s
         base_ttft, base_itl, ttft_slow, itl_slow = base.ttft_s, base.itl_s, base.ttft_slow_s, base.itl_slow_s
@@ -249,23 +306,23 @@ class Attributor:
         for cause_secs in causes.values():
             for cause, secs in cause_secs.items():
                 overall[cause] += secs
+        n_gaps = itl_gaps(v.lc.completion_tokens)
+        for other in list(set(blame_ttft) | set(blame_itl)):  # too little to name: it joins the unexplained
+            if blame_ttft.get(other, 0.0) + n_gaps * blame_itl.get(other, 0.0) < MIN_CULPRIT_S:
+                blame_ttft.pop(other, None)
+                blame_itl.pop(other, None)
         unexplained_ttft = max(0.0, ttft_slow - sum(blame_ttft.values()))
         unexplained_itl = max(0.0, itl_slow - sum(blame_itl.values()))
-        n_gaps = max((v.lc.completion_tokens or 1) - 1, 1)
         total = sum(blame_ttft.values()) + n_gaps * sum(blame_itl.values())
-        fp = {r.request_id: r.prompt_tokens + r.output_tokens for r in period}
-        median_fp = statistics.median(fp.values())
         culprits = []
         for other in sorted(set(blame_ttft) | set(blame_itl)):
             t, i = blame_ttft.get(other, 0.0), blame_itl.get(other, 0.0)
-            if t <= 0 and i <= 0:
-                continue
             culprits.append(Culprit(
                 request_id=other, ttft_s=t, itl_s=i, share=(t + n_gaps * i) / total if total > 0 else 0.0,
                 causes=_split_causes(t, causes.get(other, {}), overall), kv_block_seconds=kv.get(other, 0.0),
-                is_whale=fp.get(other, 0) >= self.config.whale_factor * median_fp))
+                is_whale=other in plan.all_whales))
         culprits.sort(key=lambda c: (-(c.ttft_s + n_gaps * c.itl_s), c.request_id))
-        full = runner(frozenset(whales)).outcomes.get(rid)
+        full = runner(frozenset(whale_list)).outcomes.get(rid)
         sim_ttft = _metric(full, v.req.arrival_ts, "ttft")
         fidelity = 1.0 - min(1.0, abs(sim_ttft - (obs_ttft or 0.0)) / max(obs_ttft or 0.0, 0.05))
         return AttributionResult(
@@ -293,6 +350,10 @@ class Attributor:
             for other, secs in w.by_request:
                 out[other][w.cause] += secs
         return out
+
+
+def _footprints(period: list[SimRequest]) -> dict[str, int]:
+    return {r.request_id: r.prompt_tokens + r.output_tokens for r in period}
 
 
 def _sim_request(lc: RequestLifecycle) -> SimRequest | None:
@@ -338,10 +399,11 @@ def _fit_to(blame: dict[str, float], observed: float) -> None:
 
 def _split_causes(seconds: float, traced: dict[str, float], overall: dict[str, float]) -> Mapping[str, float]:
     """A culprit's blamed TTFT seconds split by the causes its traced waits show; by the victim's overall
-    causes when its own trace shows none (it acted through others, e.g. by holding KV that blocked them)."""
+    causes when its own trace shows none (it acted through others, e.g. by holding KV that blocked them);
+    `other` when the victim's trace shows no wait at all (blame from the coalition runs alone)."""
     if seconds <= 0:
         return NO_CAUSES
     fractions = _normalised(dict(traced)) or _normalised(dict(overall))
     if not fractions:
-        return NO_CAUSES
+        return {"other": seconds}
     return {cause: seconds * f for cause, f in sorted(fractions.items())}

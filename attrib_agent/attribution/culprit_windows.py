@@ -17,12 +17,11 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-if TYPE_CHECKING:  # result.py's ResultStore keeps one of these: no import at run time, no cycle
-    from attrib_agent.attribution.result import AttributionResult
+from attrib_agent.attribution.result import AttributionResult
 
 DEFAULT_BUCKET_S: Final = 10.0
 MAX_WINDOWS: Final = 4  # window lengths kept warm; each holds at most one entry per culprit in it
@@ -84,7 +83,7 @@ class _Totals:
         gaps = r.itl_gaps
         for c in r.culprits:
             itl = c.itl_s * gaps
-            if c.ttft_s + itl <= 0:
+            if c.seconds(gaps) <= 0:
                 continue
             t = self.by_culprit.get(c.request_id)
             if t is None:
@@ -93,23 +92,12 @@ class _Totals:
             if t.victims == 0:  # its last victim left: drop it whole, rounding residue included
                 del self.by_culprit[c.request_id]
                 continue
-            t.seconds += sign * (c.ttft_s + itl)
+            t.seconds += sign * c.seconds(gaps)
             t.ttft_s += sign * c.ttft_s
             t.itl_s += sign * itl
             t.whale_votes += sign * c.is_whale
-            if c.ttft_s > 0:
-                _split(sign * c.ttft_s, c.causes, t.causes)
-            if itl > 0:
-                t.causes["decode_batching"] = t.causes.get("decode_batching", 0.0) + sign * itl
-
-
-def _split(seconds: float, causes: Mapping[str, float], into: dict[str, float]) -> None:
-    weights = {k: v for k, v in causes.items() if v > 0}
-    total = sum(weights.values())
-    if total <= 0:
-        weights, total = {"other": 1.0}, 1.0
-    for cause, w in weights.items():
-        into[cause] = into.get(cause, 0.0) + seconds * w / total
+            for cause, secs in c.blame_by_cause(gaps).items():
+                t.causes[cause] = t.causes.get(cause, 0.0) + sign * secs
 
 
 class _Window:

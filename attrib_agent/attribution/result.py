@@ -1,4 +1,4 @@
-"""What the attribution engine says about one finished request, and the bounded store that keeps it.
+"""What the attribution engine says about one finished request: values only (the store is `store.py`).
 
 The parts add up: for TTFT, sum(culprit.ttft_s) + unexplained_ttft_s == ttft_slowdown_s (likewise ITL),
 and no part is negative. Ids only, no request content.
@@ -6,14 +6,25 @@ and no part is negative. Ids only, no request content.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Final
 
-from attrib_agent.attribution.culprit_windows import CulpritWindows
 
-CAUSES: Final = ("kv_pressure", "head_of_line", "prefill_contention", "decode_batching", "kv_bandwidth", "preemption")
+class Cause(StrEnum):
+    """Why a culprit slowed a victim. str-valued: JSON, span attributes and metric labels carry the value."""
+
+    KV_PRESSURE = "kv_pressure"
+    HEAD_OF_LINE = "head_of_line"
+    PREFILL_CONTENTION = "prefill_contention"
+    DECODE_BATCHING = "decode_batching"
+    KV_BANDWIDTH = "kv_bandwidth"
+    PREEMPTION = "preemption"
+    OTHER = "other"  # blame the simulation traced to no mechanism
+
+
+CAUSES: Final = tuple(c.value for c in Cause if c is not Cause.OTHER)  # what the simulation traces
 NO_CAUSES: Final[Mapping[str, float]] = {}
 """The causes of a culprit with none (two thirds of them): one shared empty dict instead of 64 bytes each,
 100,000 results over. Read-only like every result's causes; a plain dict so asdict/json take it as one."""
@@ -28,6 +39,42 @@ class Culprit:
     causes: Mapping[str, float] = field(default_factory=dict)  # TTFT seconds by cause
     kv_block_seconds: float = 0.0  # KV block-seconds it held while the victim was in flight
     is_whale: bool = False
+
+    def seconds(self, itl_gaps: int) -> float:
+        """Victim seconds this culprit cost: its TTFT blame plus its per-token ITL blame times the gaps."""
+        return self.ttft_s + self.itl_s * itl_gaps
+
+    def ttft_by_cause(self) -> dict[str, float]:
+        """Its TTFT blame split by the traced causes' weights (all `other` when none was traced)."""
+        return split_by_cause(self.ttft_s, self.causes)
+
+    def itl_by_cause(self, itl_gaps: int) -> dict[str, float]:
+        """Its ITL blame in seconds: decode steps shared with the victim (no traced causes of its own)."""
+        itl = self.itl_s * itl_gaps
+        return {Cause.DECODE_BATCHING.value: itl} if itl > 0 else {}
+
+    def blame_by_cause(self, itl_gaps: int) -> dict[str, float]:
+        """Victim seconds by cause, summing to `seconds(itl_gaps)`: the split every sink reports."""
+        out = self.ttft_by_cause()
+        for cause, secs in self.itl_by_cause(itl_gaps).items():
+            out[cause] = out.get(cause, 0.0) + secs
+        return out
+
+
+def split_by_cause(seconds: float, causes: Mapping[str, float]) -> dict[str, float]:
+    """`seconds` shared out by the positive cause weights; all `other` when there are none."""
+    if seconds <= 0:
+        return {}
+    weights = {k: float(v) for k, v in causes.items() if v > 0}
+    total = sum(weights.values())
+    if total <= 0:
+        weights, total = {Cause.OTHER.value: 1.0}, 1.0
+    return {cause: seconds * w / total for cause, w in weights.items()}
+
+
+def itl_gaps(completion_tokens: int | None) -> int:
+    """Gaps between output tokens (none for a single token): a per-token ITL figure times this is seconds."""
+    return max((completion_tokens or 1) - 1, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,55 +104,14 @@ class AttributionResult:
     @property
     def itl_gaps(self) -> int:
         """Gaps between output tokens: a per-token ITL figure times this is seconds of decode time."""
-        return max((self.completion_tokens or 1) - 1, 0)
+        return itl_gaps(self.completion_tokens)
+
+    def victim_seconds(self) -> float:
+        """The victim's slowdown in seconds of its own time: TTFT plus per-token ITL times its token gaps."""
+        return self.ttft_slowdown_s + self.itl_slowdown_s * self.itl_gaps
 
     def culprit(self, request_id: str) -> Culprit | None:
         return next((c for c in self.culprits if c.request_id == request_id), None)
 
     def top_culprit(self) -> Culprit | None:
         return max(self.culprits, key=lambda c: (c.ttft_s + c.itl_s, c.request_id), default=None)
-
-
-class ResultStore:
-    """Results of finished requests, bounded by count and by age (oldest dropped first). Every result in it is
-    also filed in `culprits`, the index `/v1/culprits/top` reads instead of the whole store."""
-
-    def __init__(self, max_results: int = 100_000, max_age_s: float = 3600.0) -> None:
-        if max_results < 1 or max_age_s <= 0:
-            raise ValueError("max_results must be >= 1 and max_age_s > 0")
-        self.max_results = max_results
-        self.max_age_s = max_age_s
-        self._items: OrderedDict[str, AttributionResult] = OrderedDict()
-        self.culprits = CulpritWindows()
-        self.evicted = 0
-
-    def put(self, result: AttributionResult) -> None:
-        old = self._items.pop(result.request_id, None)
-        if old is not None:
-            self.culprits.remove(old)
-        self._items[result.request_id] = result
-        self.culprits.add(result)
-        while len(self._items) > self.max_results:
-            self.culprits.remove(self._items.popitem(last=False)[1])
-            self.evicted += 1
-
-    def get(self, request_id: str) -> AttributionResult | None:
-        return self._items.get(request_id)
-
-    def expire(self, now: float) -> int:
-        """Drop results that finished more than max_age_s before `now` (the caller's clock)."""
-        n = 0
-        while self._items:
-            first = next(iter(self._items.values()))
-            if now - first.finished_ts <= self.max_age_s:
-                break
-            self.culprits.remove(self._items.popitem(last=False)[1])
-            n += 1
-        self.evicted += n
-        return n
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __iter__(self) -> Iterator[AttributionResult]:
-        return iter(list(self._items.values()))

@@ -4,9 +4,11 @@ The scheduling rules are in `sim_step` (token budget, KV blocks, FCFS admission 
 recompute preemption, prefix-cache reuse); this module drives them through time. Requests join the queue at the
 first step boundary at or after their arrival (vLLM's engine picks up new requests between steps); each step
 lasts what the cost model says; the first token comes at the end of the step that completes the prompt; time
-jumps to the next arrival when the engine is idle. The pool has `num_blocks - 1` usable blocks: vLLM keeps one
-null block. Replaying the reconstructed requests with nobody removed should reproduce the observed waits; the
-tests check that on real recordings.
+jumps to the next arrival when the engine is idle. With async scheduling two steps are in flight: step k+1
+is scheduled (seeing arrivals up to step k's start) before step k's tokens and frees are back. The pool has
+`num_blocks - 1` usable blocks: vLLM keeps one null block. Replaying the reconstructed requests with nobody
+removed should reproduce the observed waits; the tests check that on real recordings, and `lab.oracle` checks
+every step against vLLM's own scheduler.
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ from attrib_agent.attribution.sim_step import (
 from attrib_agent.attribution.sim_trace import Blame, Pricer, StepPrices, VictimTracer, VictimView
 from attrib_agent.attribution.sim_types import SchedulerConfig, SimOutcome, SimRequest, SimResult, StepCost
 
+StepObserver = Callable[[StepPlan, list[LiveRequest], float, float], None]  # plan, running, start, end
+
 
 def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: StepCost, *,
              trace: str | Collection[str] | None = None, max_steps: int = 1_000_000,
-             until_done: Collection[str] | None = None) -> SimResult:
+             until_done: Collection[str] | None = None, on_step: StepObserver | None = None) -> SimResult:
     """Re-run the scheduler over `requests`; with `trace`, explain that request's (or those requests') waits
     step by step.
 
@@ -40,7 +44,8 @@ def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: Step
     no finish time. With `until_done` it also stops once those requests have finished (or were refused): a
     step never changes what came before it, so their outcomes are exact, while the others' and the run's
     totals (steps, peaks) cover only the steps run. Tracing several requests in one run gives each the waits
-    it would get traced alone: tracing only observes.
+    it would get traced alone: tracing only observes. `on_step` sees each model step once it is scheduled
+    (before its tokens are counted), with the running requests: the lab's oracle compares them with vLLM's.
     """
     if config.block_size < 1 or config.num_blocks < 2 or config.token_budget < 1 or config.max_num_seqs < 1:
         raise ValueError(f"invalid scheduler config {config}")
@@ -63,7 +68,9 @@ def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: Step
     running: list[LiveRequest] = []
     pricer = Pricer(cost)
     tracers = [(by_id[rid], VictimTracer(rid, pricer)) for rid in traced]
-    now = pending[0].req.arrival_ts if pending else 0.0
+    now = model_free = pending[0].req.arrival_ts if pending else 0.0
+    depth = 2 if config.async_scheduling else 1  # steps in flight: vLLM's batch queue
+    in_flight: deque[tuple[list[tuple[LiveRequest, bool]], float]] = deque()  # (request, samples), end
     steps = preemptions = peak_blocks = peak_tokens = empty_rounds = 0
     while steps < max_steps and (until_done is None or awaited):
         while pending and pending[0].req.arrival_ts <= now:
@@ -71,31 +78,38 @@ def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: Step
             lv.queued_ts = now
             if not lv.refused:
                 waiting.append(lv)
-        if not running and not waiting:
-            if not pending:
-                break
-            now = pending[0].req.arrival_ts
-            continue
-        plan = schedule_step(running, waiting, pool, config, now)
-        preemptions += len(plan.preempted)
-        peak_blocks = max(peak_blocks, usable - pool.free)
-        if not plan.members:  # everyone running was preempted; vLLM runs no model step, the next round admits
-            empty_rounds += 1
+        plan = None
+        if running or waiting:
+            plan = schedule_step(running, waiting, pool, config, now)
+            preemptions += len(plan.preempted)
+            peak_blocks = max(peak_blocks, usable - pool.free)
+        if plan is not None and plan.members:
+            start = max(now, model_free)
+            end = model_free = start + pricer.seconds(plan.members)
+            peak_tokens = max(peak_tokens, sum(m.tokens for m in plan.members))
+            if on_step is not None:
+                on_step(plan, running, start, end)
+            if tracers:
+                _trace_step(tracers, pricer, plan, start, end, running)
+            in_flight.append(([(by_id[m.request_id], _compute(by_id[m.request_id], m.tokens))
+                               for m in plan.members], end))
+            steps += 1
+        if in_flight and (len(in_flight) >= depth or plan is None or not plan.members):
+            done, end = in_flight.popleft()
+            for lv, samples in done:
+                _deliver(lv, samples, end, running, waiting, pool, bs)
+                if lv.finish_ts is not None:
+                    awaited.discard(lv)
+            now = max(now, end)
+            empty_rounds = 0
+        elif plan is not None and not plan.members:
+            empty_rounds += 1  # everyone running was preempted; vLLM runs no model step, the next round admits
             if empty_rounds > len(lives) + 1:
                 break
-            continue
-        empty_rounds = 0
-        end = now + pricer.seconds(plan.members)
-        peak_tokens = max(peak_tokens, sum(m.tokens for m in plan.members))
-        if tracers:
-            _trace_step(tracers, pricer, plan, now, end, running)
-        for m in plan.members:
-            lv = by_id[m.request_id]
-            _advance(lv, m.tokens, end, running, pool)
-            if lv.finish_ts is not None:
-                awaited.discard(lv)
-        now = end
-        steps += 1
+        elif plan is None:
+            if not pending:
+                break
+            now = max(now, pending[0].req.arrival_ts)
     waits = {victim.req.request_id: tracer.waits() for victim, tracer in tracers}
     outcomes = {lv.req.request_id: SimOutcome(
         lv.req.request_id, lv.scheduled_ts, lv.first_token_ts, lv.finish_ts, tuple(lv.token_ts), lv.preemptions,
@@ -124,19 +138,36 @@ def _trace_step(tracers: list[tuple[LiveRequest, VictimTracer]], pricer: Pricer,
         tracer.step(now, end, plan.members, plan.stop, blocked, hold, ids, view, prices)
 
 
-def _advance(lv: LiveRequest, tokens: int, end: float, running: list[LiveRequest], pool: FreeBlockQueue) -> None:
-    """After the step: a request whose KV caught up with its tokens samples one; done ones free their blocks."""
+def _compute(lv: LiveRequest, tokens: int) -> bool:
+    """When the step is scheduled (vLLM's `_update_after_schedule`): its tokens count as computed; a request
+    whose KV catches up will sample a token at the step's end. Returns whether it samples."""
     lv.computed += tokens
+    lv.in_flight += 1
     if lv.computed < lv.num_tokens:
+        return False
+    lv.pending += 1
+    return True
+
+
+def _deliver(lv: LiveRequest, samples: bool, end: float, running: list[LiveRequest],
+             waiting: deque[LiveRequest], pool: FreeBlockQueue, block_size: int) -> None:
+    """The step's output is back: a sampled token counts (even for a request preempted meanwhile, as vLLM
+    delivers it); done requests free their blocks (the full ones hashed, at the back of the free queue)."""
+    lv.in_flight -= 1
+    if not samples:
         return
+    lv.pending -= 1
     lv.outputs += 1
     lv.token_ts.append(end)
     if lv.first_token_ts is None:
         lv.first_token_ts = end
     if lv.outputs >= lv.target:
         lv.finish_ts = end
-        running.remove(lv)
-        pool.release(None, lv.blocks)
+        if lv in running:
+            running.remove(lv)
+        elif lv in waiting:
+            waiting.remove(lv)
+        pool.release(None, lv.blocks, lv.computed // block_size)
         lv.blocks = 0
 
 

@@ -50,22 +50,30 @@ class FreeBlockQueue:
                     del self._cached[seg[0]]
 
     def release(self, owner: int | None, blocks: int, full_blocks: int = 0) -> None:
-        """Free `blocks`; the first `full_blocks` of them stay reusable by `owner` (None: reusable by nobody)."""
+        """Free `blocks`, of which the first `full_blocks` are full (hashed). As vLLM's `BlockPool.free_blocks`:
+        hashed blocks join the back (LRU; reusable by `owner` if given, else by nobody), the others the front
+        (reused first); with prefix caching off nothing is hashed."""
         if blocks <= 0:
             return
         self.free += blocks
-        cached = min(full_blocks, blocks) if self._caching and owner is not None else 0
-        if blocks > cached:
-            last = self._segments[-1] if self._segments else None
-            if last is not None and last[0] == _NO_OWNER:
-                last[1] += blocks - cached
+        hashed = min(full_blocks, blocks) if self._caching else 0
+        if blocks > hashed:
+            first = self._segments[0] if self._segments else None
+            if first is not None and first[0] == _NO_OWNER:
+                first[1] += blocks - hashed
             else:
-                self._segments.append([_NO_OWNER, blocks - cached])
-        if cached and owner is not None:
+                self._segments.appendleft([_NO_OWNER, blocks - hashed])
+        if hashed and owner is not None:
             self.forget(owner)
-            seg = [owner, cached]
+            seg = [owner, hashed]
             self._segments.append(seg)
             self._cached[owner] = seg
+        elif hashed:
+            last = self._segments[-1] if self._segments else None
+            if last is not None and last[0] == _NO_OWNER:
+                last[1] += hashed
+            else:
+                self._segments.append([_NO_OWNER, hashed])
 
     def take_cached(self, owner: int, max_blocks: int) -> int:
         """Re-use the owner's cached prefix (at most `max_blocks`); returns how many blocks it got back."""
@@ -101,6 +109,8 @@ class LiveRequest:
     target: int  # output tokens to produce (at least 1)
     computed: int = 0
     outputs: int = 0
+    pending: int = 0  # sampled tokens not yet back (async scheduling's output placeholders)
+    in_flight: int = 0  # scheduled steps whose output is not back yet
     blocks: int = 0
     preemptions: int = 0
     redo_until: int = 0  # tokens computed before the last preemption: recomputing them is the preemption's cost
@@ -114,7 +124,7 @@ class LiveRequest:
 
     @property
     def num_tokens(self) -> int:
-        return self.req.prompt_tokens + self.outputs
+        return self.req.prompt_tokens + self.outputs + self.pending
 
 
 @dataclass(slots=True)
@@ -125,6 +135,7 @@ class StepPlan:
     preempted: list[LiveRequest]
     stop: str  # why admission stopped: "empty" | "budget" | "kv" | "seats" | "preemption"
     blocked: LiveRequest | None = None  # the waiting request that did not fit
+    admitted: list[LiveRequest] = field(default_factory=list)  # moved from waiting to running this step
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -155,9 +166,13 @@ def schedule_step(running: list[LiveRequest], waiting: deque[LiveRequest], pool:
     budget = config.token_budget
     members: list[Member] = []
     preempted: list[LiveRequest] = []
+    admitted: list[LiveRequest] = []
     i = 0
     while i < len(running) and budget > 0:
         req = running[i]
+        if req.pending and req.computed + 2 - req.pending >= req.req.prompt_tokens + req.target:
+            i += 1  # async: the token in flight is its last, no step more (vLLM's max_tokens check)
+            continue
         n = min(req.num_tokens - req.computed, budget)
         need = blocks_for(req.computed + n, bs) - req.blocks
         victim = None
@@ -179,22 +194,28 @@ def schedule_step(running: list[LiveRequest], waiting: deque[LiveRequest], pool:
         return StepPlan(members, preempted, "preemption")
     while True:
         if not waiting:
-            return StepPlan(members, preempted, "empty")
+            return StepPlan(members, preempted, "empty", admitted=admitted)
         if budget <= 0:
-            return StepPlan(members, preempted, "budget")
+            return StepPlan(members, preempted, "budget", admitted=admitted)
         if len(running) >= config.max_num_seqs:
-            return StepPlan(members, preempted, "seats")
-        req = waiting[0]
+            return StepPlan(members, preempted, "seats", admitted=admitted)
+        skip = 0  # async: a preempted request waits until its step in flight is back (vLLM skips it)
+        while skip < len(waiting) and waiting[skip].in_flight:
+            skip += 1
+        if skip == len(waiting):
+            return StepPlan(members, preempted, "empty", admitted=admitted)
+        req = waiting[skip]
         if blocks_for(req.num_tokens, bs) > pool.free:
-            return StepPlan(members, preempted, "kv", req)
+            return StepPlan(members, preempted, "kv", req, admitted)
         hit = pool.take_cached(req.index, (req.num_tokens - 1) // bs)
         req.computed, req.blocks = hit * bs, hit
         n = min(req.num_tokens - req.computed, budget)
         need = blocks_for(req.computed + n, bs) - req.blocks
         pool.allocate(need)
         req.blocks += need
-        waiting.popleft()
+        del waiting[skip]
         running.append(req)
+        admitted.append(req)
         if req.scheduled_ts is None:
             req.scheduled_ts = now
         members.append(_member(req, n))
@@ -202,5 +223,5 @@ def schedule_step(running: list[LiveRequest], waiting: deque[LiveRequest], pool:
 
 
 def _member(req: LiveRequest, tokens: int) -> Member:
-    decode = tokens == 1 and req.outputs >= 1 and req.computed + 1 == req.num_tokens
+    decode = tokens == 1 and req.outputs + req.pending >= 1 and req.computed + 1 == req.num_tokens
     return Member(req.req.request_id, tokens, req.computed, decode, req.redo_until)

@@ -30,6 +30,9 @@ class SchedulerConfig:
     # vLLM v1's default. A preempted request's freed full blocks stay cached until evicted, so its recompute
     # can be (nearly) free; `vllm:cache_config_info{enable_prefix_caching}` says whether it is on.
     prefix_caching: bool = True
+    # vLLM's async scheduling (default on GPUs, off on CPU): step k+1 is scheduled before step k's tokens are
+    # back, so arrivals, sampled tokens and freed blocks reach the scheduler one step later.
+    async_scheduling: bool = False
 
 
 class StepCost(Protocol):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter, defaultdict
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -92,16 +91,6 @@ class SlowdownTally:
             self.histograms.setdefault((phase, vc), SlowdownHistogram()).observe(slow, ex)
         for c in r.culprits:
             cc = "whale" if c.is_whale else "crowd"
-            self._by_cause("ttft", vc, cc, c.ttft_s, c.causes)
-            # ITL blame has no traced causes of its own: decode steps shared with the culprit
-            self._by_cause("itl", vc, cc, c.itl_s * gaps, {"decode_batching": 1.0} if c.itl_s > 0 else {})
-
-    def _by_cause(self, phase: str, vc: str, cc: str, seconds: float, causes: Mapping[str, float]) -> None:
-        if seconds <= 0:
-            return
-        weights = {k: float(v) for k, v in causes.items() if v > 0}
-        total = sum(weights.values())
-        if total <= 0:
-            weights, total = {"other": 1.0}, 1.0
-        for cause, w in weights.items():
-            self.attributed_s[(phase, vc, cc, cause)] += seconds * w / total
+            for phase, by_cause in (("ttft", c.ttft_by_cause()), ("itl", c.itl_by_cause(gaps))):
+                for cause, secs in by_cause.items():
+                    self.attributed_s[(phase, vc, cc, cause)] += secs

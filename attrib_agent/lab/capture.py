@@ -10,14 +10,19 @@ tiny control API on the same HTTP port as the OTLP receiver:
     POST /lab/forward {"url": "..." | null}          also send every OTLP body on, unchanged (tests of live intake)
     GET  /lab/status                                 counters
     POST /v1/traces                                  OTLP/HTTP protobuf (or JSON) export request
+
+With `--steps-socket PATH` it also binds the unix datagram socket the step plugin sends to
+(plugins/vllm, docs/exact-mode.md) and records each message, receipt-stamped, as the `vllm_steps` stream.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
+import socket
 import sys
 import threading
 import time
@@ -27,9 +32,20 @@ from typing import Any
 
 import httpx
 
-from attrib_agent.recording import LOG, METRICS, OTLP, RecordingWriter, log_record, metrics_record, otlp_record
+from attrib_agent.recording import (
+    LOG,
+    METRICS,
+    OTLP,
+    VLLM_STEPS,
+    RecordingWriter,
+    log_record,
+    metrics_record,
+    otlp_record,
+)
 
 MAX_OTLP_BODY = 16 * 1024 * 1024
+MAX_STEP_DATAGRAM = 256 * 1024
+STEPS_RCVBUF = 4 * 1024 * 1024  # bytes; the kernel also caps the queue at net.unix.max_dgram_qlen datagrams
 
 
 class Capture:
@@ -41,7 +57,7 @@ class Capture:
         self.server_log = open(server_log, "a", encoding="utf-8")
         self.counters: dict[str, int] = {
             "log_lines": 0, "otlp_requests": 0, "scrapes": 0, "scrape_errors": 0, "otlp_rejected": 0,
-            "otlp_forward_dropped": 0, "otlp_forward_errors": 0,
+            "otlp_forward_dropped": 0, "otlp_forward_errors": 0, "step_messages": 0, "step_rejected": 0,
         }
         self.vllm_exited = threading.Event()
         self.forward_url: str | None = None
@@ -103,6 +119,36 @@ def read_log(capture: Capture, stream: Any) -> None:
         capture.count("log_lines")
         capture.record(LOG, log_record(ts, line))
     capture.vllm_exited.set()
+
+
+def bind_steps_socket(path: str) -> socket.socket:
+    """Bind the plugin's datagram socket (a stale file from a previous capture is replaced)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, STEPS_RCVBUF)
+    sock.bind(path)
+    return sock
+
+
+def receive_steps(capture: Capture, sock: socket.socket) -> None:
+    """One plugin message per datagram; recorded with its receipt time while a recording is open."""
+    while True:
+        try:
+            data = sock.recv(MAX_STEP_DATAGRAM)
+        except OSError:
+            return
+        ts = time.time()
+        try:
+            msg = json.loads(data)
+            if not isinstance(msg, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            capture.count("step_rejected")
+            continue
+        capture.count("step_messages")
+        capture.record(VLLM_STEPS, {**msg, "ts": ts})
 
 
 def scrape_metrics(capture: Capture, url: str, interval_s: float, stop: threading.Event) -> None:
@@ -194,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metrics-url", required=True)
     p.add_argument("--interval", type=float, default=0.25)
     p.add_argument("--server-log", required=True)
+    p.add_argument("--steps-socket", help="unix datagram socket the step plugin sends to (lab truth)")
     args = p.parse_args(argv)
     try:
         os.setpriority(os.PRIO_PROCESS, 0, -5)
@@ -208,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=scrape_metrics, args=(capture, args.metrics_url, args.interval, stop), daemon=True),
         threading.Thread(target=httpd.serve_forever, daemon=True),
     ]
+    if args.steps_socket:
+        threads.append(threading.Thread(target=receive_steps, args=(capture, bind_steps_socket(args.steps_socket)),
+                                        daemon=True))
     for t in threads:
         t.start()
     try:

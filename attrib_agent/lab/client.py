@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hashlib
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,6 +36,9 @@ class PlannedRequest:
     max_tokens: int
     api: str = "completions"  # "completions" (token ids), "text" or "chat"
     prompt_text: str | None = None
+    # The run's privacy canary, for text prompts: vLLM is made to generate it (structured output) and carries it
+    # in its span (W3C tracestate), so a privacy test finds it in vLLM's output log lines and OTLP bodies too.
+    canary: str | None = None
 
 
 @dataclass
@@ -74,6 +79,12 @@ class Clock:
 
     def mono_at(self, wall_ts: float) -> float:
         return self._mono0 + (wall_ts - self._wall0)
+
+
+def canary_headers(canary: str, request_id: str) -> dict[str, str]:
+    """A W3C trace context whose tracestate holds the canary: vLLM puts it in its llm_request span."""
+    h = hashlib.sha256(request_id.encode()).hexdigest()
+    return {"traceparent": f"00-{h[:32]}-{h[32:48]}-01", "tracestate": f"lab={canary}"}
 
 
 def parse_sse_line(line: str) -> dict[str, Any] | None:
@@ -128,10 +139,14 @@ async def _one(
         body["prompt"] = req.prompt_text or ""
     else:
         body["prompt"] = req.prompt_token_ids
+    headers = {"X-Request-Id": req.request_id}
+    if req.canary:
+        headers.update(canary_headers(req.canary, req.request_id))
+        body["structured_outputs"] = {"regex": re.escape(req.canary) + " [a-z ]*"}
     res.actual_send_ts = clock.now()
     try:
         async with client.stream(
-            "POST", f"{base_url}{path}", json=body, headers={"X-Request-Id": req.request_id}
+            "POST", f"{base_url}{path}", json=body, headers=headers
         ) as resp:
             if resp.status_code != 200:
                 res.status = f"http_{resp.status_code}"

@@ -65,7 +65,7 @@ def make_plan(scenario: Scenario, tag: str, canary: str) -> list[PlannedRequest]
             text = f"{canary} please summarise request {r.spec_id} in one line"
         plan.append(PlannedRequest(r.spec_id, r.klass.name, r.is_whale, rid, r.offset_s,
                                    prompt_token_ids(r.klass.prompt_tokens, seed), r.klass.output_tokens,
-                                   api=r.api, prompt_text=text))
+                                   api=r.api, prompt_text=text, canary=canary if text else None))
     return plan
 
 
@@ -155,6 +155,7 @@ def record_run(
         "vllm_version": _vllm_version(),
         "model": {"name": lab.model, "kv_cache_bytes": lab.kv_cache_bytes},
         "vllm_args": lab.vllm_args,
+        "truth_plugin": lab.truth_plugin,
         "scenario": scenario_meta(scenario),
         "max_lateness_s": max_lateness_s,
         # Every text prompt of the run starts with this; token-id prompts carry no text at all.

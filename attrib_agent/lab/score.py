@@ -122,14 +122,22 @@ def format_scores(scores: list[Score]) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _attributed(path: Path) -> tuple[list[Any], dict[str, Any], dict[str, str]]:
-    """Replay + attribution of one recording, once: the engine and the naive baseline both read it."""
-    from attrib_agent.attribution.attributor import Attributor
+def replayed_timeline(path: Path) -> Any:
+    """The timeline of one recording's replay, once: attribution and the step-truth score both read it."""
     from attrib_agent.sources.replay import ReplaySource
     from attrib_agent.timeline.engine_timeline import EngineTimeline
 
     tl = EngineTimeline()
     tl.feed_all(ReplaySource(path).events())
+    return tl
+
+
+@functools.lru_cache(maxsize=64)
+def _attributed(path: Path) -> tuple[list[Any], dict[str, Any], dict[str, str]]:
+    """Replay + attribution of one recording, once: the engine and the naive baseline both read it."""
+    from attrib_agent.attribution.attributor import Attributor
+
+    tl = replayed_timeline(path)
     results = Attributor().attribute(tl)
     return results, {lc.request_id: lc for lc in tl.lifecycles()}, spec_ids(Recording(path))
 
@@ -143,7 +151,7 @@ def engine_blame(path: Path) -> dict[str, dict[str, float]]:
 
 def naive_blame(path: Path) -> dict[str, dict[str, float]]:
     """Overlap-proportional blame of the same measured slowdown (the correlation baseline)."""
-    from attrib_agent.attribution.naive import overlap_blame
+    from attrib_agent.lab.naive import overlap_blame
 
     results, lcs, spec = _attributed(path)
     out: dict[str, dict[str, float]] = {}

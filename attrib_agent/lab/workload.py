@@ -26,7 +26,6 @@ SISO = RequestClass("siso", prompt_tokens=32, output_tokens=32)
 SILO = RequestClass("silo", prompt_tokens=32, output_tokens=256)
 LISO = RequestClass("liso", prompt_tokens=1024, output_tokens=32)
 LILO = RequestClass("lilo", prompt_tokens=1024, output_tokens=256)
-CLASSES: dict[str, RequestClass] = {c.name: c for c in (SISO, SILO, LISO, LILO)}
 
 
 def whale(prompt_tokens: int, output_tokens: int) -> RequestClass:
@@ -157,6 +156,13 @@ SCENARIOS: dict[str, Scenario] = {
             "canary",
             "4 text prompts (2 completions, 2 chat) carrying a unique canary string, for privacy tests",
             [RequestSpec(f"t{i:03d}", SISO, 0.5 + 0.4 * i, api=("text", "chat")[i % 2]) for i in range(4)],
+        ),
+        _scenario(
+            "kvpair",
+            "two whales that fit the KV pool when admitted and outgrow it while decoding (a preemption), 4 shorts",
+            # 2 x 5,600 prompt tokens fit the 95 usable 128-token blocks (88); at ~6,080 tokens each they do not.
+            [RequestSpec("w1", whale(5600, 600), 0.2), RequestSpec("w2", whale(5600, 600), 0.25),
+             *scripted("s", SISO, 0.6, 0.5, 4)],
         ),
         _scenario(
             "smoke",

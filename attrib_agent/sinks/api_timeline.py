@@ -14,8 +14,8 @@ from typing import Any, Final
 
 from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.attribution.result_codec import culprit_to_dict
-from attrib_agent.pipeline import AttributionPipeline
-from attrib_agent.sinks.api_top import BadQuery, victim_seconds
+from attrib_agent.read_model import TimelineReads
+from attrib_agent.sinks.api_top import BadQuery
 from attrib_agent.timeline.model import RequestLifecycle
 
 DEFAULT_MAX_STEPS: Final = 2000
@@ -50,14 +50,13 @@ def parse_max_steps(text: str | None) -> int:
     return n
 
 
-def timeline_json(pipeline: AttributionPipeline, since: float | None, until: float | None, *,
+def timeline_json(view: TimelineReads, since: float | None, until: float | None, *,
                   max_steps: int = DEFAULT_MAX_STEPS, max_requests: int = MAX_REQUESTS,
                   max_members: int = MAX_MEMBERS) -> dict[str, Any]:
     """The timeline between `since` and `until` (step end times, inclusive), bounded as the module says."""
     if since is not None and until is not None and since > until:
         raise BadQuery("since must not be after until")
-    timeline = pipeline.timeline
-    outcomes = timeline.outcomes()
+    outcomes = view.outcomes()
     ends = [si.end_ts for si, _ in outcomes]
     lo = 0 if since is None else bisect.bisect_left(ends, since)
     hi = len(ends) if until is None else bisect.bisect_right(ends, until)
@@ -98,20 +97,20 @@ def timeline_json(pipeline: AttributionPipeline, since: float | None, until: flo
 
     t0 = chosen[0][0].start_ts if chosen else since
     t1 = chosen[-1][0].end_ts if chosen else until
-    lanes, lanes_truncated = _lanes(pipeline, t0, t1, max_requests)
+    lanes, lanes_truncated = _lanes(view, t0, t1, max_requests)
     lane_ids = {lane["request_id"] for lane in lanes}
-    results = _results_of(pipeline, lane_ids)
-    block_size, pool = timeline.pool()
+    results = _results_of(view, lane_ids)
+    block_size, pool = view.pool()
     return {
-        "since": t0, "until": t1, "now": pipeline.last_event_ts,
+        "since": t0, "until": t1, "now": view.last_event_ts,
         "block_size": block_size, "pool_blocks": pool,
-        "victim_threshold_s": pipeline.config.victim_threshold_s,
+        "victim_threshold_s": view.victim_threshold_s,
         "max_steps": max_steps, "truncated": truncated or lanes_truncated,
         "next_since": ends[hi] if truncated and since is not None and hi < len(ends) else None,
         "steps": steps,
         "kv": {rid: points for rid, points in kv.items() if rid in lane_ids or not lanes_truncated},
         "requests": lanes,
-        "victims": [_victim(r) for r in results if victim_seconds(r) > 0 and r.culprits],
+        "victims": [_victim(r) for r in results if r.victim_seconds() > 0 and r.culprits],
     }
 
 
@@ -129,26 +128,26 @@ def _whole_ties(ends: list[float], lo: int, taken: int, hi: int) -> int:
     return taken
 
 
-def _lanes(pipeline: AttributionPipeline, t0: float | None, t1: float | None,
+def _lanes(view: TimelineReads, t0: float | None, t1: float | None,
            max_requests: int) -> tuple[list[dict[str, Any]], bool]:
     """Requests whose life overlaps [t0, t1], earliest arrival first, with what makes each a whale."""
     if t0 is None or t1 is None:
         return [], False
-    lcs = [lc for lc in pipeline.timeline.lifecycles()
+    lcs = [lc for lc in view.lifecycles()
            if lc.arrival_ts is not None and lc.arrival_ts <= t1 and (lc.end_ts is None or lc.end_ts >= t0)]
     lcs.sort(key=lambda lc: (lc.arrival_ts or 0.0, lc.request_id))
     truncated = len(lcs) > max_requests
     lcs = lcs[:max_requests]
-    whales = set(pipeline.kv_now().whales)
-    for r in _results_of(pipeline, {lc.request_id for lc in lcs}):  # whales overlap their victims: they are here
+    whales = set(view.kv_now().whales)
+    for r in _results_of(view, {lc.request_id for lc in lcs}):  # whales overlap their victims: they are here
         if r.is_whale:
             whales.add(r.request_id)
         whales.update(c.request_id for c in r.culprits if c.is_whale)
     preempted: dict[str, list[dict[str, Any]]] = {}
-    for p in pipeline.timeline.preemptions():
+    for p in view.preemptions():
         preempted.setdefault(p.request_id, []).append(
             {"ts": p.preempted_ts, "resumed_ts": p.resumed_ts, "confidence": p.confidence})
-    return [_lane(lc, lc.request_id in whales, pipeline.status(lc.request_id), preempted.get(lc.request_id, []))
+    return [_lane(lc, lc.request_id in whales, view.status(lc.request_id), preempted.get(lc.request_id, []))
             for lc in lcs], truncated
 
 
@@ -159,15 +158,15 @@ def _lane(lc: RequestLifecycle, is_whale: bool, status: str, preemptions: list[d
             "is_whale": is_whale, "complete": lc.complete, "status": status, "preemptions": preemptions}
 
 
-def _results_of(pipeline: AttributionPipeline, ids: set[str]) -> list[AttributionResult]:
-    return [r for rid in sorted(ids) if (r := pipeline.store.get(rid)) is not None]
+def _results_of(view: TimelineReads, ids: set[str]) -> list[AttributionResult]:
+    return [r for rid in sorted(ids) if (r := view.result(rid)) is not None]
 
 
 def _victim(r: AttributionResult) -> dict[str, Any]:
     gaps = r.itl_gaps
-    culprits = sorted(r.culprits, key=lambda c: (-(c.ttft_s + c.itl_s * gaps), c.request_id))[:CULPRITS_PER_VICTIM]
+    culprits = sorted(r.culprits, key=lambda c: (-c.seconds(gaps), c.request_id))[:CULPRITS_PER_VICTIM]
     return {"request_id": r.request_id, "final": r.final, "is_whale": r.is_whale,
             "ttft_s": r.ttft_s, "ttft_baseline_s": r.ttft_baseline_s, "ttft_slowdown_s": r.ttft_slowdown_s,
-            "itl_slowdown_s": r.itl_slowdown_s, "itl_gaps": gaps, "slowdown_s": victim_seconds(r),
+            "itl_slowdown_s": r.itl_slowdown_s, "itl_gaps": gaps, "slowdown_s": r.victim_seconds(),
             "unexplained_s": r.unexplained_ttft_s + r.unexplained_itl_s * gaps,
-            "culprits": [culprit_to_dict(c) | {"seconds": c.ttft_s + c.itl_s * gaps} for c in culprits]}
+            "culprits": [culprit_to_dict(c) | {"seconds": c.seconds(gaps)} for c in culprits]}

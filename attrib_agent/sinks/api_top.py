@@ -54,8 +54,8 @@ def parse_limit(text: str | None, default: int = 10) -> int:
 
 
 def victim_seconds(r: AttributionResult) -> float:
-    """The victim's slowdown in seconds of its own time: TTFT plus per-token ITL times its token gaps."""
-    return r.ttft_slowdown_s + r.itl_slowdown_s * r.itl_gaps
+    """The victim's slowdown in seconds of its own time (`AttributionResult.victim_seconds`)."""
+    return r.victim_seconds()
 
 
 def top_culprits(results: Iterable[AttributionResult], limit: int) -> tuple[list[CulpritTotal], int]:

@@ -28,9 +28,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from attrib_agent.agent_state import OPTIONAL_SOURCES, AgentState
-from attrib_agent.attribution.culprit_windows import TopCulprits
 from attrib_agent.attribution.result_codec import to_dict
+from attrib_agent.read_model import AgentState
 from attrib_agent.sinks.api_http import PAGE_CSP, BearerAuth, error, error_handlers, json_response
 from attrib_agent.sinks.api_ids import BadRequestId, resolve
 from attrib_agent.sinks.api_timeline import parse_max_steps, parse_ts, timeline_json
@@ -55,11 +54,10 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
     if token is not None and not token:
         raise ValueError("the API token must not be empty (None turns auth off)")
     errs: Counter[str] = Counter() if errors is None else errors
-    pipeline = state.pipeline
 
     async def culprits(request: Request) -> Response:
         try:
-            found = resolve(request.path_params["request_id"], lambda rid: pipeline.status(rid) != "unknown")
+            found = resolve(request.path_params["request_id"], lambda rid: state.status(rid) != "unknown")
         except BadRequestId as exc:
             return error(400, str(exc), errs, "bad_id")
         if found.request_id is None and found.candidates:
@@ -69,8 +67,8 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
             return error(404, "unknown request id (never seen, or older than the result store keeps)", errs,
                          "unknown_id")
         rid = found.request_id
-        status = pipeline.status(rid)
-        result = pipeline.store.get(rid)
+        status = state.status(rid)
+        result = state.result(rid)
         if result is None:  # running: ask again (202); aborted: vLLM ended it unfinished, nothing to attribute
             return json_response({"request_id": rid, "status": status}, 200 if status == "aborted" else 202)
         return json_response(to_dict(result) | {"status": status}, 200 if status == "final" else 202)
@@ -81,9 +79,7 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
             limit = parse_limit(request.query_params.get("limit"))
         except BadQuery as exc:
             return error(400, str(exc), errs, "bad_query")
-        until = pipeline.last_event_ts  # event time: the agent's clock live, the recording's end in replay
-        since = None if until is None else until - window_s
-        top = TopCulprits([], 0, 0) if until is None else pipeline.store.culprits.top(until - window_s, until, limit)
+        since, until, top = state.top_culprits(window_s, limit)  # event time: the agent's clock live
         return json_response({"window_s": window_s, "since": since, "until": until, "results": top.results,
                               "partial_results": top.partial_results,
                               "culprits": [t.as_dict() for t in top.culprits]})
@@ -91,7 +87,7 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
     async def timeline(request: Request) -> Response:
         q = request.query_params
         try:
-            body = timeline_json(pipeline, parse_ts("since", q.get("since")), parse_ts("until", q.get("until")),
+            body = timeline_json(state, parse_ts("since", q.get("since")), parse_ts("until", q.get("until")),
                                  max_steps=parse_max_steps(q.get("max_steps")))
         except BadQuery as exc:
             return error(400, str(exc), errs, "bad_query")
@@ -101,18 +97,12 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
         return json_response({"status": "ok", "version": state.version, "uptime_s": state.clock() - state.started_ts})
 
     async def readyz(request: Request) -> Response:
-        missing = [f"source {name} down" + (f" ({h.last_error})" if h.last_error else "")
-                   for name, h in sorted(state.health.items()) if not h.up and name not in OPTIONAL_SOURCES]
-        fitted = pipeline.attributor.cost.fitted
-        if not state.replay_done:
-            missing.append("replay still running")
-        if not fitted and (state.live or not state.replay_done):
-            missing.append("step-cost model not fitted yet (it needs quiet engine steps)")
-        ready = state.ready
+        readiness = state.readiness()
+        ready = readiness.ready
         # vLLM's gaps (unreachable, or restarted): `vllm_gap_since` is set while one is open.
         gap = {"vllm_gaps": state.vllm_gaps, "vllm_gap_since": state.vllm_gap_since,
                "vllm_gap_s": state.vllm_gap_seconds()}
-        return json_response({"ready": ready, "missing": [] if ready else missing} | gap, 200 if ready else 503)
+        return json_response({"ready": ready, "missing": list(readiness.reasons)} | gap, 200 if ready else 503)
 
     page = {name: resources.files("attrib_agent.sinks").joinpath("page", name).read_bytes() for name in PAGE_FILES}
 

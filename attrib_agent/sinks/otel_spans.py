@@ -16,7 +16,7 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Final
+from typing import Final, Protocol
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -24,10 +24,9 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, T
 from opentelemetry.util.types import Attributes, AttributeValue
 
 from attrib_agent import __version__
-from attrib_agent.attribution.result import AttributionResult, Culprit
+from attrib_agent.attribution.result import AttributionResult, Cause, Culprit
 from attrib_agent.attribution.tally import victim_class
 from attrib_agent.sinks.otel_export import tracer_provider_for
-from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.model import RequestLifecycle
 from attrib_agent.timeline.preemption import InferredPreemption
 
@@ -47,6 +46,14 @@ _TRACE_ID: Final = re.compile(r"[0-9a-f]{32}")
 _SPAN_ID: Final = re.compile(r"[0-9a-f]{16}")
 
 SpanOf = Callable[[str], tuple[str, str] | None]
+
+
+class Lifecycles(Protocol):
+    """Where the victim's queue wait and preemptions are read: the timeline, the pipeline or the agent state."""
+
+    def lifecycle(self, request_id: str) -> RequestLifecycle | None: ...
+
+    def preemptions(self) -> list[InferredPreemption]: ...
 
 
 class SlowdownSpans:
@@ -89,7 +96,7 @@ class SlowdownSpans:
         return True
 
     def emit_all(self, results: Iterable[AttributionResult], span_of: SpanOf,
-                 timeline: EngineTimeline | None = None) -> int:
+                 timeline: Lifecycles | None = None) -> int:
         """Emit a batch (what `AttributionPipeline.feed` returned); the timeline's preemptions are inferred once."""
         batch = list(results)
         preemptions: list[InferredPreemption] = []
@@ -182,10 +189,8 @@ def victim_attributes(r: AttributionResult) -> dict[str, AttributeValue]:
 def top_cause(c: Culprit, itl_gaps: int) -> str:
     """The cause carrying most of a culprit's blame, split as the metrics split it (ITL blame is decode
     batching; blame with no traced mechanism is `other`)."""
-    seconds = {k: float(v) for k, v in c.causes.items() if v > 0}
-    if c.itl_s > 0 and itl_gaps:
-        seconds["decode_batching"] = seconds.get("decode_batching", 0.0) + c.itl_s * itl_gaps
-    return max(seconds.items(), key=lambda kv: (kv[1], kv[0]))[0] if seconds else "other"
+    seconds = c.blame_by_cause(itl_gaps)
+    return max(seconds.items(), key=lambda kv: (kv[1], kv[0]))[0] if seconds else Cause.OTHER.value
 
 
 def _link_attributes(c: Culprit, itl_gaps: int) -> Attributes:
@@ -212,7 +217,7 @@ def _events(r: AttributionResult, lc: RequestLifecycle | None,
     return out
 
 
-def _lifecycle(timeline: EngineTimeline, request_id: str) -> RequestLifecycle | None:
+def _lifecycle(timeline: Lifecycles, request_id: str) -> RequestLifecycle | None:
     try:
         return timeline.lifecycle(request_id)
     except Exception:  # the queue-wait event is an extra: the span still goes out without it

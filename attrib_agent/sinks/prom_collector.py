@@ -20,7 +20,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from attrib_agent.agent_state import AgentState
+from attrib_agent.read_model import AgentState
 from attrib_agent.sinks.prom_engine import cost_families, kv_families, pipeline_families
 from attrib_agent.sinks.prom_families import SPECS, counter, empty_family
 from attrib_agent.sinks.prom_health import agent_families, source_families
@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 Section = Callable[[AgentState], list[Metric]]
 _BUILDERS: Final[dict[str, Section]] = {
     "agent": agent_families,
-    "slowdown": lambda state: slowdown_families(state.pipeline.tally),
+    "slowdown": lambda state: slowdown_families(state.tally),
     "pipeline": pipeline_families,
     "kv": kv_families,
     "cost": cost_families,

@@ -10,13 +10,13 @@ from dataclasses import asdict
 
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from attrib_agent.agent_state import AgentState
+from attrib_agent.read_model import AgentState
 from attrib_agent.sinks.prom_families import COST_TERMS, EVENT_KINDS, counter, gauge, snake_case
 
 
 def pipeline_families(state: AgentState) -> list[Metric]:
     """Counters of what went through the pipeline, and the bounded stores' current sizes."""
-    p = state.pipeline
+    p = state.stats()
     events = counter("attrib_events_total")
     by_kind = dict.fromkeys(EVENT_KINDS, 0)
     for name, n in p.events.items():
@@ -37,11 +37,11 @@ def pipeline_families(state: AgentState) -> list[Metric]:
     dropped.add_metric([], p.dropped_pending)
 
     stored = gauge("attrib_results_stored")
-    stored.add_metric([], len(p.store))
+    stored.add_metric([], p.results_stored)
     evicted = counter("attrib_results_evicted_total")
-    evicted.add_metric([], p.store.evicted)
+    evicted.add_metric([], p.results_evicted)
     held = gauge("attrib_timeline_held")
-    for kind, n in p.timeline.sizes().items():
+    for kind, n in p.timeline_held.items():
         held.add_metric([kind], n)
     lag = gauge("attrib_pipeline_lag_seconds")
     if p.last_event_ts is not None:
@@ -51,7 +51,7 @@ def pipeline_families(state: AgentState) -> list[Metric]:
 
 def kv_families(state: AgentState) -> list[Metric]:
     """The KV pool at the latest step: whales in flight, the largest holder's share, ledger versus vLLM."""
-    kv = state.pipeline.kv_now()
+    kv = state.kv_now()
     whales = gauge("attrib_whales")
     whales.add_metric([], len(kv.whales))
     share = gauge("attrib_top_request_kv_share_ratio")
@@ -65,7 +65,7 @@ def kv_families(state: AgentState) -> list[Metric]:
 
 def cost_families(state: AgentState) -> list[Metric]:
     """The uncontended step-cost model every baseline comes from: is it fitted, to what, how well."""
-    model = state.pipeline.attributor.cost
+    model = state.cost_model
     coef = gauge("attrib_cost_model_coefficient")
     for field, value in asdict(model.coefficients).items():
         coef.add_metric([COST_TERMS[field]], value)

@@ -16,12 +16,12 @@ from typing import Final
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from attrib_agent.attribution.cost_model import StepCoefficients
-from attrib_agent.attribution.result import CAUSES
+from attrib_agent.attribution.result import Cause
 from attrib_agent.events import Event
 
 VICTIM_CLASSES: Final = ("short", "whale")
 CULPRIT_CLASSES: Final = ("whale", "crowd")
-CAUSE_VALUES: Final = (*CAUSES, "other")
+CAUSE_VALUES: Final = tuple(c.value for c in Cause)  # the traced causes, then `other`
 OTHER: Final = "other"
 MAX_KINDS: Final = 24  # distinct `kind` values kept per source (or for the journal); later ones fold into "other"
 

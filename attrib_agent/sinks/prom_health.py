@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from prometheus_client.metrics_core import Metric
 
-from attrib_agent.agent_state import AgentState
+from attrib_agent.read_model import AgentState
 from attrib_agent.sinks.prom_families import counter, fold_kinds, gauge
 
 

@@ -26,8 +26,8 @@ from attrib_agent.events import (
     RequestReceived,
     StatsLine,
 )
+from attrib_agent.health import SourceHealth
 from attrib_agent.sources import log_patterns as p
-from attrib_agent.sources.health import SourceHealth
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import IO, Final, Literal, Protocol
 
-from attrib_agent.sources.health import SourceHealth
+from attrib_agent.health import SourceHealth
 
 logger = logging.getLogger(__name__)
 

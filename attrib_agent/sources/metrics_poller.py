@@ -16,7 +16,7 @@ from typing import Final
 import httpx
 
 from attrib_agent.events import MetricsSnapshot
-from attrib_agent.sources.health import SourceHealth
+from attrib_agent.health import SourceHealth
 from attrib_agent.sources.metrics_parser import CounterTracker, MetricsParseError, parse_metrics
 
 logger = logging.getLogger(__name__)
@@ -54,6 +54,7 @@ class MetricsPoller:
         max_body_bytes: int = MAX_BODY_BYTES,
         health: SourceHealth | None = None,
         tracker: CounterTracker | None = None,
+        name: str = "vllm_metrics",
     ) -> None:
         if not interval_s >= MIN_INTERVAL_S or math.isinf(interval_s):
             raise ValueError(f"interval_s must be a finite number >= {MIN_INTERVAL_S} s, got {interval_s!r}")
@@ -62,6 +63,8 @@ class MetricsPoller:
         if max_body_bytes < 1:
             raise ValueError("max_body_bytes must be >= 1")
         parsed = httpx.URL(url)  # a bad URL is a configuration error: say so now, not at every poll
+        self.name = name  # the agent's source shape: name, started, run(emit, stop), aclose()
+        self.started = asyncio.Event()
         self.url = url
         self._url_for_logs = str(parsed.copy_with(username=None, password=None))
         self.interval_s = interval_s
@@ -162,6 +165,7 @@ class MetricsPoller:
         """
         start = self._monotonic()
         tick = 0
+        self.started.set()
         while not stop.is_set():
             for snapshot in await self.poll_once():
                 try:

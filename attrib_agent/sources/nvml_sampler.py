@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from attrib_agent.events import GpuSample
-from attrib_agent.sources.health import SourceHealth
+from attrib_agent.health import SourceHealth
 
 logger = logging.getLogger(__name__)
 

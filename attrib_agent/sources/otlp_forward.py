@@ -20,7 +20,7 @@ import grpc
 import grpc.aio
 import httpx
 
-from attrib_agent.sources.health import SourceHealth
+from attrib_agent.health import SourceHealth
 from attrib_agent.sources.otlp_decode import PROTOBUF, OtlpError, content_coding, media_type, parse_export_request
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ import grpc.aio
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceServicer
 
-from attrib_agent.sources.health import SourceHealth
+from attrib_agent.health import SourceHealth
 from attrib_agent.sources.otlp_decode import PROTOBUF, DecodeResult, OtlpError, OtlpTooLarge, decode_export
 from attrib_agent.sources.otlp_forward import OtlpForwarder
 

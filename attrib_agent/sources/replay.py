@@ -16,8 +16,8 @@ from dataclasses import fields
 from typing import Any, Final
 
 from attrib_agent.events import Event, GpuSample
+from attrib_agent.health import SourceHealth
 from attrib_agent.recording import LOG, METRICS, NVML, OTLP, Recording, otlp_body
-from attrib_agent.sources.health import SourceHealth
 from attrib_agent.sources.log_parser import LogLineParser
 from attrib_agent.sources.metrics_parser import CounterTracker, MetricsParseError, parse_metrics
 from attrib_agent.sources.otlp_decode import OtlpError, decode_export

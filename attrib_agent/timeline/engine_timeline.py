@@ -136,6 +136,7 @@ class EngineTimeline:
         last = self._window.last_end()
         if last is None:
             return
+        self._book.expire_unadmitted(last - self._book.admit_window_s)
         horizon = last - self._keep_s
         for entry in self._book.entries():
             if entry.lifecycle.end_ts is None and not self._closed_by_timeout(entry.lifecycle.request_id, last):
@@ -205,6 +206,10 @@ class EngineTimeline:
         self._inference.refresh()
         return self._window.outcomes()
 
+    def last_step_end(self) -> float | None:
+        """When the latest step held ended: how far the steps have told what happened."""
+        return self._window.last_end()
+
     def steps(self) -> list[StepRecord]:
         return [out.record for _, out in self.outcomes()]
 
@@ -248,4 +253,9 @@ class EngineTimeline:
     def sizes(self) -> dict[str, int]:
         """How much is held, for the memory-bound tests and the agent's own metrics."""
         return {"steps": len(self._window), "requests": len(self._book), "samples": len(self._samples),
-                "departed": self._inference.departures(), "checkpoints": self._window.checkpoints()}
+                "departed": self._inference.departures(), "checkpoints": self._window.checkpoints(),
+                "unadmitted": self._book.unadmitted()}
+
+    def never_admitted(self) -> tuple[int, int]:
+        """(calls that never use the engine, received ids that left without entering it): not requests here."""
+        return self._book.non_generation, self._book.never_admitted

@@ -3,18 +3,39 @@
 Live, a request is known from `Received`/`Added` long before vLLM exports its span (spans come only for
 finished requests, seconds later). The book keeps those partial lifecycles and overwrites their times with
 vLLM's own once the span lands. It is bounded: past `max_requests` the oldest ended request leaves first.
+
+Only requests that entered the engine count: `Added request` (or a span) is the evidence. vLLM also logs
+`Received request` for calls that never reach the engine (`/tokenize` and `/detokenize`, rejected or aborted
+requests); such an id waits apart, bounded in number and in event time, and leaves without a trace if no
+`Added` line comes: it never joins the queue the step inference reads, never holds a result, never shows.
 """
 
 from __future__ import annotations
 
 import bisect
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import Final
 
 from attrib_agent.events import RequestAborted, RequestAdded, RequestFailed, RequestReceived, RequestSpan
 from attrib_agent.timeline.model import RequestLifecycle
 
 RequestEvent = RequestReceived | RequestAdded | RequestAborted | RequestFailed | RequestSpan
+
+NON_GENERATION_PREFIXES: Final = ("tokenize-",)
+"""Ids vLLM logs `Received` for but never sends to the engine: /tokenize and /detokenize both use `tokenize-`
+(vllm/entrypoints/serve/tokenize/serving.py). Anything else is judged by whether `Added request` follows."""
+ADMIT_WINDOW_S: Final = 30.0
+"""A `Received` id with no `Added` line or span this long after (event time) never entered the engine. vLLM
+logs the two within milliseconds (serving -> AsyncLLM.add_request); the window only bounds memory."""
+MAX_UNADMITTED: Final = 1024
+"""At most this many received-not-added ids are held (a flood of /tokenize calls cannot grow the book)."""
+
+
+def non_generation(request_id: str) -> bool:
+    """An id of a call vLLM serves without its engine (no step, no KV, no span)."""
+    return request_id.startswith(NON_GENERATION_PREFIXES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +52,7 @@ class BookChange:
     """What one event changed: the timeline re-infers the steps that the change can affect."""
 
     request_id: str
-    new: bool  # the request was not known before
+    new: bool  # the request entered the book's queue with this event (its first `Added` line or span)
     span_landed: bool  # this event completed the lifecycle (first span for it)
     aborted: bool
 
@@ -43,15 +64,22 @@ def _log_time(ev: RequestReceived | RequestAdded | RequestAborted | RequestFaile
 class LifecycleBook:
     """Lifecycles by request id, with an index in queue order; duplicates and late or repeated spans are harmless."""
 
-    def __init__(self, max_requests: int = 10_000, engine: int = 0) -> None:
-        if max_requests < 1:
-            raise ValueError("max_requests must be positive")
+    def __init__(self, max_requests: int = 10_000, engine: int = 0, *, admit_window_s: float = ADMIT_WINDOW_S,
+                 max_unadmitted: int = MAX_UNADMITTED) -> None:
+        if max_requests < 1 or max_unadmitted < 1 or admit_window_s <= 0:
+            raise ValueError("max_requests and max_unadmitted must be positive, admit_window_s > 0")
         self.max_requests = max_requests
         self.engine = engine
+        self.admit_window_s = admit_window_s
+        self.max_unadmitted = max_unadmitted
         self._entries: dict[str, BookEntry] = {}
         self._queue: list[tuple[float, int, str]] = []  # (queue_ts, order, request_id), sorted
+        # received, not (yet) in the engine: id -> entry, in receipt order (expired from the front)
+        self._unadmitted: OrderedDict[str, BookEntry] = OrderedDict()
         self._next_order = 0
         self.evicted = 0
+        self.non_generation = 0  # `Received` ids of calls that never use the engine (tokenize-...)
+        self.never_admitted = 0  # received ids that left without an `Added` line or span (window, bound, abort)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -69,6 +97,10 @@ class LifecycleBook:
     def entries(self) -> list[BookEntry]:
         return list(self._entries.values())
 
+    def unadmitted(self) -> int:
+        """Received ids waiting for evidence that they entered the engine."""
+        return len(self._unadmitted)
+
     def lifecycles(self) -> list[RequestLifecycle]:
         """Every held lifecycle, in queue order."""
         return [self._entries[rid].lifecycle for _, _, rid in self._queue]
@@ -83,14 +115,20 @@ class LifecycleBook:
     def feed(self, ev: RequestEvent) -> BookChange:
         """Apply one request event; returns what changed so the caller can re-infer."""
         rid = ev.request_id
+        if not isinstance(ev, RequestSpan):
+            self.expire_unadmitted(_log_time(ev) - self.admit_window_s)
         entry = self._entries.get(rid)
         new = entry is None
         if entry is None:
-            first = ev.start_ts if isinstance(ev, RequestSpan) else _log_time(ev)
-            entry = BookEntry(RequestLifecycle(request_id=rid, engine=self.engine), first, self._next_order)
-            self._next_order += 1
-            self._entries[rid] = entry
-            bisect.insort(self._queue, (entry.queue_ts, entry.order, rid))
+            waiting = self._unadmitted.get(rid)
+            if isinstance(ev, RequestReceived):
+                self._receive(ev, waiting)
+                return BookChange(rid, new=False, span_landed=False, aborted=False)
+            if not isinstance(ev, RequestAdded | RequestSpan):  # aborted or failed before it entered the engine
+                if self._unadmitted.pop(rid, None) is not None:
+                    self.never_admitted += 1
+                return BookChange(rid, new=False, span_landed=False, aborted=False)
+            entry = self._admit(rid, waiting, ev)
         lc = entry.lifecycle
         landed = False
         aborted = False
@@ -113,6 +151,44 @@ class LifecycleBook:
         if new:
             self._bound()
         return BookChange(rid, new=new, span_landed=landed, aborted=aborted)
+
+    def _receive(self, ev: RequestReceived, waiting: BookEntry | None) -> None:
+        """A `Received` line alone: held apart until `Added` (or a span) shows the request entered the engine."""
+        if non_generation(ev.request_id):
+            self.non_generation += 1
+            return
+        if waiting is not None:
+            return  # a repeated line
+        lc = RequestLifecycle(request_id=ev.request_id, engine=self.engine, arrival_ts=_log_time(ev),
+                              max_tokens=ev.max_tokens)
+        self._unadmitted[ev.request_id] = BookEntry(lc, _log_time(ev), self._next_order)
+        self._next_order += 1
+        while len(self._unadmitted) > self.max_unadmitted:
+            self._unadmitted.popitem(last=False)
+            self.never_admitted += 1
+
+    def _admit(self, rid: str, waiting: BookEntry | None, ev: RequestAdded | RequestSpan) -> BookEntry:
+        """Into the queue, at the time it was received (FCFS order) when that line was seen, else now."""
+        self._unadmitted.pop(rid, None)
+        if waiting is None:
+            first = ev.start_ts if isinstance(ev, RequestSpan) else _log_time(ev)
+            waiting = BookEntry(RequestLifecycle(request_id=rid, engine=self.engine), first, self._next_order)
+            self._next_order += 1
+        self._entries[rid] = waiting
+        bisect.insort(self._queue, (waiting.queue_ts, waiting.order, rid))
+        return waiting
+
+    def expire_unadmitted(self, before_ts: float) -> int:
+        """Received ids first seen before `before_ts` that never entered the engine leave; returns how many."""
+        n = 0
+        while self._unadmitted:
+            rid, entry = next(iter(self._unadmitted.items()))
+            if entry.queue_ts >= before_ts:
+                break
+            del self._unadmitted[rid]
+            n += 1
+        self.never_admitted += n
+        return n
 
     def forget(self, request_id: str) -> None:
         entry = self._entries.pop(request_id, None)

@@ -7,11 +7,11 @@ import httpx
 import uvicorn
 
 from attrib_agent.events import EngineStep, MetricsSnapshot, RequestReceived, RequestSpan
+from attrib_agent.health import SourceHealth
 from attrib_agent.lab.record import record_run
 from attrib_agent.lab.server import free_port
 from attrib_agent.lab.workload import get_scenario
 from attrib_agent.recording import CLIENT, Recording
-from attrib_agent.sources.health import SourceHealth
 from attrib_agent.sources.log_parser import LogLineParser
 from attrib_agent.sources.log_tailer import LogFollower
 from attrib_agent.sources.metrics_poller import MetricsPoller

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from attrib_agent.agent.live import LiveAgent
 from attrib_agent.config import add_run_arguments, load_config
-from attrib_agent.live import LiveAgent
 
 from .harness import AgentProcess, Feed, LogWriter, StandInVllm, recorded, same_result, wait_until
 

@@ -22,6 +22,7 @@ import pytest
 from attrib_agent.config import add_run_arguments, load_config
 from attrib_agent.lab.server import stop_group
 from attrib_agent.lab.span_sink import SpanSink
+from attrib_agent.recording import OTLP, Recording, otlp_body
 
 from .harness import AGENT_BIN, RECORDINGS, AgentProcess, Feed, LogWriter, StandInVllm, free_port, recorded, wait_until
 
@@ -200,6 +201,11 @@ def test_canary_prompt_text_appears_in_no_output(secured: Secured) -> None:
     canary, agent = secured.canary, secured.agent
     fed = secured.log_file.read_text()
     assert fed.count(canary) >= 8  # the agent really was given the prompts
+    # ... and vLLM's generated output (structured output made it start with the canary) ...
+    assert sum(canary in x for x in fed.splitlines() if "Generated response" in x) >= 2
+    # ... and the canary inside vLLM's spans (the client's W3C tracestate, which vLLM keeps on its span)
+    fed_spans = [otlp_body(r) for r in Recording(RECORDINGS / "canary").records(OTLP)]
+    assert sum(b.count(canary.encode()) for b in fed_spans) >= 4
     assert agent.metrics().value("attrib_source_skipped_total", source="vllm_log", kind="content_dropped") >= 8
     # the slowed canary requests' attrib.slowdown spans (the SDK's batch processor sends them within seconds)
     wait_until(lambda: secured.collector.bodies, 30, "the agent's spans at the collector")
@@ -220,6 +226,10 @@ def test_canary_prompt_text_appears_in_no_output(secured: Secured) -> None:
         for path in ("/", "/page/page.js", "/page/draw.js", "/healthz", "/readyz"):
             outputs[path] = c.get(url + path).content
     agent.stop()  # the journal's last segment is flushed and closed
+    replayed = subprocess.run([str(AGENT_BIN), "replay", str(RECORDINGS / "canary"), "--json"], capture_output=True,
+                              timeout=120, env={k: v for k, v in os.environ.items() if not k.startswith("ATTRIB_")})
+    assert replayed.returncode == 0 and replayed.stdout.count(b'"request_id"') == len(secured.ids)
+    outputs["replay --json"], outputs["replay log"] = replayed.stdout, replayed.stderr
     journal_files = [p for p in secured.journal.rglob("*") if p.is_file()]
     assert journal_files
     outputs.update({f"journal {p.name}": p.read_bytes() for p in journal_files})

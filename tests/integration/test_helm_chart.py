@@ -21,6 +21,7 @@ import chart_check  # tools/helm_render/chart_check.py, put on sys.path by conft
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 import yaml  # type: ignore[import-untyped]
+from chart_values import MODES, VALUE_SETS, merged, values_file
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,23 +29,6 @@ REPO = Path(__file__).resolve().parents[2]
 cc = chart_check
 KUBE_VERSIONS = ("1.28", "1.29", "1.33")
 VALIDATE_ALSO = ("1.29", "1.33")  # every render is also checked against these, as the issue asks
-MODES = {
-    "deploy": ["vllm.model=Qwen/Qwen2.5-1.5B-Instruct"],
-    "sidecar-only": ["mode=sidecar-only", r"sidecar.podSelector.app\.kubernetes\.io/name=vllm",
-                     "sidecar.deploymentName=vllm-llama3-deployment-vllm", "sidecar.vllmPortName=container-port"],
-}
-VALUE_SETS = {
-    "defaults": [],
-    "monitors": ["serviceMonitor.enabled=true", "podMonitor.enabled=true", "prometheusRule.enabled=true",
-                 "serviceMonitor.labels.release=kube-prometheus-stack", "dashboards.enabled=true",
-                 "networkPolicy.enabled=true"],
-    "token-secret": ["agent.apiToken.existingSecret=attrib-token", "serviceMonitor.enabled=true",
-                     "podMonitor.enabled=true", "vllm.hfToken.existingSecret=hf-token", "runtimeClassName=nvidia",
-                     "vllm.modelCache.existingClaim=models", "strategy.type=Recreate"],
-    "forward-journal": ["agent.apiToken.value=s3cr3t-t0ken", "agent.otlp.forward=grpc://otel-collector.obs:4317",
-                        "agent.journal.enabled=true", "agent.journal.existingClaim=attrib-journal",
-                        "agent.nvml.enabled=true", "agent.nvml.visibleDevices=all"],
-}
 _DURATION = {"type": "string", "pattern": "^(0|([0-9]+(ms|s|m|h|d|w|y))+)$"}
 _SECRET_KEY = {"type": "object", "additionalProperties": False, "required": ["name", "key"],
                "properties": {"name": {"type": "string"}, "key": {"type": "string"}}}
@@ -89,8 +73,10 @@ CR_SCHEMAS = {
 }
 
 
-def render(renderer: Path, mode: str, sets: list[str], kube: str = "1.33", **kw: Any) -> Any:
-    return cc.render(renderer, kube_version=kube, sets=[*MODES[mode], *sets], **kw)
+def render(renderer: Path, mode: str, sets: list[str], kube: str = "1.33", values: str = "defaults", **kw: Any) -> Any:
+    """The chart in `mode` with the values set `values` (a -f file) and then `sets` (--set)."""
+    files = [values_file(merged(MODES[mode], VALUE_SETS[values]))]
+    return cc.render(renderer, kube_version=kube, sets=sets, values_files=files, **kw)
 
 
 def pod_spec(out: Any, mode: str) -> dict[str, Any]:
@@ -114,7 +100,7 @@ def containers_named(spec: dict[str, Any], field: str, name: str) -> list[dict[s
 @pytest.mark.parametrize("kube", KUBE_VERSIONS)
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_every_manifest_validates(renderer: Path, mode: str, kube: str, values: str) -> None:
-    out = render(renderer, mode, VALUE_SETS[values], kube)
+    out = render(renderer, mode, [], kube, values)
     versions = sorted({kube, *VALIDATE_ALSO})
     errors, unknown = cc.validate_manifests(out.manifests, versions)
     assert errors == []
@@ -133,7 +119,7 @@ def test_every_manifest_validates(renderer: Path, mode: str, kube: str, values: 
 
 
 def test_monitors_scrape_agent_and_vllm_with_the_token(renderer: Path) -> None:
-    out = render(renderer, "deploy", VALUE_SETS["token-secret"])
+    out = render(renderer, "deploy", [], values="token-secret")
     svc = next(s for s in out.of_kind("Service") if s["metadata"]["name"].endswith("-metrics"))
     sm, pm = out.one("ServiceMonitor"), out.one("PodMonitor")
     assert {p["name"] for p in svc["spec"]["ports"]} == {"attrib-http", "vllm-http"}
@@ -164,8 +150,8 @@ def test_native_sidecar_from_kubernetes_1_29(renderer: Path, mode: str) -> None:
 def test_agent_never_decides_whether_vllm_serves(renderer: Path) -> None:
     selectors = set()
     for kube in KUBE_VERSIONS:
-        for values in VALUE_SETS.values():
-            out = render(renderer, "deploy", values, kube)
+        for values in VALUE_SETS:
+            out = render(renderer, "deploy", [], kube, values)
             dep = out.one("Deployment")
             svc = next(s for s in out.of_kind("Service") if s["metadata"]["name"] == dep["metadata"]["name"])
             selector = svc["spec"]["selector"]
@@ -263,7 +249,7 @@ def test_the_agent_accepts_its_args(renderer: Path) -> None:
     from attrib_agent.cli import build_parser
     from attrib_agent.config import load_config
 
-    out = render(renderer, "deploy", VALUE_SETS["forward-journal"])
+    out = render(renderer, "deploy", [], values="forward-journal")
     agent = containers_named(pod_spec(out, "deploy"), "initContainers", "attrib-agent")[0]
     env = {e["name"]: e.get("value", "from-the-downward-api-or-a-secret") for e in agent["env"]}
     assert agent["command"] == ["attrib-agent"]
@@ -281,8 +267,8 @@ def test_the_agent_accepts_its_args(renderer: Path) -> None:
 
 def test_chart_copies_equal_the_generated_files(renderer: Path) -> None:
     assert cc.chart_file_drift() == [], "run: python tools/helm_render/chart_check.py --sync-files"
-    out = render(renderer, "deploy", VALUE_SETS["monitors"] + ["dashboards.label=grafana_dash",
-                                                                "dashboards.annotations.grafana_folder=vLLM"])
+    out = render(renderer, "deploy", ["dashboards.label=grafana_dash", "dashboards.annotations.grafana_folder=vLLM"],
+                 values="monitors")
     boards = [m for m in out.of_kind("ConfigMap") if m["metadata"]["labels"].get("grafana_dash") == "1"]
     originals = sorted((REPO / "dashboards" / "json").glob("*.json"))
     assert len(boards) == len(originals) >= 1
@@ -296,7 +282,7 @@ def test_chart_copies_equal_the_generated_files(renderer: Path) -> None:
 def test_prometheus_rule_passes_promtool(renderer: Path, tmp_path: Path) -> None:
     if shutil.which("promtool") is None:
         pytest.skip("promtool is not installed: run scripts/setup-system.sh")
-    rule = render(renderer, "deploy", VALUE_SETS["monitors"]).one("PrometheusRule")
+    rule = render(renderer, "deploy", [], values="monitors").one("PrometheusRule")
     path = tmp_path / "rules.yml"
     path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
     proc = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)

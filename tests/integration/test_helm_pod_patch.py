@@ -20,9 +20,9 @@ import chart_check  # tools/helm_render/chart_check.py, put on sys.path by conft
 import pytest
 import yaml  # type: ignore[import-untyped]
 
+from attrib_agent.health import SourceHealth
 from attrib_agent.lab.server import LOG_DATEFMT, LOG_FORMAT
 from attrib_agent.recording import LOG, Recording
-from attrib_agent.sources.health import SourceHealth
 from attrib_agent.sources.log_parser import LogLineParser
 
 REPO = Path(__file__).resolve().parents[2]
@@ -130,12 +130,14 @@ def production_stack_deployment(extra_args: list[str]) -> dict[str, Any]:
                     "claimName": "vllm-llama3-storage-claim"}}]}}}}
 
 
-@pytest.mark.parametrize("kube", ["1.28", "1.33"])
-def test_kustomize_merges_the_patch_into_production_stack(renderer: Path, tmp_path: Path, kube: str) -> None:
+@pytest.mark.parametrize(("kube", "exact"), [("1.28", False), ("1.33", False), ("1.33", True)])
+def test_kustomize_merges_the_patch_into_production_stack(renderer: Path, tmp_path: Path, kube: str,
+                                                          exact: bool) -> None:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
-        pytest.skip("kubectl (for its built-in kustomize) is not installed")
-    data = pod_patch(cc.render(renderer, kube_version=kube, sets=SIDECAR))
+        pytest.skip("kubectl (for its built-in kustomize) is not installed: scripts/setup-system.sh installs it "
+                    "where an apt source offers it")
+    data = pod_patch(cc.render(renderer, kube_version=kube, sets=[*SIDECAR, f"exactMode.enabled={exact}"]))
     vllm_args = yaml.safe_load(data["vllm-args.yaml"])  # production-stack: vllmConfig.extraArgs
     (tmp_path / "deployment.yaml").write_text(yaml.safe_dump(production_stack_deployment(vllm_args)))
     (tmp_path / "attrib-agent-patch.yaml").write_text(data["kustomize-patch.yaml"])
@@ -155,6 +157,13 @@ def test_kustomize_merges_the_patch_into_production_stack(renderer: Path, tmp_pa
     assert {"/data", "/var/log/vllm", "/etc/attrib-agent"} <= {m["mountPath"] for m in vllm["volumeMounts"]}
     assert {"vllm-storage", "vllm-logs", "vllm-logging-config"} <= {v["name"] for v in spec["volumes"]}
     assert "--enable-logging-iteration-details" in vllm["command"] and vllm["image"] == "vllm/vllm-openai:v0.32.0"
+    if exact:  # the plugin's installer runs first, and vLLM keeps production-stack's env beside the plugin's
+        assert [c["name"] for c in spec["initContainers"]] == ["attrib-plugin-install", "attrib-agent"]
+        env = {e["name"]: e.get("value") for e in vllm["env"]}
+        assert env["ATTRIB_PLUGIN_SOCKET"] == "/var/run/attrib/plugin.sock" and env["HF_HOME"] == "/data"
+        assert {"attrib-plugin", "attrib-plugin-socket"} <= {v["name"] for v in spec["volumes"]}
+    else:
+        assert "ATTRIB_PLUGIN_SOCKET" not in {e["name"] for e in vllm["env"]}
 
 
 def test_values_for_vllms_example_chart(renderer: Path, tmp_path: Path) -> None:

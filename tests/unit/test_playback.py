@@ -117,7 +117,8 @@ def test_plays_a_recording_into_a_fake_receiver(tmp_path: Path) -> None:
     otlp = [d for d in got if d.stream == OTLP]
     assert all(d.status == 200 for d in otlp)
     assert [d.request_ids for d in otlp] == [otlp_request_ids(r) for r in records[OTLP]]
-    assert all(ids for ids in (d.request_ids for d in otlp))
+    # every canary request's span delivered (vLLM's start-up spans may come in exports of their own, with no ids)
+    assert sum(len(d.request_ids) for d in otlp) == 4
     assert lateness_s(got) < 1.0  # (a loaded machine may be late; the benchmark reports it)
     # /metrics: each scrape got a recorded body, the one due by then (or the one just before: scheduling)
     bodies = [str(r["text"]).encode() for r in records[METRICS]]

@@ -55,7 +55,10 @@ mode (the pod-patch ConfigMap). Each takes a dict: ctx (the root context) and, w
   value: "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE),k8s.container.name={{ .container }}"
 {{- end -}}
 
-{{/* vLLM's environment for the agent. Takes (dict "configPath" file "container" vLLM's container name). */}}
+{{/*
+vLLM's environment for the agent. Takes (dict "configPath" file "container" vLLM's container name "ctx" root):
+with ctx, exact mode's variables too (the plugin's socket; its install dir on PYTHONPATH).
+*/}}
 {{- define "attrib-agent.vllmEnv" -}}
 - name: VLLM_LOGGING_CONFIG_PATH
   value: {{ .configPath | quote }}
@@ -65,6 +68,64 @@ mode (the pod-patch ConfigMap). Each takes a dict: ctx (the root context) and, w
 - name: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL
   value: grpc
 {{ include "attrib-agent.otelEnv" (dict "service" "vllm" "container" .container) }}
+{{- with .ctx }}
+{{- $e := .Values.exactMode }}
+{{- if $e.enabled }}
+- name: ATTRIB_PLUGIN_SOCKET
+  value: {{ include "attrib-agent.pluginSocket" . | quote }}
+{{- if eq $e.install "initContainer" }}
+- name: PYTHONPATH
+  value: {{ $e.pluginDir | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Exact mode: the unix datagram socket the agent listens on and vLLM's plugin sends to. */}}
+{{- define "attrib-agent.pluginSocket" -}}
+{{- printf "%s/plugin.sock" (trimSuffix "/" .Values.exactMode.socketDir) -}}
+{{- end -}}
+
+{{/*
+Exact mode's init container: pip-installs the plugin (no dependencies: it needs only vLLM, which the image
+has) into the emptyDir vLLM gets on its PYTHONPATH. YAML list items; empty unless exactMode installs it.
+*/}}
+{{- define "attrib-agent.pluginInstaller" -}}
+{{- $e := .Values.exactMode -}}
+{{- if and $e.enabled (eq $e.install "initContainer") -}}
+{{- $image := printf "%s:%s" .Values.vllm.image.repository .Values.vllm.image.tag -}}
+{{- with $e.installerImage.repository -}}
+{{- $image = printf "%s:%s" . ($e.installerImage.tag | default "latest") -}}
+{{- end -}}
+- name: attrib-plugin-install
+  image: {{ $image | quote }}
+  imagePullPolicy: {{ $e.installerImage.pullPolicy | default "IfNotPresent" }}
+  command:
+    - python3
+    - -m
+    - pip
+    - install
+    - --no-cache-dir
+    - --no-deps
+    - --disable-pip-version-check
+    - --target
+    - {{ $e.pluginDir | quote }}
+    {{- range $e.pipArgs }}
+    - {{ . | quote }}
+    {{- end }}
+    - {{ $e.package | quote }}
+  {{- with $e.installerResources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.vllm.securityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    - name: attrib-plugin
+      mountPath: {{ $e.pluginDir }}
+{{- end -}}
 {{- end -}}
 
 {{/* The agent's flags. podVolumes false: the pod has none of the chart's volumes (no journal then). */}}
@@ -162,6 +223,10 @@ The agent container. Takes (dict "ctx" . "native" bool "logDir" dir "logVolume" 
     - name: attrib-agent-journal
       mountPath: /var/lib/attrib-agent
     {{- end }}
+    {{- if and $.Values.exactMode.enabled $podVolumes }}
+    - name: attrib-plugin-socket
+      mountPath: {{ $.Values.exactMode.socketDir }}
+    {{- end }}
 {{- end -}}
 
 {{/* Volumes the agent adds to the pod (YAML list items). */}}
@@ -185,6 +250,16 @@ The agent container. Takes (dict "ctx" . "native" bool "logDir" dir "logVolume" 
     sizeLimit: {{ .Values.agent.journal.sizeLimit }}
   {{- end }}
 {{- end }}
+{{- if .Values.exactMode.enabled }}
+- name: attrib-plugin-socket
+  emptyDir:
+    sizeLimit: 1Mi
+{{- if eq .Values.exactMode.install "initContainer" }}
+- name: attrib-plugin
+  emptyDir:
+    sizeLimit: 64Mi
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* vLLM's mounts for the agent (YAML list items). */}}
@@ -194,4 +269,13 @@ The agent container. Takes (dict "ctx" . "native" bool "logDir" dir "logVolume" 
 - name: vllm-logging-config
   mountPath: /etc/attrib-agent
   readOnly: true
+{{- if .Values.exactMode.enabled }}
+- name: attrib-plugin-socket
+  mountPath: {{ .Values.exactMode.socketDir }}
+{{- if eq .Values.exactMode.install "initContainer" }}
+- name: attrib-plugin
+  mountPath: {{ .Values.exactMode.pluginDir }}
+  readOnly: true
+{{- end }}
+{{- end }}
 {{- end -}}

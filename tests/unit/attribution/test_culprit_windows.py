@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attrib_agent.attribution.culprit_windows import CulpritTotal, CulpritWindows, top_of
-from attrib_agent.attribution.result import AttributionResult, Culprit, ResultStore
+from attrib_agent.attribution.result import AttributionResult, Culprit
+from attrib_agent.attribution.store import ResultStore
 
 CULPRITS = [f"w{i}" for i in range(6)]
 

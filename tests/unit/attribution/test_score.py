@@ -1,9 +1,28 @@
 """Scoring against the committed counterfactual truth (real recordings kept by `lab truth --keep-recordings`)."""
 
 import json
+import statistics
 
 from attrib_agent.cli import main
 from attrib_agent.lab.score import Score, format_scores, score_command
+
+from . import truth_spread
+
+# docs/attribution.md's goals
+GOAL_TOP1, GOAL_WHALE_ERROR, GOAL_NULL_ALARMS = 0.95, 0.20, 0.05
+
+
+def error_margin(engine: Score, truth_dir) -> float:
+    """One standard error of the truth, carried into the median per-whale error: a whale's error |B - T| / T moves
+    by about (B / T) x (SE_T / T) when the truth's reps move by one standard error (see truth_spread.py)."""
+    totals = truth_spread.whale_totals(truth_spread.load(truth_dir))
+    return statistics.median((1 + engine.whale_rel_errors[w]) * se / t for w, (t, se) in totals.items())
+
+
+def error_bound(today: float, margin: float) -> float:
+    """The goal or today's figure plus the truth's margin, whichever is stricter; today's plus margin when the
+    goal is not met yet (the lead tightens it as the attributor improves)."""
+    return min(GOAL_WHALE_ERROR, today + margin) if today <= GOAL_WHALE_ERROR else today + margin
 
 
 def test_score_runs_on_the_committed_truth(fixtures_dir, capsys):
@@ -11,29 +30,57 @@ def test_score_runs_on_the_committed_truth(fixtures_dir, capsys):
     engine, naive = score_command(truth_dir)
     print(format_scores([engine, naive]))  # the numbers, visible with -s and in CI logs on failure
     for s in (engine, naive):
-        assert s.top1_total >= 1 and 0 <= (s.top1 or 0) <= 1
+        assert s.top1_total >= 1
         assert set(s.whale_rel_errors) == {"w1", "w2"}
         assert s.null_total == 3 * 20  # 3 null reps x 20 shorts
-    # The null result is a real outcome: with no whale, nobody is blamed for more than 50 ms.
-    assert engine.null_false_alarm is not None and engine.null_false_alarm <= 0.05
+    # The null result is a real outcome: with no whale, nobody is blamed for more than 50 ms. Today 0/60 (goal
+    # <= 5 %); null runs involve no Shapley truth and replay is deterministic, so no margin is due.
+    assert engine.null_false_alarm == 0.0
+
+
+def test_whale2_scores_hold_todays_figures_within_the_truths_spread(fixtures_dir):
+    """whale2 meets neither goal today (docs/attribution.md): top-1 4/5 (goal 95 %), median per-whale error 24 %
+    (w1 11 %, w2 37 %; goal 20 %). Its truth knows each whale's summed share only to one standard error of 24 % (w1)
+    and 20 % (w2) of it (std of 3 reps per condition), so the error bound is today's 24 % plus that margin (~0.27),
+    and top-1 may lose the 2 of its 5 slowed shorts whose true top two whales are within 2 SE of each other."""
+    truth_dir = fixtures_dir / "truth" / "whale2"
+    engine, naive = score_command(truth_dir)
+    print(format_scores([engine, naive]))
+    assert engine.median_whale_error is not None and naive.median_whale_error is not None
+    margin = error_margin(engine, truth_dir)
+    assert 0.2 <= margin <= 0.35  # the truth's spread itself: if it changes, so must this test's reasoning
+    assert engine.median_whale_error <= error_bound(0.24, margin)
+    assert engine.median_whale_error < naive.median_whale_error
+    ambiguous = truth_spread.ambiguous_top1(truth_spread.load(truth_dir))
+    assert ambiguous == 2 and engine.top1_total == 5
+    assert engine.top1_hits >= 4 - ambiguous and engine.top1_hits >= naive.top1_hits
 
 
 def test_a_three_way_interaction_is_split_within_the_goal(fixtures_dir):
     """preempt truth: no pair of its three whales slows the shorts, all three do. The whales' summed blame is
-    within 25% of their summed Shapley truth (measured 19%, the goal 20%; 37% before the factual world was
-    observed rather than re-simulated), better than the naive overlap split, with no false alarm in null runs."""
-    engine, naive = score_command(fixtures_dir / "truth" / "preempt")
+    within the 20 % goal of their summed Shapley truth: measured 19 % (37 % before the factual world was observed
+    rather than re-simulated); today's 19 % plus the truth's margin (one standard error, 7-9 % of each whale's
+    total from the spread of its 3 reps, ~9 % carried into the error) is 28 %, so the goal is the stricter bound.
+    Better than the naive overlap split, with no false alarm in null runs. Top-1 is not scored: the three whales
+    are identical and on every one of the 17 slowed shorts the true top two are within two standard errors."""
+    truth_dir = fixtures_dir / "truth" / "preempt"
+    engine, naive = score_command(truth_dir)
     print(format_scores([engine, naive]))
-    assert set(engine.whale_rel_errors) == {"w1", "w2", "w3"} and engine.top1_total >= 10
+    assert set(engine.whale_rel_errors) == {"w1", "w2", "w3"} and engine.top1_total == 17
     assert engine.median_whale_error is not None and naive.median_whale_error is not None
-    assert engine.median_whale_error <= 0.25 and engine.median_whale_error < naive.median_whale_error
+    margin = error_margin(engine, truth_dir)
+    assert 0.05 <= margin <= 0.12
+    assert engine.median_whale_error <= error_bound(0.19, margin) == GOAL_WHALE_ERROR
+    assert engine.median_whale_error < naive.median_whale_error
+    assert truth_spread.ambiguous_top1(truth_spread.load(truth_dir)) == engine.top1_total
     assert engine.null_false_alarm == 0.0
 
 
 def test_score_cli_json(fixtures_dir, capsys):
     assert main(["lab", "score", str(fixtures_dir / "truth" / "whale2"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert [o["name"].split(" [")[0] for o in out] == ["attrib-agent", "naive overlap"]
+    assert [o["name"].split(" [")[0] for o in out["counterfactual"]] == ["attrib-agent", "naive overlap"]
+    assert out["step_truth"] == {}  # its recordings were made without the step plugin
 
 
 def test_score_properties():

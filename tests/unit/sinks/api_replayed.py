@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 from starlette.types import ASGIApp
 
-from attrib_agent.agent_state import AgentState
 from attrib_agent.events import Event
+from attrib_agent.health import SourceHealth
 from attrib_agent.pipeline import AttributionPipeline
-from attrib_agent.sources.health import SourceHealth
+from attrib_agent.read_model import AgentState
 from attrib_agent.sources.replay import ReplaySource
 
 RECORDINGS = Path(__file__).resolve().parents[2] / "fixtures" / "recordings"
@@ -38,11 +38,12 @@ def replayed(name: str) -> AttributionPipeline:
 
 @cache
 def midway(name: str) -> AttributionPipeline:
-    """Fed up to the first moment a result is partial while other requests still run (as live, mid-burst)."""
+    """Fed up to the first moment a slowed victim's result is partial while other requests still run (as live,
+    mid-burst: it waits for an overlapping request's span or prefill)."""
     p = AttributionPipeline()
     for ev in events(name):
         p.feed(ev)
-        if any(not r.final for r in p.store) and any(
+        if any(not r.final and r.culprits for r in p.store) and any(
                 p.status(lc.request_id) == "running" for lc in p.timeline.lifecycles()):
             return p
     raise AssertionError(f"{name}: no moment with a partial result and a running request")

@@ -6,9 +6,9 @@ import pytest
 from api_replayed import call, replayed, state_of
 from prometheus_client import CollectorRegistry, PlatformCollector, make_asgi_app
 
+from attrib_agent.health import SourceHealth
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.sinks.http_api import api_app
-from attrib_agent.sources.health import SourceHealth
 
 TOKEN = "s3cret-token"
 DATA_PATHS = ["/v1/culprits/top", "/v1/timeline", "/metrics"]

@@ -49,7 +49,7 @@ def test_chat_completion_ids_resolve_without_suffix() -> None:
 
 
 def test_partial_and_running_answer_202() -> None:
-    p = midway("preempt")
+    p = midway("whale1")
     app = api_app(state_of(p))
     partial = next(r for r in p.store if not r.final)
     resp = call(app, f"/v1/requests/{partial.request_id}/culprits")

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from api_replayed import call, midway, replayed, state_of
 
+from attrib_agent.health import SourceHealth
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.sinks.api_timeline import timeline_json
 from attrib_agent.sinks.http_api import api_app
-from attrib_agent.sources.health import SourceHealth
 
 
 def timeline(p: AttributionPipeline, query: str = "") -> dict[str, Any]:
@@ -117,7 +117,7 @@ def test_since_until_filter() -> None:
 
 
 def test_midway_lanes_show_running_requests() -> None:
-    p = midway("preempt")
+    p = midway("whale1")
     body = timeline(p)
     statuses = {lane["status"] for lane in body["requests"]}
     assert {"running", "partial"} <= statuses

@@ -54,7 +54,7 @@ def test_window_counts_only_results_that_finished_in_it() -> None:
 
 
 def test_partial_results_count() -> None:
-    p = midway("preempt")
+    p = midway("whale1")
     body = call(api_app(state_of(p)), "/v1/culprits/top?window=1h").json()
     assert body["partial_results"] == sum(not r.final for r in p.store) > 0
     assert body["results"] == len(p.store)

@@ -13,7 +13,7 @@ from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.attribution.result_codec import to_dict
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.sinks.journal import JournalError, ResultJournal
-from attrib_agent.sinks.journal_segments import scan_segments
+from attrib_agent.sinks.journal.segments import scan_segments
 
 RECORDINGS = Path(__file__).parents[2] / "fixtures" / "recordings"
 

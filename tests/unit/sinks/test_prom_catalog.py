@@ -17,8 +17,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from prometheus_client.registry import CollectorRegistry
 
-from attrib_agent.agent_state import AgentState
 from attrib_agent.pipeline import AttributionPipeline
+from attrib_agent.read_model import AgentState
 from attrib_agent.sinks.prom_collector import AgentCollector, registry_for
 from attrib_agent.sources.replay import ReplaySource
 
@@ -171,7 +171,7 @@ def test_mounted_app_negotiates_openmetrics_where_exemplars_appear(state: AgentS
 
 def test_agent_metrics_route_is_encoded_once_for_a_gzip_scraper(state: AgentState) -> None:
     """Prometheus asks for gzip; the body must decompress (once) into exposition it can parse."""
-    from attrib_agent.app import AgentCore
+    from attrib_agent.agent.core import AgentCore
 
     core = AgentCore(state.pipeline)
     core.state.health.update(state.health)

@@ -15,9 +15,9 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
-from attrib_agent.agent_state import AgentState
 from attrib_agent.events import Event
 from attrib_agent.pipeline import AttributionPipeline, KvNow
+from attrib_agent.read_model import AgentState
 from attrib_agent.sinks.prom_collector import registry_for
 from attrib_agent.sources.replay import ReplaySource
 

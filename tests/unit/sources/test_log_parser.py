@@ -33,10 +33,10 @@ from attrib_agent.events import (
     RequestReceived,
     StatsLine,
 )
+from attrib_agent.health import SourceHealth
 from attrib_agent.lab.server import LOG_DATEFMT, LOG_FORMAT
 from attrib_agent.recording import CLIENT, LOG, Recording
 from attrib_agent.sources import log_parser
-from attrib_agent.sources.health import SourceHealth
 from attrib_agent.sources.log_parser import LogEvent, LogLineParser
 
 RECORDINGS = Path(__file__).parents[2] / "fixtures" / "recordings"

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from grpc import aio
 
-from attrib_agent.sources.health import SourceHealth
+from attrib_agent.health import SourceHealth
 from attrib_agent.sources.otlp_decode import DecodeResult
 from attrib_agent.sources.otlp_forward import OtlpForwarder
 from attrib_agent.sources.otlp_grpc import OtlpGrpcReceiver

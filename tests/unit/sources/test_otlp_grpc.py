@@ -12,7 +12,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from attrib_agent.sources.health import SourceHealth
+from attrib_agent.health import SourceHealth
 from attrib_agent.sources.otlp_decode import DecodeResult
 from attrib_agent.sources.otlp_forward import GRPC_EXPORT_METHOD
 from attrib_agent.sources.otlp_grpc import OtlpGrpcReceiver

@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 from google.rpc.status_pb2 import Status
 
-from attrib_agent.sources.health import SourceHealth
+from attrib_agent.health import SourceHealth
 from attrib_agent.sources.otlp_decode import DecodeResult
 from attrib_agent.sources.otlp_http import otlp_http_app
 

@@ -33,6 +33,7 @@ class FakeConfig:
     num_blocks: int = 40
     span_delay_s: float = 2.0
     scrape_every_s: float = 0.25
+    step_s: float = 0.005  # a step's fixed cost (plus 10 us a token)
 
 
 @dataclass
@@ -140,7 +141,7 @@ def run(cfg: FakeConfig, requests: list[FakeRequest]) -> FakeRun:
             now += 0.001
             continue
         tokens = sum(n for _, n in sched)
-        elapsed = 0.005 + 1e-5 * tokens
+        elapsed = cfg.step_s + 1e-5 * tokens
         end = start + elapsed
         members: list[tuple[str, str, int]] = []
         ctx_r = ctx_t = gen_r = gen_t = 0

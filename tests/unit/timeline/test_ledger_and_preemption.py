@@ -97,8 +97,14 @@ def test_counter_resets_are_not_rises() -> None:
     assert preemption_counts([], samples).counted_by_vllm == 1.0
 
 
-def test_only_a_count_gap_is_a_coin_toss() -> None:
+def test_only_a_count_gap_is_weaker_than_corroborated_and_stronger_than_contradicted() -> None:
+    """Behaviour, not the constant: a lone count gap ranks between a sighting the counter contradicts and one
+    every source corroborates, and is not called likely (a request can leave the running count by finishing)."""
     sighting = PreemptionSighting("v", 1, 101, 10.95, False, 0, 0)
     steps = [step(0, 10.0, {"v": 1}), step(1, 11.0, {}, preemptions=(sighting,))]
-    (p,) = infer_preemptions(steps, [], {})
-    assert p.evidence == ("count_gap",) and p.confidence == 0.5 and p.resumed_iteration is None
+    (alone,) = infer_preemptions(steps, [], {})
+    assert alone.evidence == ("count_gap",) and alone.resumed_iteration is None
+    (contradicted,) = infer_preemptions(*_preempted_run(counter_rises=False), {})
+    (corroborated,) = infer_preemptions(*_preempted_run(counter_rises=True), {})
+    assert contradicted.confidence < alone.confidence < corroborated.confidence
+    assert alone.confidence <= 0.5

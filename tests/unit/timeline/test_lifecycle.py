@@ -16,6 +16,16 @@ def received(rid: str, t: float, max_tokens: int | None = 16) -> RequestReceived
     return RequestReceived(T0 + t + 0.001, T0 + t, rid, max_tokens)
 
 
+def added(rid: str, t: float) -> RequestAdded:
+    return RequestAdded(T0 + t + 0.003, T0 + t + 0.001, rid, rid + "-0123abcd")
+
+
+def entered(book: LifecycleBook, rid: str, t: float, max_tokens: int | None = 16) -> None:
+    """`Received` then `Added`: the request is in the engine."""
+    book.feed(received(rid, t, max_tokens))
+    book.feed(added(rid, t))
+
+
 def span(rid: str, t: float, ttft: float = 0.05, e2e: float = 0.5) -> RequestSpan:
     return RequestSpan(T0 + t + e2e + 5.0, rid, "a" * 32, "b" * 16, T0 + t, T0 + t + e2e, 0.01, ttft, e2e, 0.04,
                        e2e - ttft, e2e - 0.01, 100, 16, 16)
@@ -24,8 +34,9 @@ def span(rid: str, t: float, ttft: float = 0.05, e2e: float = 0.5) -> RequestSpa
 def test_a_partial_lifecycle_is_completed_by_its_span() -> None:
     book = LifecycleBook()
     change = book.feed(received("a", 1.0))
+    assert not change.new and "a" not in book  # not in the engine yet
+    change = book.feed(RequestAdded(T0 + 1.003, T0 + 1.002, "a", "a-01234567"))
     assert change.new and not change.span_landed
-    book.feed(RequestAdded(T0 + 1.003, T0 + 1.002, "a", "a-01234567"))
     lc = book.get("a")
     assert lc is not None and not lc.complete and lc.arrival_ts == T0 + 1.0 and lc.max_tokens == 16
     assert lc.first_token_ts is None and lc.end_ts is None
@@ -49,10 +60,10 @@ def test_a_span_alone_makes_a_complete_lifecycle() -> None:
 
 def test_aborts_and_failures_end_a_request_but_not_a_finished_one() -> None:
     book = LifecycleBook()
-    book.feed(received("a", 1.0))
+    entered(book, "a", 1.0)
     assert book.feed(RequestAborted(T0 + 2.1, T0 + 2.0, "a")).aborted
     assert book.get("a").end_ts == T0 + 2.0  # type: ignore[union-attr]
-    book.feed(received("b", 1.0))
+    entered(book, "b", 1.0)
     assert book.feed(RequestFailed(T0 + 3.1, None, "b", "ValueError")).aborted
     assert book.get("b").aborted_ts == T0 + 3.1  # type: ignore[union-attr]  # no log time: receipt time
     book.feed(span("c", 1.0))
@@ -63,7 +74,7 @@ def test_aborts_and_failures_end_a_request_but_not_a_finished_one() -> None:
 def test_queue_order_and_the_window_query() -> None:
     book = LifecycleBook()
     for rid, t in (("b", 2.0), ("a", 1.0), ("c", 3.0)):
-        book.feed(received(rid, t))
+        entered(book, rid, t)
     assert [lc.request_id for lc in book.lifecycles()] == ["a", "b", "c"]
     assert [e.lifecycle.request_id for e in book.queued_between(None, T0 + 2.5)] == ["a", "b"]
     first = book.entry("a")
@@ -73,12 +84,12 @@ def test_queue_order_and_the_window_query() -> None:
 
 def test_the_book_is_bounded_and_evicts_ended_requests_first() -> None:
     book = LifecycleBook(max_requests=3)
-    book.feed(received("open-old", 0.0))
+    entered(book, "open-old", 0.0)
     book.feed(span("done", 1.0))
-    book.feed(received("open-2", 2.0))
-    book.feed(received("open-3", 3.0))
+    entered(book, "open-2", 2.0)
+    entered(book, "open-3", 3.0)
     assert len(book) == 3 and "done" not in book and "open-old" in book
-    book.feed(received("open-4", 4.0))
+    entered(book, "open-4", 4.0)
     assert len(book) == 3 and "open-old" not in book and book.evicted == 2
     with pytest.raises(ValueError):
         LifecycleBook(0)
@@ -88,7 +99,7 @@ def test_forget_ended_before() -> None:
     book = LifecycleBook()
     book.feed(span("old", 0.0))
     book.feed(span("new", 10.0))
-    book.feed(received("open", 0.0))
+    entered(book, "open", 0.0)
     assert book.forget_ended_before(T0 + 5.0) == 1
     assert "old" not in book and "new" in book and "open" in book
 
@@ -125,3 +136,33 @@ def test_bounded_whatever_arrives(evs: list[RequestEvent], bound: int) -> None:
         assert len(book) <= bound
         assert [lc.request_id for lc in book.lifecycles()] == [e.lifecycle.request_id for e in
                                                                book.queued_between(None, float("inf"))]
+
+
+def test_a_request_received_but_never_added_is_not_in_the_book() -> None:
+    """/tokenize (`tokenize-<hex>`) is classed at once; any other id waits for `Added` within the window."""
+    book = LifecycleBook(admit_window_s=30.0)
+    book.feed(received("tokenize-9f2c", 0.0, None))
+    book.feed(received("cmpl-x-0", 0.5))
+    assert len(book) == 0 and book.lifecycles() == [] and book.unadmitted() == 1 and book.non_generation == 1
+    entered(book, "cmpl-y-0", 1.0)
+    assert [lc.request_id for lc in book.lifecycles()] == ["cmpl-y-0"]
+    book.feed(added("cmpl-x-0", 1.5))  # late `Added`: queued at its `Received` time, ahead of y
+    assert [lc.request_id for lc in book.lifecycles()] == ["cmpl-x-0", "cmpl-y-0"]
+    assert book.entry("cmpl-x-0").queue_ts == T0 + 0.5  # type: ignore[union-attr]
+    book.feed(received("rejected-1", 2.0))
+    book.feed(RequestAborted(T0 + 2.2, T0 + 2.1, "rejected-1"))  # aborted before it was added
+    book.feed(received("lost-1", 3.0))
+    assert book.unadmitted() == 1 and book.never_admitted == 1
+    entered(book, "cmpl-z-0", 40.0)  # event time moves past lost-1's window
+    assert book.unadmitted() == 0 and book.never_admitted == 2
+    assert [lc.request_id for lc in book.lifecycles()] == ["cmpl-x-0", "cmpl-y-0", "cmpl-z-0"]
+
+
+def test_received_ids_waiting_for_added_are_bounded() -> None:
+    book = LifecycleBook(max_unadmitted=8)
+    for i in range(1000):
+        book.feed(received(f"pool-{i}", i * 0.001))
+        assert book.unadmitted() <= 8
+    assert book.never_admitted == 992 and len(book) == 0
+    with pytest.raises(ValueError):
+        LifecycleBook(max_unadmitted=0)

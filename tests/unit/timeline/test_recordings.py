@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import json
 from functools import cache
 from pathlib import Path
@@ -87,8 +88,28 @@ def test_block_seconds_and_pool_share(name: str) -> None:
         assert "-w" in whale.request_id  # whales hold the pool
 
 
-@pytest.mark.parametrize(("name", "victims"), [("preempt", {"w3"}), ("whale2", {"s016", "w2"})])
-def test_preemptions_are_inferred_with_their_victims(name: str, victims: set[str]) -> None:
+def preempted_per_client(name: str) -> set[str]:
+    """Spec ids the client saw stall mid-stream while another request got >= 3 tokens (3 engine steps): a running
+    request skips steps only when vLLM preempts it (a long prefill stalls every stream at once, 1 token at most).
+    Measured on the committed recordings: 428 (preempt's w3), 71 and 17 (whale2's s016, w2), else <= 1."""
+    from attrib_agent.recording import CLIENT, Recording
+
+    clients = list(Recording(RECORDINGS / name).records(CLIENT))
+    out = set()
+    for c in clients:
+        ts = c["token_ts"]
+        for a, b in zip(ts, ts[1:], strict=False):
+            if any(bisect.bisect_left(o["token_ts"], b) - bisect.bisect_right(o["token_ts"], a) >= 3
+                   for o in clients if o is not c):
+                out.add(c["spec_id"])
+                break
+    return out
+
+
+@pytest.mark.parametrize("name", ["preempt", "whale2"])
+def test_preemptions_are_inferred_with_their_victims(name: str) -> None:
+    # Which request vLLM preempted is not in its log or metrics; the client's token times show it (see above).
+    victims = preempted_per_client(name)
     tl = timeline(name)
     found = tl.preemptions()
     counts = tl.preemption_counts()
@@ -105,7 +126,7 @@ def test_preemptions_are_inferred_with_their_victims(name: str, victims: set[str
 
 @pytest.mark.parametrize("name", ["shorts", "whale1", "canary"])
 def test_no_preemption_where_vllm_counted_none(name: str) -> None:
-    assert timeline(name).preemptions() == [] and meta(name)["preemptions"] == 0
+    assert timeline(name).preemptions() == [] and meta(name)["preemptions"] == 0 and not preempted_per_client(name)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -2,7 +2,7 @@
 
 Everything runs on one asyncio loop, so the pipeline and the state the API reads are never touched from two
 threads. Sources only enqueue typed events; the consumer feeds them to the pipeline in arrival order and
-hands the results to the journal (all) and the span emitter (final ones). A full queue drops events and
+hands the results to every registered sink (`sinks/registry.py`) through one multi-sink. A full queue drops events and
 counts them (skipped `queue_full` on the `pipeline` source) instead of growing without bound.
 """
 
@@ -11,34 +11,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import uvicorn
 from prometheus_client import make_asgi_app
 
-from attrib_agent.agent_state import AgentState
 from attrib_agent.attribution.result import AttributionResult
+from attrib_agent.config import AgentConfig
 from attrib_agent.events import Event
-from attrib_agent.pipeline import AttributionPipeline, PipelineConfig
-from attrib_agent.recording import LOG, METRICS, NVML, OTLP
+from attrib_agent.pipeline import AttributionPipeline
+from attrib_agent.read_model import AgentState
+from attrib_agent.sinks import registry as sink_registry
 from attrib_agent.sinks.http_api import api_app
-from attrib_agent.sinks.journal import ResultJournal
-from attrib_agent.sinks.otel_spans import SlowdownSpans
+from attrib_agent.sinks.journal import JournalSink
+from attrib_agent.sinks.journal import sink as journal_sink
 from attrib_agent.sinks.prom_collector import registry_for
-from attrib_agent.sources.health import SourceHealth
-from attrib_agent.sources.replay import ReplaySource
+from attrib_agent.sinks.sink import MultiSink, Sink
 
 logger = logging.getLogger("attrib_agent")
 
 MAX_QUEUED_EVENTS = 100_000
-JOURNAL_FLUSH_S = 0.5  # "a restart loses at most the last second"
+SINK_FLUSH_S = 0.5  # "a restart loses at most the last second"
 IDLE_SETTLE_S = 0.5  # with no events arriving (vLLM down), still attribute what is due
-REPLAY_SOURCE_NAMES = {METRICS: "vllm_metrics", LOG: "vllm_log", OTLP: "otlp", NVML: "nvml"}
 
 
 @dataclass(frozen=True)
@@ -53,16 +50,33 @@ class ServeOptions:
 class AgentCore:
     """The pipeline and its sinks, without any source: fed by live sources or by a replay."""
 
-    def __init__(self, pipeline: AttributionPipeline, *, journal: ResultJournal | None = None,
-                 spans: SlowdownSpans | None = None, clock: Callable[[], float] = time.time,
-                 max_queued: int = MAX_QUEUED_EVENTS) -> None:
+    def __init__(self, pipeline: AttributionPipeline, *, sinks: Sequence[Sink] = (),
+                 clock: Callable[[], float] = time.time, max_queued: int = MAX_QUEUED_EVENTS) -> None:
         self.state = AgentState(pipeline, clock=clock)
-        self.journal = journal
-        self.spans = spans
+        self._health = self.state.source("pipeline")
+        self.sinks = MultiSink(sinks, on_error=lambda name: self._health.skip(f"{name}_error"))
+        journal = self.sinks.get(journal_sink.NAME)
+        self.journal = journal.journal if isinstance(journal, JournalSink) else None
         self._queue: asyncio.Queue[Event] | None = None
         self._max_queued = max_queued
-        self._health = self.state.source("pipeline")
         self.results_out = 0
+
+    @classmethod
+    def from_config(cls, cfg: AgentConfig, *, live: bool, clock: Callable[[], float] = time.time) -> AgentCore:
+        """The pipeline the settings describe, with every registered sink they turn on (a replay runs only the
+        sinks registered `in_replay`)."""
+        core = cls(AttributionPipeline(cfg.pipeline_config()), clock=clock)
+        for spec in sink_registry.SINKS:
+            if live or spec.in_replay:
+                sink = spec.build(cfg, core.state)
+                if sink is not None:
+                    core.add_sink(sink)
+        return core
+
+    def add_sink(self, sink: Sink) -> None:
+        self.sinks.sinks.append(sink)
+        if isinstance(sink, JournalSink):
+            self.journal = sink.journal
 
     @property
     def pipeline(self) -> AttributionPipeline:
@@ -113,14 +127,7 @@ class AgentCore:
         if not results:
             return
         self.results_out += len(results)
-        if self.journal is not None:
-            self.journal.append(results)
-        if self.spans is not None:
-            try:
-                self.spans.emit_all(results, self.pipeline.span_of, self.pipeline.timeline)
-            except Exception:  # emit_all counts its own failures; this is a bug in it: keep the agent up
-                logger.exception("span export failed for a batch of results; skipped")
-                self._health.skip("span_error")
+        self.sinks.on_results(results)
 
     async def consume(self, stop: asyncio.Event) -> None:
         """Drain the queue into the pipeline until `stop`; flush the journal and settle when idle."""
@@ -139,24 +146,21 @@ class AgentCore:
                 for _ in range(min(queue.qsize(), 256)):  # a batch, then yield to the API and receivers
                     self.process(queue.get_nowait())
                 self._health.success(self.state.clock())
-            if time.monotonic() - last_flush >= JOURNAL_FLUSH_S:
-                self.flush_journal()
+            if time.monotonic() - last_flush >= SINK_FLUSH_S:
+                self.flush()
                 last_flush = time.monotonic()
             await asyncio.sleep(0)
         while not queue.empty():
             self.process(queue.get_nowait())
         self.settle()
-        self.flush_journal()
+        self.flush()
 
-    def flush_journal(self) -> None:
-        if self.journal is None:
-            return
-        before = self.journal.written_total
-        self.journal.flush()
-        self.state.journal_written = self.journal.written_total
-        self.state.journal_errors = self.journal.errors
-        if self.journal.written_total < before:  # pragma: no cover - a journal bug
-            logger.error("journal counter went backwards")
+    def flush(self) -> None:
+        """Push out what the sinks buffered (the journal: "a restart loses at most the last second")."""
+        self.sinks.flush()
+
+    def shutdown(self) -> None:
+        self.sinks.shutdown()
 
     # ---- serving -----------------------------------------------------------------------------------------
     def asgi_app(self, token: str | None) -> Any:
@@ -185,43 +189,3 @@ class AgentCore:
         server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):
             await task
-
-
-async def replay_into(core: AgentCore, path: str | os.PathLike[str], *, speed: float | None = None,
-                      progress: Callable[[int], None] | None = None) -> int:
-    """Play a recording through the core exactly as live events would arrive (same pipeline, same sinks)."""
-    source = ReplaySource(path)
-    for stream, h in source.health.items():  # the live sources' names, so dashboards read a replay alike
-        core.state.health[REPLAY_SOURCE_NAMES.get(stream, stream)] = h
-    core.state.health["replay"] = SourceHealth("replay")
-    core.state.replay_done = False
-    n = 0
-
-    def emit(ev: Event) -> None:
-        nonlocal n
-        core.process(ev)
-        n += 1
-        if progress is not None and n % 1000 == 0:
-            progress(n)
-
-    async def paced(ev: Event) -> None:
-        emit(ev)
-        if n % 256 == 0:
-            await asyncio.sleep(0)  # let the API answer during a fast replay
-
-    await source.play(paced if speed is None else emit, speed=speed)
-    core.settle()
-    core.flush_journal()
-    core.state.health["replay"].success(core.state.clock())
-    core.state.replay_done = True
-    return n
-
-
-def journal_for(directory: Path | None, max_bytes: int | None = None) -> ResultJournal | None:
-    if directory is None:
-        return None
-    return ResultJournal(directory) if max_bytes is None else ResultJournal(directory, max_bytes=max_bytes)
-
-
-def default_pipeline(config: PipelineConfig | None = None) -> AttributionPipeline:
-    return AttributionPipeline(config)

@@ -24,7 +24,7 @@ from typing import Final
 
 from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.attribution.result_codec import to_dict
-from attrib_agent.sinks.journal_segments import (
+from attrib_agent.sinks.journal.segments import (
     Segment,
     highest_seq,
     read_segment,

@@ -1,0 +1,167 @@
+"""What the running agent knows, in one place the sinks read: the pipeline's answers, each source's health,
+vLLM's gaps, and whether the agent is ready (with the reasons it is not).
+
+The agent owns it and mutates it from one asyncio loop; sinks (collector, API, page, spans) only read, and
+only through these methods, never through the pipeline's parts; so no locks, and the pipeline can change
+inside without touching a sink.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from attrib_agent import __version__
+from attrib_agent.attribution.cost_model import StepCostModel
+from attrib_agent.attribution.culprit_windows import TopCulprits
+from attrib_agent.attribution.result import AttributionResult
+from attrib_agent.attribution.tally import SlowdownTally
+from attrib_agent.health import SourceHealth
+from attrib_agent.pipeline import AttributionPipeline, KvNow, PipelineStats
+from attrib_agent.timeline.model import RequestLifecycle
+from attrib_agent.timeline.preemption import InferredPreemption
+from attrib_agent.timeline.sched_state import StepInput
+from attrib_agent.timeline.step_outcome import StepOutcome
+
+OPTIONAL_SOURCES = frozenset({"nvml", "otlp_forward"})  # down or absent, attribution still works: never unready
+SOURCES = ("vllm_metrics", "vllm_log", "otlp", "otlp_forward", "nvml", "replay", "pipeline", "journal")
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """Ready or not, and why not: `/readyz` and the health series read this one decision."""
+
+    ready: bool
+    reasons: tuple[str, ...]  # empty when ready
+
+
+@dataclass
+class AgentState:
+    pipeline: AttributionPipeline
+    health: dict[str, SourceHealth] = field(default_factory=dict)  # by source name (SOURCES)
+    clock: Callable[[], float] = time.time
+    started_ts: float = field(default_factory=time.time)
+    version: str = __version__
+    journal_written: int = 0
+    journal_errors: Counter[str] = field(default_factory=Counter)
+    vllm_gaps: int = 0  # times vLLM went unreachable or restarted while the agent ran
+    vllm_gap_since: float | None = None  # set while vLLM is unreachable now
+    replay_done: bool = True  # False while a replay is still feeding events (readyz waits for it)
+
+    def source(self, name: str) -> SourceHealth:
+        """The health record of a source, created on first use."""
+        if name not in self.health:
+            self.health[name] = SourceHealth(name)
+        return self.health[name]
+
+    def adopt(self, health: SourceHealth) -> None:
+        """A source that keeps its own health record reports it under its name."""
+        self.health[health.name] = health
+
+    def vllm_gap_seconds(self) -> float:
+        """How long the gap open now has lasted (0 when none; never negative, even if the clock stepped back)."""
+        since = self.vllm_gap_since
+        return 0.0 if since is None else max(0.0, self.clock() - since)
+
+    def readiness(self) -> Readiness:
+        """Required sources up and the step-cost model fitted (or a replay finished). NVML (no GPU, no driver)
+        and the forwarder (the user's collector down) only degrade what is reported, so they never unready."""
+        down = [f"source {name} down" + (f" ({h.last_error})" if h.last_error else "")
+                for name, h in sorted(self.health.items()) if not h.up and name not in OPTIONAL_SOURCES]
+        fitted = self.cost_model.fitted
+        if not down and (fitted or self.replay_done and not self.live):
+            return Readiness(True, ())  # a replay still running does not unready a fitted model
+        reasons = down + ["replay still running"] * (not self.replay_done)
+        if not fitted and (self.live or not self.replay_done):
+            reasons.append("step-cost model not fitted yet (it needs quiet engine steps)")
+        return Readiness(False, tuple(reasons))
+
+    @property
+    def ready(self) -> bool:
+        return self.readiness().ready
+
+    @property
+    def live(self) -> bool:
+        return "replay" not in self.health
+
+    # ---- the pipeline's answers --------------------------------------------------------------------------
+    def result(self, request_id: str) -> AttributionResult | None:
+        return self.pipeline.store.get(request_id)
+
+    def status(self, request_id: str) -> str:
+        return self.pipeline.status(request_id)
+
+    def top_culprits(self, window_s: float, limit: int) -> tuple[float | None, float | None, TopCulprits]:
+        """(since, until, culprits) over the last `window_s` of event time (the agent's clock live, the
+        recording's end in replay), read from the store's culprit index."""
+        until = self.pipeline.last_event_ts
+        if until is None:
+            return None, None, TopCulprits([], 0, 0)
+        return until - window_s, until, self.pipeline.store.culprits.top(until - window_s, until, limit)
+
+    def kv_now(self) -> KvNow:
+        return self.pipeline.kv_now()
+
+    def stats(self) -> PipelineStats:
+        return self.pipeline.stats()
+
+    def span_of(self, request_id: str) -> tuple[str, str] | None:
+        return self.pipeline.span_of(request_id)
+
+    def lifecycle(self, request_id: str) -> RequestLifecycle | None:
+        return self.pipeline.lifecycle(request_id)
+
+    def lifecycles(self) -> list[RequestLifecycle]:
+        return self.pipeline.lifecycles()
+
+    def preemptions(self) -> list[InferredPreemption]:
+        return self.pipeline.preemptions()
+
+    def outcomes(self) -> list[tuple[StepInput, StepOutcome]]:
+        return self.pipeline.outcomes()
+
+    def pool(self) -> tuple[int | None, int | None]:
+        return self.pipeline.pool()
+
+    @property
+    def victim_threshold_s(self) -> float:
+        return self.pipeline.victim_threshold_s
+
+    @property
+    def cost_model(self) -> StepCostModel:
+        return self.pipeline.cost_model
+
+    @property
+    def tally(self) -> SlowdownTally:
+        return self.pipeline.tally
+
+    @property
+    def last_event_ts(self) -> float | None:
+        return self.pipeline.last_event_ts
+
+
+class TimelineReads(Protocol):
+    """What the timeline view reads: the pipeline answers it, and so does the agent's state."""
+
+    @property
+    def last_event_ts(self) -> float | None: ...
+
+    @property
+    def victim_threshold_s(self) -> float: ...
+
+    def status(self, request_id: str) -> str: ...
+
+    def result(self, request_id: str) -> AttributionResult | None: ...
+
+    def kv_now(self) -> KvNow: ...
+
+    def lifecycles(self) -> list[RequestLifecycle]: ...
+
+    def preemptions(self) -> list[InferredPreemption]: ...
+
+    def outcomes(self) -> list[tuple[StepInput, StepOutcome]]: ...
+
+    def pool(self) -> tuple[int | None, int | None]: ...

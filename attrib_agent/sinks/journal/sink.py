@@ -1,0 +1,50 @@
+"""The journal as a sink: every result (partial and final) buffered on `on_results`, written on `flush`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from attrib_agent.attribution.result import AttributionResult
+from attrib_agent.sinks.journal.result_journal import ResultJournal
+from attrib_agent.sinks.sink import SinkSpec
+
+if TYPE_CHECKING:
+    from attrib_agent.config import AgentConfig
+    from attrib_agent.read_model import AgentState
+
+NAME = "journal"
+
+
+class JournalSink:
+    name = NAME
+
+    def __init__(self, journal: ResultJournal, state: AgentState | None = None) -> None:
+        self.journal = journal
+        self._state = state
+
+    def on_results(self, results: Sequence[AttributionResult]) -> None:
+        self.journal.append(results)
+
+    def flush(self) -> None:
+        self.journal.flush()
+        if self._state is not None:  # what /metrics reports of the journal
+            self._state.journal_written = self.journal.written_total
+            self._state.journal_errors = self.journal.errors
+
+    def shutdown(self) -> None:
+        self.journal.close()
+
+
+def journal_for(cfg: AgentConfig) -> ResultJournal | None:
+    if cfg.journal_dir is None:
+        return None
+    return ResultJournal(cfg.journal_dir, max_bytes=cfg.journal_max_bytes)
+
+
+def build(cfg: AgentConfig, state: AgentState) -> JournalSink | None:
+    journal = journal_for(cfg)
+    return None if journal is None else JournalSink(journal, state)
+
+
+SPEC = SinkSpec(NAME, ("journal_dir", "journal_max_bytes"), build)

@@ -1,0 +1,60 @@
+"""The vLLM log source: a follower (file or stdin) and the line parser, so events leave it typed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from typing import TYPE_CHECKING, cast
+
+from attrib_agent.recording import LOG
+from attrib_agent.sources.log_parser import LogLineParser
+from attrib_agent.sources.log_tailer import BinaryReader, LogFollower, StdinLines
+from attrib_agent.sources.source import Emit, SourceContext, SourceSpec
+
+if TYPE_CHECKING:
+    from attrib_agent.config import AgentConfig
+
+NAME = "vllm_log"
+
+
+class LogSource:
+    """Follows vLLM's log and parses each line into events (Iteration steps, request lifecycle lines)."""
+
+    name = NAME
+
+    def __init__(self, follower: LogFollower | StdinLines) -> None:
+        self.follower = follower
+        self.parser = LogLineParser(follower.health)
+        self.started = asyncio.Event()
+
+    async def run(self, emit: Emit, stop: asyncio.Event) -> None:
+        closer = asyncio.create_task(self._close_on(stop))
+        self.started.set()
+        try:
+            async for ts, line in self.follower.lines():
+                for ev in self.parser.parse_all(line, ts):
+                    emit(ev)
+        finally:
+            closer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await closer
+
+    async def _close_on(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        self.follower.close()
+
+    async def aclose(self) -> None:
+        self.follower.close()
+
+
+def build(cfg: AgentConfig, ctx: SourceContext) -> LogSource | None:
+    if cfg.log_file:
+        return LogSource(LogFollower(cfg.log_file, from_start=cfg.log_from_start, clock=ctx.clock,
+                                     poll_interval_s=cfg.log_poll_interval_s, health=ctx.health(NAME)))
+    if cfg.log_stdin:
+        return LogSource(StdinLines(cast(BinaryReader, sys.stdin.buffer), clock=ctx.clock, health=ctx.health(NAME)))
+    return None
+
+
+SPEC = SourceSpec(NAME, ("log_file", "log_stdin", "log_poll_interval_s"), build, stream=LOG)

@@ -1,0 +1,46 @@
+"""The GPU source: NVML samples when a driver is there; without one it says why once and stays off."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from attrib_agent.recording import NVML
+from attrib_agent.sources.nvml_sampler import NvmlSampler
+from attrib_agent.sources.source import Emit, SourceContext, SourceSpec
+
+if TYPE_CHECKING:
+    from attrib_agent.config import AgentConfig
+
+logger = logging.getLogger("attrib_agent")
+NAME = "nvml"
+
+
+class NvmlSource:
+    name = NAME
+
+    def __init__(self, sampler: NvmlSampler) -> None:
+        self.sampler = sampler
+        self.started = asyncio.Event()
+
+    async def run(self, emit: Emit, stop: asyncio.Event) -> None:
+        self.started.set()
+        if not self.sampler.start():
+            logger.warning("NVML unavailable (%s); GPU samples off", self.sampler.unavailable_reason)
+            return
+        await self.sampler.run(emit, stop)
+
+    async def aclose(self) -> None:
+        self.sampler.close()
+
+
+def build(cfg: AgentConfig, ctx: SourceContext) -> NvmlSource | None:
+    if not cfg.nvml:
+        return None
+    sampler = NvmlSampler(interval_s=cfg.nvml_interval_s, clock=ctx.clock)
+    ctx.adopt_health(sampler.health)
+    return NvmlSource(sampler)
+
+
+SPEC = SourceSpec(NAME, ("nvml", "nvml_interval_s"), build, stream=NVML)

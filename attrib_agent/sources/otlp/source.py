@@ -1,0 +1,95 @@
+"""The OTLP source: vLLM's spans over gRPC and/or HTTP (and the optional forwarder to the user's collector).
+
+Receivers push decoded exports from their callbacks, so `run` binds them, reports `started`, and waits for
+stop; `aclose` stops them and drains the forwarder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+
+from attrib_agent.recording import OTLP
+from attrib_agent.sources.otlp_decode import DecodeResult
+from attrib_agent.sources.otlp_forward import OtlpForwarder
+from attrib_agent.sources.otlp_grpc import OtlpGrpcReceiver
+from attrib_agent.sources.otlp_http import otlp_http_app
+from attrib_agent.sources.source import Emit, SourceContext, SourceSpec, wait_for_stop
+
+if TYPE_CHECKING:
+    from attrib_agent.config import AgentConfig
+
+NAME = "otlp"
+
+
+class OtlpSource:
+    name = NAME
+
+    def __init__(self, cfg: AgentConfig, ctx: SourceContext) -> None:
+        self._cfg, self._ctx = cfg, ctx
+        self.started = asyncio.Event()
+        self.forwarder: OtlpForwarder | None = None
+        self.grpc: OtlpGrpcReceiver | None = None
+        self.http_port: int | None = None
+        self._http: uvicorn.Server | None = None
+        self._http_task: asyncio.Task[Any] | None = None
+
+    @property
+    def grpc_port(self) -> int | None:
+        return self.grpc.port if self.grpc is not None else None
+
+    async def run(self, emit: Emit, stop: asyncio.Event) -> None:
+        cfg, ctx = self._cfg, self._ctx
+
+        def spans_in(result: DecodeResult) -> None:
+            for span in result.spans:
+                emit(span)
+
+        if cfg.otlp_forward is not None:
+            self.forwarder = OtlpForwarder(cfg.otlp_forward.endpoint, protocol=cfg.otlp_forward.protocol,
+                                           health=ctx.health("otlp_forward"), clock=ctx.clock)
+            await self.forwarder.start()
+        if cfg.otlp_grpc_port:
+            self.grpc = OtlpGrpcReceiver(spans_in, host=cfg.otlp_bind, port=cfg.otlp_grpc_port,
+                                         health=ctx.health(NAME), forwarder=self.forwarder, clock=ctx.clock,
+                                         max_message_bytes=cfg.otlp_max_body_bytes)
+            await self.grpc.start()
+        if cfg.otlp_http_port:
+            await self._start_http(spans_in)
+        self.started.set()
+        await wait_for_stop(stop)
+
+    async def _start_http(self, spans_in: Any) -> None:
+        cfg, ctx = self._cfg, self._ctx
+        app = otlp_http_app(spans_in, health=ctx.health(NAME), forwarder=self.forwarder, clock=ctx.clock,
+                            max_body=cfg.otlp_max_body_bytes)
+        server = self._http = uvicorn.Server(uvicorn.Config(app, host=cfg.otlp_bind, port=cfg.otlp_http_port,
+                                                            log_level="warning", lifespan="off", access_log=False))
+        task = self._http_task = asyncio.create_task(server.serve(), name="otlp_http")
+        while not server.started:
+            if task.done():
+                await task
+                raise OSError(f"OTLP/HTTP receiver could not bind {cfg.otlp_bind}:{cfg.otlp_http_port}")
+            await asyncio.sleep(0.02)
+        self.http_port = server.servers[0].sockets[0].getsockname()[1]
+
+    async def aclose(self) -> None:
+        if self._http is not None and self._http_task is not None:
+            self._http.should_exit = True
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(self._http_task, 10)
+        if self.grpc is not None:
+            await self.grpc.stop()
+        if self.forwarder is not None:
+            await self.forwarder.stop()
+
+
+def build(cfg: AgentConfig, ctx: SourceContext) -> OtlpSource:
+    return OtlpSource(cfg, ctx)
+
+
+SPEC = SourceSpec(NAME, ("otlp_grpc_port", "otlp_http_port", "otlp_bind", "otlp_max_body_bytes", "otlp_forward"),
+                  build, stream=OTLP)

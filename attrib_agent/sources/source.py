@@ -1,0 +1,59 @@
+"""The one shape of a live source, and how a source registers itself (node_exporter's `registerCollector`).
+
+A source turns its input into typed events and hands each to `emit`; it never raises into the agent
+(I/O trouble is counted in its health). The agent runs every registered source alike: `run(emit, stop)`
+as a task, waits for `started` (listeners bound; a source that cannot start ends `run` with the error),
+and after `stop` calls `aclose()`. Adding a source is one new module with a `SourceSpec` plus one line in
+`sources/registry.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from attrib_agent.events import Event
+from attrib_agent.health import SourceHealth
+
+if TYPE_CHECKING:  # the settings are read at build time only; no import of the config layer at run time
+    from attrib_agent.config import AgentConfig
+
+Emit = Callable[[Event], None]
+
+
+class Source(Protocol):
+    """What the agent loops over: a name, `run(emit, stop)` until stop, `aclose()` after."""
+
+    name: str
+    started: asyncio.Event  # set once the source is up (ports bound); the agent reports ready after
+
+    async def run(self, emit: Emit, stop: asyncio.Event) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class SourceContext:
+    """What the agent lends a source when building it: its health records and the clock."""
+
+    health: Callable[[str], SourceHealth]  # the named health record, created on first use
+    clock: Callable[[], float]
+    adopt_health: Callable[[SourceHealth], None]  # for a source that keeps its own record (by its name)
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """A source's registration: its name, the settings rows it reads (`config_settings.SETTINGS` names), and
+    how to build it from the settings (None: not configured, stays off)."""
+
+    name: str
+    settings: tuple[str, ...]
+    build: Callable[[AgentConfig, SourceContext], Source | None]
+    stream: str | None = None  # the recording stream (`recording.STREAMS`) a replay reads in its place
+
+
+async def wait_for_stop(stop: asyncio.Event) -> None:
+    """`run` of a source whose work happens in callbacks (receivers): up until stop."""
+    await stop.wait()
