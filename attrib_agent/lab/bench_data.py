@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from attrib_agent.lab.model import training_corpus
-from attrib_agent.lab.workload import CLASSES, RequestClass, whale
+from attrib_agent.lab.workload import LILO, LISO, SILO, SISO, RequestClass, whale
 
 # The "mixed" scenario's class mix (lab/workload.py): mostly short chat, some long-context.
-MIX: tuple[tuple[str, float], ...] = (("siso", 0.55), ("silo", 0.15), ("liso", 0.2), ("lilo", 0.1))
+MIX: tuple[tuple[RequestClass, float], ...] = ((SISO, 0.55), (SILO, 0.15), (LISO, 0.2), (LILO, 0.1))
 WHALES: tuple[tuple[float, RequestClass], ...] = ((0.35, whale(3900, 300)), (0.6, whale(2500, 300)))
 
 
@@ -65,10 +65,9 @@ def mixed_rows(maker: TextMaker, count: int, seed: int,
                whales: Sequence[tuple[float, RequestClass]] = WHALES) -> list[Row]:
     """`count` requests of the four classes in a seeded order, with each whale at its fraction of the run."""
     rng = random.Random(seed)
-    names, weights = zip(*MIX, strict=True)
+    classes, weights = zip(*MIX, strict=True)
     rows = []
-    for name in rng.choices(names, weights=weights, k=count):
-        k = CLASSES[name]
+    for k in rng.choices(classes, weights=weights, k=count):
         rows.append(Row(k.name, k.prompt_tokens, k.output_tokens, maker.text(k.prompt_tokens)))
     for at, w in sorted(whales, key=lambda x: x[0], reverse=True):
         rows.insert(round(at * count), Row("whale", w.prompt_tokens, w.output_tokens, maker.text(w.prompt_tokens)))
