@@ -92,6 +92,8 @@ def test_every_served_request_is_final_soon_and_no_phantom_request_shows(bench_r
     late = {rid: round(watch.first_final[rid] - end, 1) if rid in watch.first_final else None
             for rid, end in served.items()
             if rid not in watch.first_final or watch.first_final[rid] - end > FINAL_WITHIN_S}
+    print(f"bench e2e: {len(served) - len(late)}/{len(served)} served requests final within {FINAL_WITHIN_S} s; "
+          f"late (s after finishing, None = never final): {sorted(late.values(), key=lambda x: (x is None, x))}")
     assert not late, (f"{len(late)}/{len(served)} requests not final within {FINAL_WITHIN_S} s", late,
                       bench_run["log"][-2000:])
     phantom_ids = set(bench_run["traffic"]["received_without_span"])
