@@ -85,7 +85,6 @@ def test_the_run_sends_tokenize_and_whales_mid_stream(bench_run):
     assert t["long_prompts_at_s"] and min(t["long_prompts_at_s"]) > 0.5, t
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11: phantom /tokenize request holds finalization")
 def test_every_served_request_is_final_soon_and_no_phantom_request_shows(bench_run):
     watch, ends = bench_run["watch"], bench_run["ends"]
     served = {rid: end for rid, end in ends.items() if rid in set(watch.ids())}
