@@ -12,6 +12,7 @@ from types import FrameType
 
 from attrib_agent import __version__
 from attrib_agent.cli_agent import add_agent_commands, parse_listen
+from attrib_agent.lab.bench_cli import add_bench_command
 from attrib_agent.lab.server import LabConfig, LabError, VllmLab, running_lab
 from attrib_agent.lab.workload import SCENARIOS, get_scenario
 
@@ -48,10 +49,14 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from attrib_agent.lab.sidecar import forward_spans
+
     lab = VllmLab(_lab_config(args))
     with lab as ep:
         if args.state_file:
             ep.save(args.state_file)
+        if args.otlp_forward:  # vLLM's spans also to your agent: see docs/by-hand.md
+            forward_spans(ep.capture_url, args.otlp_forward)
         print(f"vLLM {ep.vllm_url}  capture {ep.capture_url}  log {ep.server_log}", flush=True)
         deadline = time.monotonic() + args.duration if args.duration else None
         while deadline is None or time.monotonic() < deadline:
@@ -210,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     sc.set_defaults(func=cmd_scenarios)
     serve = lsub.add_parser("serve", help="start vLLM + capture and keep them up (for --attach)")
     serve.add_argument("--state-file", type=Path, help="write the endpoints here for other commands to --attach")
+    serve.add_argument("--otlp-forward", metavar="URL", help="also send vLLM's spans to this OTLP/HTTP URL, "
+                       "e.g. your agent's http://127.0.0.1:4318/v1/traces (--otlp-http-port 4318)")
     serve.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0: until Ctrl-C)")
     _add_lab_options(serve)
     serve.set_defaults(func=cmd_serve)
@@ -230,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     sc2.add_argument("truth_dirs", type=Path, nargs="+", metavar="TRUTH_DIR|RECORDING")
     sc2.add_argument("--json", action="store_true")
     sc2.set_defaults(func=cmd_score)
+    add_bench_command(lsub, _add_lab_options, _lab_config)
     from attrib_agent.lab.oracle import suite as oracle  # no vLLM import until it runs
 
     orc = lsub.add_parser("oracle", help="vLLM's own scheduler vs the re-simulation: step agreement report")

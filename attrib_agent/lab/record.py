@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -161,11 +162,19 @@ def record_run(
         "canary": f"CANARY-{secrets.token_hex(8)}",
         **(extra_meta or {}),
     }
+    return retry_until_on_time(lambda n: _attempt(lab, scenario, out, {**meta, "attempt": n}), out, scenario.name,
+                               max_lateness_s=max_lateness_s, attempts=attempts, compress=compress)
+
+
+def retry_until_on_time(attempt: Callable[[int], RunResult], out: Path, what: str, *, max_lateness_s: float,
+                        attempts: int, compress: bool) -> RunResult:
+    """Run `attempt(n)` (it writes `out` and its `client_lateness`) until the client was on time; mark the
+    recording accepted (or not) with the rejected attempts' lateness; raise when every attempt was late."""
     rejected: list[float] = []
-    for attempt in range(1, attempts + 1):
+    for n in range(1, attempts + 1):
         if out.exists():
             shutil.rmtree(out)
-        res = _attempt(lab, scenario, out, {**meta, "attempt": attempt})
+        res = attempt(n)
         late = float(res.meta["client_lateness"]["lateness_s"])
         ok = late <= max_lateness_s
         with RecordingWriter(out, merge_existing=True) as w:
@@ -176,7 +185,7 @@ def record_run(
             return RunResult(out, Recording(out).meta, res.results)
         rejected.append(late)
     raise RunRejected(
-        f"{scenario.name}: client lateness {', '.join(f'{x * 1000:.0f} ms' for x in rejected)} over "
+        f"{what}: client lateness {', '.join(f'{x * 1000:.0f} ms' for x in rejected)} over "
         f"{attempts} attempts exceeds {max_lateness_s * 1000:.0f} ms; the machine is too busy to measure"
     )
 

@@ -47,8 +47,7 @@ class AgentProcess:
         raise LabError(f"attrib-agent did not answer /healthz within {timeout_s:.0f} s; see {self.log_path}")
 
     def _forward(self, url: str | None) -> None:
-        with httpx.Client(trust_env=False, timeout=5.0) as c:
-            c.post(f"{self.endpoints.capture_url}/lab/forward", json={"url": url}).raise_for_status()
+        forward_spans(self.endpoints.capture_url, url)
 
     def kill(self) -> None:
         """SIGKILL: no chance to flush anything (the journal test's crash)."""
@@ -58,6 +57,12 @@ class AgentProcess:
         with contextlib.suppress(Exception):
             self._forward(None)
         return stop_group(self.proc)
+
+
+def forward_spans(capture_url: str, url: str | None) -> None:
+    """Have the lab's capture process send every OTLP export from vLLM on to `url` too (None: stop)."""
+    with httpx.Client(trust_env=False, timeout=5.0) as c:
+        c.post(f"{capture_url}/lab/forward", json={"url": url}).raise_for_status()
 
 
 def wait_healthy(proc: subprocess.Popen[bytes], api_url: str, timeout_s: float, poll_s: float = 0.1) -> bool:
