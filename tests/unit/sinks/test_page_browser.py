@@ -22,7 +22,7 @@ import pytest
 import uvicorn
 from api_replayed import replayed, state_of
 
-from attrib_agent.sinks.http_api import api_app
+from attrib_agent.sinks.api.app import api_app
 
 TOKEN = "page-test-token"
 WINDOW = (1400, 1000)
