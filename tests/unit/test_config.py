@@ -252,7 +252,7 @@ def test_config_is_frozen_and_hashable() -> None:
 
 
 def test_otlp_targets_fit_the_forwarder() -> None:
-    from attrib_agent.sources.otlp_forward import OtlpForwarder
+    from attrib_agent.sources.otlp.forward import OtlpForwarder
 
     for url in ("http://c:4318", "https://c/v1/traces", "grpc://c", "grpcs://[::1]:5317"):
         target = load(["--otlp-forward", url]).otlp_forward

@@ -7,7 +7,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from attrib_agent.recording import NVML
-from attrib_agent.sources.nvml_sampler import NvmlSampler
+from attrib_agent.sources.nvml.sampler import NvmlSampler
 from attrib_agent.sources.source import Emit, SourceContext, SourceSpec
 
 if TYPE_CHECKING:

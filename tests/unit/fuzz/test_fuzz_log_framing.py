@@ -15,7 +15,8 @@ from .mutate import CASES, Mutator, Tally
 
 def _splitter() -> Any:
     """The one import of the code under test (its module path may move)."""
-    from attrib_agent.sources import health, log_tailer
+    from attrib_agent.sources import health
+    from attrib_agent.sources.log import tailer as log_tailer
 
     return log_tailer.LineSplitter, health.SourceHealth
 

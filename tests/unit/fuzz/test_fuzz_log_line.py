@@ -12,7 +12,8 @@ from .mutate import CASES, Mutator, Tally
 
 def _parser() -> Any:
     """The one import of the parser under test (its module path may move)."""
-    from attrib_agent.sources import health, log_parser
+    from attrib_agent.sources import health
+    from attrib_agent.sources.log import parser as log_parser
 
     return log_parser.LogLineParser, health.SourceHealth
 
