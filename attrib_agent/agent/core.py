@@ -20,7 +20,7 @@ import uvicorn
 from prometheus_client import make_asgi_app
 
 from attrib_agent.attribution.result import AttributionResult
-from attrib_agent.config import AgentConfig
+from attrib_agent.config.load import AgentConfig
 from attrib_agent.events import Event
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.read_model import AgentState

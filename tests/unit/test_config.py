@@ -9,8 +9,16 @@ from typing import Any
 
 import pytest
 
-from attrib_agent.config import AgentConfig, ConfigError, HostPort, OtlpTarget, Secret, add_run_arguments, load_config
-from attrib_agent.config_settings import BY_NAME, SETTINGS
+from attrib_agent.config.load import (
+    AgentConfig,
+    ConfigError,
+    HostPort,
+    OtlpTarget,
+    Secret,
+    add_run_arguments,
+    load_config,
+)
+from attrib_agent.config.settings import BY_NAME, SETTINGS
 
 VLLM = {"ATTRIB_VLLM_URL": "http://127.0.0.1:8000"}
 

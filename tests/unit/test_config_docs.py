@@ -8,9 +8,9 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-from attrib_agent import config_settings
-from attrib_agent.config import AgentConfig, add_run_arguments, load_config
-from attrib_agent.config_settings import BY_NAME, SETTINGS
+from attrib_agent.config import settings as config_settings
+from attrib_agent.config.load import AgentConfig, add_run_arguments, load_config
+from attrib_agent.config.settings import BY_NAME, SETTINGS
 from attrib_agent.sources.log.tailer import LogFollower
 from attrib_agent.sources.metrics import poller as metrics_poller
 from attrib_agent.sources.nvml.sampler import NvmlSampler

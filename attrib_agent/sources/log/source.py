@@ -13,7 +13,7 @@ from attrib_agent.sources.log.tailer import BinaryReader, LogFollower, StdinLine
 from attrib_agent.sources.source import Emit, SourceContext, SourceSpec
 
 if TYPE_CHECKING:
-    from attrib_agent.config import AgentConfig
+    from attrib_agent.config.load import AgentConfig
 
 NAME = "vllm_log"
 

@@ -9,7 +9,7 @@ from attrib_agent.sources.metrics.poller import MetricsPoller
 from attrib_agent.sources.source import SourceContext, SourceSpec
 
 if TYPE_CHECKING:
-    from attrib_agent.config import AgentConfig
+    from attrib_agent.config.load import AgentConfig
 
 NAME = "vllm_metrics"
 

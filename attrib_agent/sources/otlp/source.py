@@ -20,7 +20,7 @@ from attrib_agent.sources.otlp.http_receiver import otlp_http_app
 from attrib_agent.sources.source import Emit, SourceContext, SourceSpec, wait_for_stop
 
 if TYPE_CHECKING:
-    from attrib_agent.config import AgentConfig
+    from attrib_agent.config.load import AgentConfig
 
 NAME = "otlp"
 

@@ -1,19 +1,19 @@
-"""The `attrib-agent` command line."""
+"""The lab's subcommands (`demo`, `lab serve/record/truth/score`): a real vLLM beside the agent."""
 
 from __future__ import annotations
 
 import argparse
 import shlex
-import signal
 import sys
 import time
 from pathlib import Path
-from types import FrameType
 
-from attrib_agent import __version__
-from attrib_agent.cli_agent import add_agent_commands, parse_listen
 from attrib_agent.lab.server import LabConfig, LabError, VllmLab, running_lab
 from attrib_agent.lab.workload import SCENARIOS, get_scenario
+
+
+def _command() -> str:
+    return shlex.join(["attrib-agent", *sys.argv[1:]])
 
 
 def _lab_config(args: argparse.Namespace) -> LabConfig:
@@ -21,7 +21,7 @@ def _lab_config(args: argparse.Namespace) -> LabConfig:
                      log_level=args.log_level, extra_args=list(args.vllm_arg or []))
 
 
-def _add_lab_options(p: argparse.ArgumentParser) -> None:
+def add_lab_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attach", type=Path, metavar="STATE",
                    help="use a lab started by `attrib-agent lab serve --state-file STATE` instead of starting one")
     p.add_argument("--kv-cache-bytes", type=int, default=LabConfig.kv_cache_bytes,
@@ -104,10 +104,10 @@ def cmd_score(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     import httpx
 
+    from attrib_agent.cli.report import explain_table
     from attrib_agent.lab.record import record_run
     from attrib_agent.lab.sidecar import agent_beside
     from attrib_agent.lab.summary import format_table, group_latency, shorts, ttft_s
-    from attrib_agent.report import explain_table
 
     scenario = get_scenario(args.scenario)
     baseline = scenario.with_whales(())
@@ -160,79 +160,3 @@ def _wait_final(client: object, url: str, timeout_s: float = 30.0) -> dict[str, 
                 return dict(body)
         time.sleep(0.5)
     return dict(body) if body and body.get("culprits") is not None else None
-
-
-def _command() -> str:
-    return shlex.join(["attrib-agent", *sys.argv[1:]])
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="attrib-agent", description=__doc__)
-    p.add_argument("--version", action="version", version=f"attrib-agent {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    demo = sub.add_parser("demo", help="real vLLM + the agent beside it: a whale scenario, and who slowed the shorts")
-    demo.add_argument("--scenario", default="preempt", choices=sorted(SCENARIOS))
-    demo.add_argument("--out", type=Path, help="where to keep the two recordings (default .lab/demo/<time>)")
-    demo.add_argument("--listen", type=parse_listen, default=("127.0.0.1", 9400), metavar="HOST:PORT",
-                      help="the agent's API, /metrics and page (default %(default)s; port 0 picks a free one)")
-    demo.add_argument("--duration", type=float, default=0,
-                      help="keep the agent up this many seconds after the run (default: until Ctrl-C)")
-    demo.add_argument("--explain", type=int, default=3, help="how many of the slowest shorts to explain")
-    _add_lab_options(demo)
-    demo.set_defaults(func=cmd_demo)
-
-    add_agent_commands(sub)
-
-    lab = sub.add_parser("lab", help="real-vLLM lab: scenarios, recordings, counterfactual truth")
-    lsub = lab.add_subparsers(dest="lab_command", required=True)
-    sc = lsub.add_parser("scenarios", help="list the built-in scenarios")
-    sc.set_defaults(func=cmd_scenarios)
-    serve = lsub.add_parser("serve", help="start vLLM + capture and keep them up (for --attach)")
-    serve.add_argument("--state-file", type=Path, help="write the endpoints here for other commands to --attach")
-    serve.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0: until Ctrl-C)")
-    _add_lab_options(serve)
-    serve.set_defaults(func=cmd_serve)
-    rec = lsub.add_parser("record", help="run a scenario and write a recording directory")
-    rec.add_argument("--scenario", required=True, choices=sorted(SCENARIOS))
-    rec.add_argument("--out", type=Path, required=True)
-    _add_lab_options(rec)
-    rec.set_defaults(func=cmd_record)
-    tr = lsub.add_parser("truth", help="counterfactual runs under every subset of whales -> truth.json")
-    tr.add_argument("--scenario", required=True, choices=sorted(SCENARIOS))
-    tr.add_argument("--reps", type=int, default=3)
-    tr.add_argument("--out", type=Path, required=True)
-    tr.add_argument("--keep-recordings", action="store_true", help="keep every run's recording under OUT/runs/")
-    _add_lab_options(tr)
-    tr.set_defaults(func=cmd_truth)
-    sc2 = lsub.add_parser("score", help="score attribution against counterfactual truth (needs --keep-recordings)")
-    sc2.add_argument("truth_dirs", type=Path, nargs="+", metavar="TRUTH_DIR")
-    sc2.add_argument("--json", action="store_true")
-    sc2.set_defaults(func=cmd_score)
-    from attrib_agent.lab.oracle import suite as oracle  # no vLLM import until it runs
-
-    orc = lsub.add_parser("oracle", help="vLLM's own scheduler vs the re-simulation: step agreement report")
-    oracle.add_arguments(orc)
-    orc.set_defaults(func=oracle.run)
-    return p
-
-
-def _sigterm(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # unwinds context managers, so vLLM's process group is stopped
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _sigterm)
-    try:
-        return int(args.func(args))
-    except LabError as e:
-        print(f"attrib-agent: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("attrib-agent: interrupted", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
