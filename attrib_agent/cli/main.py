@@ -21,6 +21,8 @@ from attrib_agent.cli.lab import (
     cmd_serve,
     cmd_truth,
 )
+from attrib_agent.lab.server import LabError
+from attrib_agent.lab.workload import SCENARIOS
 
 
 def build_parser() -> argparse.ArgumentParser:
