@@ -11,8 +11,6 @@ from types import FrameType
 from attrib_agent import __version__
 from attrib_agent.cli.agent import add_agent_commands, parse_listen
 from attrib_agent.cli.lab import (
-    SCENARIOS,
-    LabError,
     add_lab_options,
     cmd_demo,
     cmd_record,
