@@ -24,7 +24,7 @@ from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
 from attrib_agent.events import EngineStep, RequestReceived
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.read_model import AgentState
-from attrib_agent.sinks.http_api import api_app
+from attrib_agent.sinks.api.app import api_app
 from attrib_agent.sources.replay import ReplaySource
 from benchmarks._measure import machine, pin_one_core
 

@@ -52,7 +52,7 @@ def _replayed_agents() -> list[tuple[str, httpx.AsyncClient]]:
     from attrib_agent.events import RequestReceived
     from attrib_agent.pipeline import AttributionPipeline
     from attrib_agent.read_model import AgentState
-    from attrib_agent.sinks.http_api import api_app
+    from attrib_agent.sinks.api.app import api_app
     from attrib_agent.sources.replay import ReplaySource
 
     def at(name: str, stop: str | None, fraction: float = 1.0) -> AttributionPipeline:

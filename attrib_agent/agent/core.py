@@ -20,15 +20,15 @@ import uvicorn
 from prometheus_client import make_asgi_app
 
 from attrib_agent.attribution.result import AttributionResult
-from attrib_agent.config import AgentConfig
+from attrib_agent.config.load import AgentConfig
 from attrib_agent.events import Event
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.read_model import AgentState
 from attrib_agent.sinks import registry as sink_registry
-from attrib_agent.sinks.http_api import api_app
+from attrib_agent.sinks.api.app import api_app
 from attrib_agent.sinks.journal import JournalSink
 from attrib_agent.sinks.journal import sink as journal_sink
-from attrib_agent.sinks.prom_collector import registry_for
+from attrib_agent.sinks.prometheus.collector import registry_for
 from attrib_agent.sinks.sink import MultiSink, Sink
 
 logger = logging.getLogger("attrib_agent")

@@ -15,7 +15,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from attrib_agent.agent.core import AgentCore, ServeOptions
-from attrib_agent.config import AgentConfig
+from attrib_agent.config.load import AgentConfig
 from attrib_agent.sources import registry as source_registry
 from attrib_agent.sources.metrics import source as metrics_source
 from attrib_agent.sources.otlp import source as otlp_source

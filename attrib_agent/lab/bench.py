@@ -31,7 +31,7 @@ from attrib_agent.lab.record import DEFAULT_MAX_LATENESS_S, RunResult, _vllm_ver
 from attrib_agent.lab.server import LabEndpoints, LabError, lab_home
 from attrib_agent.lab.spans import request_spans_of, span_times
 from attrib_agent.recording import LOG, METRICS, OTLP, Recording, RecordingWriter
-from attrib_agent.sources.metrics_parser import parse_metrics
+from attrib_agent.sources.metrics.parser import parse_metrics
 
 BENCH_TIMEOUT_S = 300.0
 SPAN_WAIT_S = 20.0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attrib_agent.sources.metrics_parser import parse_metrics
+from attrib_agent.sources.metrics.parser import parse_metrics
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ import httpx
 from attrib_agent.events import RequestSpan
 from attrib_agent.lab.client import Clock
 from attrib_agent.recording import LOG, METRICS, OTLP, Recording
-from attrib_agent.sources.otlp_decode import OtlpError, decode_export
+from attrib_agent.sources.otlp.decode import OtlpError, decode_export
 
 PLAYED_STREAMS: Final = (METRICS, LOG, OTLP)  # NVML samples have no wire format a sidecar receives
 METRICS_CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"  # what vLLM's prometheus_client serves

@@ -17,7 +17,7 @@ from typing import Any, Final
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from attrib_agent.recording import LOG, OTLP
-from attrib_agent.sources.log_patterns import PREFIX
+from attrib_agent.sources.log.patterns import PREFIX
 
 _PROTOBUF: Final = "application/x-protobuf"
 

@@ -1,7 +1,7 @@
 """A local OTLP/HTTP collector that keeps every export body it receives: where the lab's tests point the
 agent's `--otlp-export`, to read back the `attrib.slowdown` spans exactly as a collector would get them.
 
-It is the project's own receiver (`sources/otlp_http.py`) served by uvicorn on a thread, on 127.0.0.1.
+It is the project's own receiver (`sources/otlp/http_receiver.py`) served by uvicorn on a thread, on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from attrib_agent.health import SourceHealth
 from attrib_agent.lab.server import free_port
-from attrib_agent.sources.otlp_http import otlp_http_app
+from attrib_agent.sources.otlp.http_receiver import otlp_http_app
 
 
 class SpanSink:

@@ -1,7 +1,7 @@
 """Lab-side reading of recorded OTLP bodies: which requests' spans have arrived.
 
 The recorder waits on this before closing a recording, because vLLM's BatchSpanProcessor exports
-spans up to ~5 s after a request finishes. Decoding is the agent's own (sources/otlp_decode.py).
+spans up to ~5 s after a request finishes. Decoding is the agent's own (sources/otlp/decode.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from attrib_agent.events import RequestSpan
 from attrib_agent.recording import otlp_body
-from attrib_agent.sources.otlp_decode import OtlpError, parse_export_request, request_spans
+from attrib_agent.sources.otlp.decode import OtlpError, parse_export_request, request_spans
 
 MAX_DECOMPRESSED: Final = 64 * 1024 * 1024
 

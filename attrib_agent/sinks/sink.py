@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 from attrib_agent.attribution.result import AttributionResult
 
 if TYPE_CHECKING:
-    from attrib_agent.config import AgentConfig
+    from attrib_agent.config.load import AgentConfig
     from attrib_agent.read_model import AgentState
 
 logger = logging.getLogger("attrib_agent")

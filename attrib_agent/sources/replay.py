@@ -18,9 +18,9 @@ from typing import Any, Final
 from attrib_agent.events import Event, GpuSample
 from attrib_agent.health import SourceHealth
 from attrib_agent.recording import LOG, METRICS, NVML, OTLP, Recording, otlp_body
-from attrib_agent.sources.log_parser import LogLineParser
-from attrib_agent.sources.metrics_parser import CounterTracker, MetricsParseError, parse_metrics
-from attrib_agent.sources.otlp_decode import OtlpError, decode_export
+from attrib_agent.sources.log.parser import LogLineParser
+from attrib_agent.sources.metrics.parser import CounterTracker, MetricsParseError, parse_metrics
+from attrib_agent.sources.otlp.decode import OtlpError, decode_export
 
 MAX_OTLP_DECOMPRESSED: Final = 64 * 1024 * 1024
 _INPUT_STREAMS: Final = (METRICS, LOG, OTLP, NVML)  # client.jsonl is the lab's, not an agent input

@@ -18,7 +18,7 @@ from attrib_agent.events import Event
 from attrib_agent.health import SourceHealth
 
 if TYPE_CHECKING:  # the settings are read at build time only; no import of the config layer at run time
-    from attrib_agent.config import AgentConfig
+    from attrib_agent.config.load import AgentConfig
 
 Emit = Callable[[Event], None]
 
@@ -45,7 +45,7 @@ class SourceContext:
 
 @dataclass(frozen=True)
 class SourceSpec:
-    """A source's registration: its name, the settings rows it reads (`config_settings.SETTINGS` names), and
+    """A source's registration: its name, the settings rows it reads (`config.settings.SETTINGS` names), and
     how to build it from the settings (None: not configured, stays off)."""
 
     name: str

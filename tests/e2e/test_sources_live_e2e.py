@@ -12,11 +12,11 @@ from attrib_agent.lab.record import record_run
 from attrib_agent.lab.server import free_port
 from attrib_agent.lab.workload import get_scenario
 from attrib_agent.recording import CLIENT, Recording
-from attrib_agent.sources.log_parser import LogLineParser
-from attrib_agent.sources.log_tailer import LogFollower
-from attrib_agent.sources.metrics_poller import MetricsPoller
-from attrib_agent.sources.nvml_sampler import NvmlSampler
-from attrib_agent.sources.otlp_http import otlp_http_app
+from attrib_agent.sources.log.parser import LogLineParser
+from attrib_agent.sources.log.tailer import LogFollower
+from attrib_agent.sources.metrics.poller import MetricsPoller
+from attrib_agent.sources.nvml.sampler import NvmlSampler
+from attrib_agent.sources.otlp.http_receiver import otlp_http_app
 from attrib_agent.sources.replay import ReplaySource
 
 

@@ -42,9 +42,9 @@ from attrib_agent.lab.recording_copy import CopyRewrite
 from attrib_agent.lab.server import kill_group, stop_group
 from attrib_agent.lab.sidecar import wait_healthy
 from attrib_agent.recording import LOG, METRICS, OTLP, Recording, otlp_body
-from attrib_agent.sinks.prom_families import snake_case
-from attrib_agent.sources.log_parser import LogLineParser
-from attrib_agent.sources.otlp_decode import decode_export
+from attrib_agent.sinks.prometheus.families import snake_case
+from attrib_agent.sources.log.parser import LogLineParser
+from attrib_agent.sources.otlp.decode import decode_export
 
 RECORDINGS = Path(__file__).parents[1] / "fixtures" / "recordings"
 AGENT_BIN = Path(sys.executable).parent / "attrib-agent"

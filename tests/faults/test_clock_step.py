@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from attrib_agent.agent.live import LiveAgent
-from attrib_agent.config import add_run_arguments, load_config
+from attrib_agent.config.load import add_run_arguments, load_config
 
 from .harness import AgentProcess, Feed, LogWriter, StandInVllm, recorded, same_result, wait_until
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from attrib_agent.config import add_run_arguments, load_config
+from attrib_agent.config.load import add_run_arguments, load_config
 from attrib_agent.lab.server import stop_group
 from attrib_agent.lab.span_sink import SpanSink
 from attrib_agent.recording import OTLP, Recording, otlp_body

@@ -247,7 +247,7 @@ def test_vllm_0_32_accepts_the_flags(renderer: Path) -> None:
 
 def test_the_agent_accepts_its_args(renderer: Path) -> None:
     from attrib_agent.cli import build_parser
-    from attrib_agent.config import load_config
+    from attrib_agent.config.load import load_config
 
     out = render(renderer, "deploy", [], values="forward-journal")
     agent = containers_named(pod_spec(out, "deploy"), "initContainers", "attrib-agent")[0]

@@ -23,7 +23,7 @@ import yaml  # type: ignore[import-untyped]
 from attrib_agent.health import SourceHealth
 from attrib_agent.lab.server import LOG_DATEFMT, LOG_FORMAT
 from attrib_agent.recording import LOG, Recording
-from attrib_agent.sources.log_parser import LogLineParser
+from attrib_agent.sources.log.parser import LogLineParser
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDING = REPO / "tests" / "fixtures" / "recordings" / "preempt"

@@ -9,8 +9,16 @@ from typing import Any
 
 import pytest
 
-from attrib_agent.config import AgentConfig, ConfigError, HostPort, OtlpTarget, Secret, add_run_arguments, load_config
-from attrib_agent.config_settings import BY_NAME, SETTINGS
+from attrib_agent.config.load import (
+    AgentConfig,
+    ConfigError,
+    HostPort,
+    OtlpTarget,
+    Secret,
+    add_run_arguments,
+    load_config,
+)
+from attrib_agent.config.settings import BY_NAME, SETTINGS
 
 VLLM = {"ATTRIB_VLLM_URL": "http://127.0.0.1:8000"}
 
@@ -261,7 +269,7 @@ def test_config_is_frozen_and_hashable() -> None:
 
 
 def test_otlp_targets_fit_the_forwarder() -> None:
-    from attrib_agent.sources.otlp_forward import OtlpForwarder
+    from attrib_agent.sources.otlp.forward import OtlpForwarder
 
     for url in ("http://c:4318", "https://c/v1/traces", "grpc://c", "grpcs://[::1]:5317"):
         target = load(["--otlp-forward", url]).otlp_forward

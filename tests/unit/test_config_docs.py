@@ -8,12 +8,14 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-from attrib_agent import config_settings
-from attrib_agent.config import AgentConfig, add_run_arguments, load_config
-from attrib_agent.config_settings import BY_NAME, SETTINGS
-from attrib_agent.sources import metrics_poller, otlp_grpc, otlp_http
-from attrib_agent.sources.log_tailer import LogFollower
-from attrib_agent.sources.nvml_sampler import NvmlSampler
+from attrib_agent.config import settings as config_settings
+from attrib_agent.config.load import AgentConfig, add_run_arguments, load_config
+from attrib_agent.config.settings import BY_NAME, SETTINGS
+from attrib_agent.sources.log.tailer import LogFollower
+from attrib_agent.sources.metrics import poller as metrics_poller
+from attrib_agent.sources.nvml.sampler import NvmlSampler
+from attrib_agent.sources.otlp import grpc_receiver as otlp_grpc
+from attrib_agent.sources.otlp import http_receiver as otlp_http
 
 DOC = Path(__file__).parents[2] / "docs" / "configuration.md"
 ROW = re.compile(r"^\| `(\w+)` \| (.+?) \| `(\w+)` \| (.+?) \| (.+?) \| (.+) \|$")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from test_config import config_error, load, parser, write_toml
 
-from attrib_agent.config import load_config
+from attrib_agent.config.load import load_config
 
 
 @pytest.mark.parametrize("argv, env, expected", [

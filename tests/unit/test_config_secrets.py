@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from test_config import config_error, load, write_toml
 
-from attrib_agent.config import AgentConfig, Secret
+from attrib_agent.config.load import AgentConfig, Secret
 
 TOKEN = "tok-CANARY-7f3a9c"
 PASSWORD = "pw-CANARY-41b2"

@@ -9,8 +9,8 @@ import pytest
 
 from attrib_agent.attribution.attributor import MIN_CULPRIT_S
 from attrib_agent.attribution.result_codec import to_dict
+from attrib_agent.cli.report import explain_table
 from attrib_agent.pipeline import AttributionPipeline
-from attrib_agent.report import explain_table
 from attrib_agent.sources.replay import ReplaySource
 
 RECORDINGS = Path(__file__).parents[1] / "fixtures" / "recordings"

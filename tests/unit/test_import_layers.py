@@ -19,10 +19,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("attribution",),  # pure core; lab-only helpers aside
     ("pipeline",),
     ("read_model",),
-    ("config", "config_file", "config_settings", "config_types", "config_values"),
+    ("config",),
     ("sources", "sinks"),  # the I/O wings, apart from each other
     ("agent",),
-    ("report", "cli", "cli_agent", "__main__", "lab"),
+    ("cli", "__main__", "lab"),
 ]
 
 

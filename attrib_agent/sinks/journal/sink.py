@@ -10,7 +10,7 @@ from attrib_agent.sinks.journal.result_journal import ResultJournal
 from attrib_agent.sinks.sink import SinkSpec
 
 if TYPE_CHECKING:
-    from attrib_agent.config import AgentConfig
+    from attrib_agent.config.load import AgentConfig
     from attrib_agent.read_model import AgentState
 
 NAME = "journal"

@@ -6,11 +6,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from attrib_agent.attribution.result import AttributionResult
-from attrib_agent.sinks.otel_spans import SlowdownSpans, tracer_provider_for
+from attrib_agent.sinks.otel.spans import SlowdownSpans, tracer_provider_for
 from attrib_agent.sinks.sink import SinkSpec
 
 if TYPE_CHECKING:
-    from attrib_agent.config import AgentConfig
+    from attrib_agent.config.load import AgentConfig
     from attrib_agent.read_model import AgentState
 
 NAME = "span"

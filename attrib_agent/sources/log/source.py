@@ -8,12 +8,12 @@ import sys
 from typing import TYPE_CHECKING, cast
 
 from attrib_agent.recording import LOG
-from attrib_agent.sources.log_parser import LogLineParser
-from attrib_agent.sources.log_tailer import BinaryReader, LogFollower, StdinLines
+from attrib_agent.sources.log.parser import LogLineParser
+from attrib_agent.sources.log.tailer import BinaryReader, LogFollower, StdinLines
 from attrib_agent.sources.source import Emit, SourceContext, SourceSpec
 
 if TYPE_CHECKING:
-    from attrib_agent.config import AgentConfig
+    from attrib_agent.config.load import AgentConfig
 
 NAME = "vllm_log"
 

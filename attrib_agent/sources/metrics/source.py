@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from attrib_agent.recording import METRICS
-from attrib_agent.sources.metrics_poller import MetricsPoller
+from attrib_agent.sources.metrics.poller import MetricsPoller
 from attrib_agent.sources.source import SourceContext, SourceSpec
 
 if TYPE_CHECKING:
-    from attrib_agent.config import AgentConfig
+    from attrib_agent.config.load import AgentConfig
 
 NAME = "vllm_metrics"
 

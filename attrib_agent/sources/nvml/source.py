@@ -7,11 +7,11 @@ import logging
 from typing import TYPE_CHECKING
 
 from attrib_agent.recording import NVML
-from attrib_agent.sources.nvml_sampler import NvmlSampler
+from attrib_agent.sources.nvml.sampler import NvmlSampler
 from attrib_agent.sources.source import Emit, SourceContext, SourceSpec
 
 if TYPE_CHECKING:
-    from attrib_agent.config import AgentConfig
+    from attrib_agent.config.load import AgentConfig
 
 logger = logging.getLogger("attrib_agent")
 NAME = "nvml"

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from attrib_agent.recording import OTLP
-from attrib_agent.sources.otlp_decode import DecodeResult
-from attrib_agent.sources.otlp_forward import OtlpForwarder
-from attrib_agent.sources.otlp_grpc import OtlpGrpcReceiver
-from attrib_agent.sources.otlp_http import otlp_http_app
+from attrib_agent.sources.otlp.decode import DecodeResult
+from attrib_agent.sources.otlp.forward import OtlpForwarder
+from attrib_agent.sources.otlp.grpc_receiver import OtlpGrpcReceiver
+from attrib_agent.sources.otlp.http_receiver import otlp_http_app
 from attrib_agent.sources.source import Emit, SourceContext, SourceSpec, wait_for_stop
 
 if TYPE_CHECKING:
-    from attrib_agent.config import AgentConfig
+    from attrib_agent.config.load import AgentConfig
 
 NAME = "otlp"
 

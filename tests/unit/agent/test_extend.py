@@ -12,7 +12,7 @@ import pytest
 
 from attrib_agent.agent.live import LiveAgent
 from attrib_agent.attribution.result import AttributionResult
-from attrib_agent.config import AgentConfig, add_run_arguments, load_config
+from attrib_agent.config.load import AgentConfig, add_run_arguments, load_config
 from attrib_agent.read_model import AgentState
 from attrib_agent.sinks import registry as sink_registry
 from attrib_agent.sinks.sink import SinkSpec

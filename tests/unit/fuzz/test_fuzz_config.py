@@ -22,7 +22,9 @@ VALUES = ["", " ", "0", "1", "-1", "0.25", "1e309", "nan", "inf", "-0", "65536",
 
 def _config() -> Any:
     """The one import of the code under test (its module path may move)."""
-    from attrib_agent import config, config_settings, config_types
+    from attrib_agent.config import load as config
+    from attrib_agent.config import settings as config_settings
+    from attrib_agent.config import types as config_types
 
     return config, config_settings.SETTINGS, config_types.ConfigError
 

@@ -16,7 +16,7 @@ from .mutate import CASES, Mutator, Tally
 def _splitter() -> Any:
     """The one import of the code under test (its module path may move)."""
     from attrib_agent import health
-    from attrib_agent.sources import log_tailer
+    from attrib_agent.sources.log import tailer as log_tailer
 
     return log_tailer.LineSplitter, health.SourceHealth
 

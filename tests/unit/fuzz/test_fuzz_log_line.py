@@ -13,7 +13,7 @@ from .mutate import CASES, Mutator, Tally
 def _parser() -> Any:
     """The one import of the parser under test (its module path may move)."""
     from attrib_agent import health
-    from attrib_agent.sources import log_parser
+    from attrib_agent.sources.log import parser as log_parser
 
     return log_parser.LogLineParser, health.SourceHealth
 

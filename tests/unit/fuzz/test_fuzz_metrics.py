@@ -11,7 +11,7 @@ from .mutate import CASES, Mutator, Tally
 
 def _parser() -> Any:
     """The one import of the parser under test (its module path may move)."""
-    from attrib_agent.sources import metrics_parser
+    from attrib_agent.sources.metrics import parser as metrics_parser
 
     return metrics_parser
 

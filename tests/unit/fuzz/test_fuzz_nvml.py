@@ -20,7 +20,7 @@ WILD_FLOATS = [0.0, -1.0, 37.5, 100.0, 250.0, 1e308, float("inf"), float("-inf")
 
 def _sampler() -> Any:
     """The one import of the code under test, and the NVML stand-in from its unit tests (paths may move)."""
-    from attrib_agent.sources.nvml_sampler import NvmlSampler
+    from attrib_agent.sources.nvml.sampler import NvmlSampler
     from tests.unit.sources.test_nvml_sampler import FakeClock, FakeGpu, FakeNvml
 
     return NvmlSampler, FakeNvml, FakeGpu, FakeClock

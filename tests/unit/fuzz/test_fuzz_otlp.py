@@ -20,7 +20,7 @@ PB = "application/x-protobuf"
 
 def _decoder() -> Any:
     """The one import of the code under test (its module path may move)."""
-    from attrib_agent.sources import otlp_decode
+    from attrib_agent.sources.otlp import decode as otlp_decode
 
     return otlp_decode
 

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, PlatformCollector, make_asgi_ap
 
 from attrib_agent.health import SourceHealth
 from attrib_agent.pipeline import AttributionPipeline
-from attrib_agent.sinks.http_api import api_app
+from attrib_agent.sinks.api.app import api_app
 
 TOKEN = "s3cret-token"
 DATA_PATHS = ["/v1/culprits/top", "/v1/timeline", "/metrics"]

@@ -7,8 +7,8 @@ import pytest
 from api_replayed import call, midway, replayed, state_of
 
 from attrib_agent.attribution.result_codec import from_dict, to_dict
-from attrib_agent.sinks.api_ids import BadRequestId, check_id, id_forms, resolve
-from attrib_agent.sinks.http_api import api_app
+from attrib_agent.sinks.api.app import api_app
+from attrib_agent.sinks.api.ids import BadRequestId, check_id, id_forms, resolve
 
 
 @pytest.mark.parametrize("name", ["preempt", "whale2"])

@@ -20,9 +20,9 @@ from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
 from attrib_agent.events import RequestReceived
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.read_model import AgentState
-from attrib_agent.sinks.api_forecast import MAX_CANDIDATES
-from attrib_agent.sinks.http_api import api_app
-from attrib_agent.sinks.prom_collector import registry_for
+from attrib_agent.sinks.api.app import api_app
+from attrib_agent.sinks.api.forecast import MAX_CANDIDATES
+from attrib_agent.sinks.prometheus.collector import registry_for
 
 
 def post(app: ASGIApp, body: Any, *, headers: dict[str, str] | None = None) -> httpx.Response:

@@ -13,8 +13,8 @@ from api_replayed import call, events, midway, replayed, state_of
 from attrib_agent.events import RequestReceived
 from attrib_agent.health import SourceHealth
 from attrib_agent.pipeline import AttributionPipeline
-from attrib_agent.sinks.api_timeline import timeline_json
-from attrib_agent.sinks.http_api import api_app
+from attrib_agent.sinks.api.app import api_app
+from attrib_agent.sinks.api.timeline import timeline_json
 
 
 def timeline(p: AttributionPipeline, query: str = "") -> dict[str, Any]:

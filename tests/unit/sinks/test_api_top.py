@@ -8,8 +8,8 @@ import math
 import pytest
 from api_replayed import call, midway, replayed, state_of
 
-from attrib_agent.sinks.api_top import BadQuery, parse_duration, top_culprits, victim_seconds
-from attrib_agent.sinks.http_api import api_app
+from attrib_agent.sinks.api.app import api_app
+from attrib_agent.sinks.api.top import BadQuery, parse_duration, top_culprits, victim_seconds
 
 
 @pytest.mark.parametrize("name", ["preempt", "whale2"])

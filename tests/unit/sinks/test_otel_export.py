@@ -24,11 +24,11 @@ from attrib_agent import __version__
 from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.health import SourceHealth
 from attrib_agent.pipeline import AttributionPipeline
-from attrib_agent.sinks.otel_export import http_traces_url, tracer_provider_for
-from attrib_agent.sinks.otel_spans import SPAN_NAME, SlowdownSpans
-from attrib_agent.sources.otlp_decode import DecodeResult, parse_export_request
-from attrib_agent.sources.otlp_grpc import OtlpGrpcReceiver
-from attrib_agent.sources.otlp_http import otlp_http_app
+from attrib_agent.sinks.otel.export import http_traces_url, tracer_provider_for
+from attrib_agent.sinks.otel.spans import SPAN_NAME, SlowdownSpans
+from attrib_agent.sources.otlp.decode import DecodeResult, parse_export_request
+from attrib_agent.sources.otlp.grpc_receiver import OtlpGrpcReceiver
+from attrib_agent.sources.otlp.http_receiver import otlp_http_app
 from attrib_agent.sources.replay import ReplaySource
 
 RECORDINGS = Path(__file__).parents[2] / "fixtures" / "recordings"

@@ -16,7 +16,7 @@ from opentelemetry.trace import SpanKind
 from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.recording import CLIENT, Recording
-from attrib_agent.sinks.otel_spans import SPAN_NAME, SlowdownSpans, top_cause
+from attrib_agent.sinks.otel.spans import SPAN_NAME, SlowdownSpans, top_cause
 from attrib_agent.sources.replay import ReplaySource
 
 RECORDINGS = Path(__file__).parents[2] / "fixtures" / "recordings"

@@ -26,7 +26,7 @@ import uvicorn
 from api_replayed import replayed, state_of
 from test_api_timeline import PHANTOM, with_tokenize_call
 
-from attrib_agent.sinks.http_api import api_app
+from attrib_agent.sinks.api.app import api_app
 
 TOKEN = "page-test-token"
 WINDOW = (1400, 1000)

@@ -11,8 +11,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from attrib_agent.health import SourceHealth
 from attrib_agent.pipeline import AttributionPipeline, PipelineConfig
 from attrib_agent.read_model import AgentState
-from attrib_agent.sinks.prom_collector import registry_for
-from attrib_agent.sinks.prom_families import MAX_KINDS, OTHER, fold_kinds
+from attrib_agent.sinks.prometheus.collector import registry_for
+from attrib_agent.sinks.prometheus.families import MAX_KINDS, OTHER, fold_kinds
 from attrib_agent.sources.replay import ReplaySource
 
 RECORDINGS = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "recordings"

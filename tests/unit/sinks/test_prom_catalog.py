@@ -19,7 +19,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.read_model import AgentState
-from attrib_agent.sinks.prom_collector import SECTIONS, AgentCollector, registry_for
+from attrib_agent.sinks.prometheus.collector import SECTIONS, AgentCollector, registry_for
 from attrib_agent.sources.replay import ReplaySource
 
 ROOT = Path(__file__).resolve().parents[3]

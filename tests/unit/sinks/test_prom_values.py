@@ -19,7 +19,7 @@ from attrib_agent.attribution.slo import SloConfig, outcome_of, shape_of
 from attrib_agent.events import Event
 from attrib_agent.pipeline import AttributionPipeline, KvNow, PipelineConfig
 from attrib_agent.read_model import AgentState
-from attrib_agent.sinks.prom_collector import registry_for
+from attrib_agent.sinks.prometheus.collector import registry_for
 from attrib_agent.sources.replay import ReplaySource
 
 RECORDINGS = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "recordings"
@@ -165,7 +165,7 @@ def test_a_failing_section_is_counted_and_the_rest_still_served(caplog: pytest.L
     pipeline.feed_all(events("canary"))
     state = AgentState(pipeline)
     registry = registry_for(state)
-    with caplog.at_level(logging.WARNING, logger="attrib_agent.sinks.prom_collector"):
+    with caplog.at_level(logging.WARNING, logger="attrib_agent.sinks.prometheus.collector"):
         first = {f.name: f for f in parse_openmetrics(generate_openmetrics(registry).decode())}
         second = {f.name: f for f in parse_openmetrics(generate_openmetrics(registry).decode())}
     assert "attrib_kv_pool_blocks" not in second and "attrib_whales" not in second

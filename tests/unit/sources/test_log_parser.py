@@ -36,8 +36,8 @@ from attrib_agent.events import (
 from attrib_agent.health import SourceHealth
 from attrib_agent.lab.server import LOG_DATEFMT, LOG_FORMAT
 from attrib_agent.recording import CLIENT, LOG, Recording
-from attrib_agent.sources import log_parser
-from attrib_agent.sources.log_parser import LogEvent, LogLineParser
+from attrib_agent.sources.log import parser as log_parser
+from attrib_agent.sources.log.parser import LogEvent, LogLineParser
 
 RECORDINGS = Path(__file__).parents[2] / "fixtures" / "recordings"
 NAMES = ["shorts", "whale1", "whale2", "preempt"]

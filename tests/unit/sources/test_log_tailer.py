@@ -15,7 +15,7 @@ import pytest
 
 from attrib_agent.health import SourceHealth
 from attrib_agent.recording import LOG, Recording
-from attrib_agent.sources.log_tailer import MAX_BYTES_PER_POLL, LineSplitter, LogFollower, StdinLines
+from attrib_agent.sources.log.tailer import MAX_BYTES_PER_POLL, LineSplitter, LogFollower, StdinLines
 
 RECORDING = Path(__file__).parents[2] / "fixtures" / "recordings" / "whale2"
 

@@ -20,15 +20,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from attrib_agent.events import MetricsSnapshot
 from attrib_agent.recording import METRICS, Recording
-from attrib_agent.sources.metrics_parser import (
+from attrib_agent.sources.metrics.parser import (
     COUNTER_FIELDS,
     CounterTracker,
     MetricsParseError,
     delta,
     parse_metrics,
 )
-from attrib_agent.sources.vllm_metric_names import METRICS as NAMES
-from attrib_agent.sources.vllm_metric_names import resolve_sample, sample_names
+from attrib_agent.sources.metrics.vllm_names import METRICS as NAMES
+from attrib_agent.sources.metrics.vllm_names import resolve_sample, sample_names
 
 RECORDINGS = Path(__file__).parents[2] / "fixtures" / "recordings"
 SCENARIOS = ("shorts", "whale1", "whale2", "preempt")

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from attrib_agent.recording import METRICS, Recording
-from attrib_agent.sources import metrics_parser
-from attrib_agent.sources.metrics_parser import parse_metrics
+from attrib_agent.sources.metrics import parser as metrics_parser
+from attrib_agent.sources.metrics.parser import parse_metrics
 
 RECORDINGS = Path(__file__).parents[2] / "fixtures" / "recordings"
 

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from attrib_agent.events import MetricsSnapshot
 from attrib_agent.recording import METRICS, Recording
-from attrib_agent.sources.metrics_parser import parse_metrics
-from attrib_agent.sources.metrics_poller import MetricsPoller
+from attrib_agent.sources.metrics.parser import parse_metrics
+from attrib_agent.sources.metrics.poller import MetricsPoller
 
 RECORDING = Path(__file__).parents[2] / "fixtures" / "recordings" / "preempt"
 BODIES = tuple(r["text"] for r in Recording(RECORDING).records(METRICS))
@@ -230,7 +230,7 @@ def test_unexpected_failures_log_one_traceback_per_type(caplog: pytest.LogCaptur
         for _ in range(4):
             await poller.poll_once()
 
-    with caplog.at_level(logging.DEBUG, logger="attrib_agent.sources.metrics_poller"):
+    with caplog.at_level(logging.DEBUG, logger="attrib_agent.sources.metrics.poller"):
         asyncio.run(go())
     tracebacks = [r for r in caplog.records if r.exc_info]
     assert [r.exc_info[1].__class__ for r in tracebacks if r.exc_info] == [RuntimeError, OSError]
@@ -279,7 +279,7 @@ RESPONSES = st.one_of(
 @pytest.fixture(scope="module")
 def runner() -> Iterator[asyncio.Runner]:
     """One event loop for every example; the poller's own logging is off (the log-once test covers it)."""
-    log = logging.getLogger("attrib_agent.sources.metrics_poller")
+    log = logging.getLogger("attrib_agent.sources.metrics.poller")
     level, log.disabled = log.level, True
     with asyncio.Runner() as r:
         yield r

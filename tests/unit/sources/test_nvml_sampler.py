@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attrib_agent.events import GpuSample
-from attrib_agent.sources.nvml_sampler import MAX_GPUS, NvmlSampler
+from attrib_agent.sources.nvml.sampler import MAX_GPUS, NvmlSampler
 
 GIB = 1 << 30
 PEAK_BPS = 2_000_000_000_000  # the fake GPU's theoretical DRAM bandwidth, bytes/s

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from attrib_agent.recording import CLIENT, OTLP, Recording, otlp_body
-from attrib_agent.sources.otlp_decode import (
+from attrib_agent.sources.otlp.decode import (
     FLOAT_ATTRS,
     INT_ATTRS,
     REQUEST_ID_ATTR,

@@ -13,10 +13,10 @@ import pytest
 from grpc import aio
 
 from attrib_agent.health import SourceHealth
-from attrib_agent.sources.otlp_decode import DecodeResult
-from attrib_agent.sources.otlp_forward import OtlpForwarder
-from attrib_agent.sources.otlp_grpc import OtlpGrpcReceiver
-from attrib_agent.sources.otlp_http import otlp_http_app
+from attrib_agent.sources.otlp.decode import DecodeResult
+from attrib_agent.sources.otlp.forward import OtlpForwarder
+from attrib_agent.sources.otlp.grpc_receiver import OtlpGrpcReceiver
+from attrib_agent.sources.otlp.http_receiver import otlp_http_app
 
 from .test_otlp_decode import ALL_BODIES, JS, PB, decode, otlp_json
 

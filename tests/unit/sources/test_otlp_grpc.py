@@ -13,9 +13,9 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from attrib_agent.health import SourceHealth
-from attrib_agent.sources.otlp_decode import DecodeResult
-from attrib_agent.sources.otlp_forward import GRPC_EXPORT_METHOD
-from attrib_agent.sources.otlp_grpc import OtlpGrpcReceiver
+from attrib_agent.sources.otlp.decode import DecodeResult
+from attrib_agent.sources.otlp.forward import GRPC_EXPORT_METHOD
+from attrib_agent.sources.otlp.grpc_receiver import OtlpGrpcReceiver
 
 from .test_otlp_decode import ALL_BODIES, PB, decode
 

@@ -16,8 +16,8 @@ import uvicorn
 from google.rpc.status_pb2 import Status
 
 from attrib_agent.health import SourceHealth
-from attrib_agent.sources.otlp_decode import DecodeResult
-from attrib_agent.sources.otlp_http import otlp_http_app
+from attrib_agent.sources.otlp.decode import DecodeResult
+from attrib_agent.sources.otlp.http_receiver import otlp_http_app
 
 from .test_otlp_decode import ALL_BODIES, JS, PB, decode, otlp_json
 

@@ -17,7 +17,7 @@ from functools import cache
 from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.events import Event, RequestAborted, RequestReceived, RequestSpan
 from attrib_agent.pipeline import AttributionPipeline
-from attrib_agent.sinks.api_timeline import timeline_json
+from attrib_agent.sinks.api.timeline import timeline_json
 
 from .fake_engine import T0, FakeConfig, FakeRequest, FakeRun, run
 

@@ -18,8 +18,8 @@ from attrib_agent import __version__
 from attrib_agent.agent.core import AgentCore, ServeOptions
 from attrib_agent.agent.live import LiveAgent
 from attrib_agent.agent.replay import replay_into
-from attrib_agent.config import AgentConfig, ConfigError, add_run_arguments, load_config
-from attrib_agent.report import explain_table, json_lines, summary_row, write_parquet
+from attrib_agent.cli.report import explain_table, json_lines, summary_row, write_parquet
+from attrib_agent.config.load import AgentConfig, ConfigError, add_run_arguments, load_config
 from attrib_agent.sinks.journal import JournalError
 
 logger = logging.getLogger("attrib_agent")

@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 from attrib_agent.attribution.forecast import ArrivalLoad, Candidate
 from attrib_agent.read_model import AgentState
-from attrib_agent.sinks.api_http import error, json_response
+from attrib_agent.sinks.api.plumbing import error, json_response
 
 MAX_BODY_BYTES: Final = 64 * 1024
 MAX_CANDIDATES: Final = 16

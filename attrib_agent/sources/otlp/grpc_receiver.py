@@ -23,8 +23,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceServicer
 
 from attrib_agent.health import SourceHealth
-from attrib_agent.sources.otlp_decode import PROTOBUF, DecodeResult, OtlpError, OtlpTooLarge, decode_export
-from attrib_agent.sources.otlp_forward import OtlpForwarder
+from attrib_agent.sources.otlp.decode import PROTOBUF, DecodeResult, OtlpError, OtlpTooLarge, decode_export
+from attrib_agent.sources.otlp.forward import OtlpForwarder
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Pure parsing of a vLLM /metrics body into one `MetricsSnapshot` per engine, and counter-reset tracking.
 
-Parsing is prometheus_client's; this module only picks the series of `vllm_metric_names` (old names
+Parsing is prometheus_client's; this module only picks the series of `vllm_names` (old names
 resolved to new ones) and groups them by their `engine` / `model_name` labels. No clock, no I/O: the
 poller and replay call the same code with the body and its receipt time.
 
@@ -25,7 +25,7 @@ from typing import Final
 from prometheus_client.parser import text_string_to_metric_families
 
 from attrib_agent.events import MetricsSnapshot
-from attrib_agent.sources.vllm_metric_names import METRICS, resolve_sample, sample_names
+from attrib_agent.sources.metrics.vllm_names import METRICS, resolve_sample, sample_names
 
 MAX_ENGINES: Final = 256
 """Most (engine, model_name) pairs one body may yield; a real server has one per data-parallel rank."""

@@ -21,7 +21,7 @@ import grpc.aio
 import httpx
 
 from attrib_agent.health import SourceHealth
-from attrib_agent.sources.otlp_decode import PROTOBUF, OtlpError, content_coding, media_type, parse_export_request
+from attrib_agent.sources.otlp.decode import PROTOBUF, OtlpError, content_coding, media_type, parse_export_request
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import itertools
 from prometheus_client.metrics_core import Metric
 
 from attrib_agent.attribution.slo import BLAMED_ON, OUTCOMES, SHAPES, SloTally
-from attrib_agent.sinks.prom_families import counter
+from attrib_agent.sinks.prometheus.families import counter
 
 
 def slo_families(tally: SloTally) -> list[Metric]:

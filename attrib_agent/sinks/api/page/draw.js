@@ -1,5 +1,5 @@
 // Drawing for the agent's page: the stacked KV area, request lanes, culprit links and the legend, as SVG.
-// Pure functions of the timeline JSON (see sinks/api_timeline.py); page.js fetches it and wires the events.
+// Pure functions of the timeline JSON (see sinks/api/timeline.py); page.js fetches it and wires the events.
 'use strict';
 const AttribDraw = (function () {
   const NS = 'http://www.w3.org/2000/svg';

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from attrib_agent import config_values as v
 from attrib_agent.attribution.attributor import AttributionConfig
 from attrib_agent.attribution.forecast import ForecastSettings
-from attrib_agent.config_types import HostPort, Secret, shown
+from attrib_agent.config import values as v
+from attrib_agent.config.types import HostPort, Secret, shown
 from attrib_agent.pipeline import PipelineConfig
 
 ENV_PREFIX: Final = "ATTRIB_"

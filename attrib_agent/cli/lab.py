@@ -1,29 +1,28 @@
-"""The `attrib-agent` command line."""
+"""The lab's subcommands (`demo`, `lab serve/record/truth/score`): a real vLLM beside the agent."""
 
 from __future__ import annotations
 
 import argparse
 import shlex
-import signal
 import sys
 import time
 from pathlib import Path
-from types import FrameType
 
-from attrib_agent import __version__
-from attrib_agent.cli_agent import add_agent_commands, parse_listen
-from attrib_agent.lab.bench_cli import add_bench_command
 from attrib_agent.lab.server import LabConfig, LabError, VllmLab, running_lab
 from attrib_agent.lab.workload import SCENARIOS, get_scenario
 
 
-def _lab_config(args: argparse.Namespace) -> LabConfig:
+def _command() -> str:
+    return shlex.join(["attrib-agent", *sys.argv[1:]])
+
+
+def lab_config(args: argparse.Namespace) -> LabConfig:
     return LabConfig(kv_cache_bytes=args.kv_cache_bytes, metrics_interval_s=args.metrics_interval,
                      log_level=args.log_level, extra_args=list(args.vllm_arg or []),
                      truth_plugin=args.truth_plugin)
 
 
-def _add_lab_options(p: argparse.ArgumentParser) -> None:
+def add_lab_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attach", type=Path, metavar="STATE",
                    help="use a lab started by `attrib-agent lab serve --state-file STATE` instead of starting one")
     p.add_argument("--kv-cache-bytes", type=int, default=LabConfig.kv_cache_bytes,
@@ -51,7 +50,7 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from attrib_agent.lab.sidecar import forward_spans
 
-    lab = VllmLab(_lab_config(args))
+    lab = VllmLab(lab_config(args))
     with lab as ep:
         if args.state_file:
             ep.save(args.state_file)
@@ -69,7 +68,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     from attrib_agent.lab.summary import format_table, group_latency, shorts
 
     scenario = get_scenario(args.scenario)
-    with running_lab(_lab_config(args), args.attach) as ep:
+    with running_lab(lab_config(args), args.attach) as ep:
         res = record_run(ep, scenario, args.out, command=_command(), max_lateness_s=args.max_lateness_ms / 1000,
                          attempts=args.attempts)
     print(format_table([(scenario.name, group_latency(shorts(res.results)))]))
@@ -83,7 +82,7 @@ def cmd_truth(args: argparse.Namespace) -> int:
     from attrib_agent.lab.truth import run_truth, truth_table
 
     scenario = get_scenario(args.scenario)
-    with running_lab(_lab_config(args), args.attach) as ep:
+    with running_lab(lab_config(args), args.attach) as ep:
         truth = run_truth(ep, scenario, args.reps, args.out, keep_recordings=args.keep_recordings,
                           max_lateness_s=args.max_lateness_ms / 1000, attempts=args.attempts, command=_command(),
                           progress=lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -120,7 +119,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
-def _forecast_report(truth_dirs: list[Path], *, warm: bool, as_json: bool) -> str:
+def forecast_report(truth_dirs: list[Path], *, warm: bool, as_json: bool) -> str:
     from attrib_agent.lab.forecast_score import report_command
 
     return report_command(truth_dirs, warm=warm, as_json=as_json)
@@ -129,16 +128,16 @@ def _forecast_report(truth_dirs: list[Path], *, warm: bool, as_json: bool) -> st
 def cmd_demo(args: argparse.Namespace) -> int:
     import httpx
 
+    from attrib_agent.cli.report import explain_table
     from attrib_agent.lab.record import record_run
     from attrib_agent.lab.sidecar import agent_beside
     from attrib_agent.lab.summary import format_table, group_latency, shorts, ttft_s
-    from attrib_agent.report import explain_table
 
     scenario = get_scenario(args.scenario)
     baseline = scenario.with_whales(())
     out = args.out or Path(".lab") / "demo" / time.strftime("%Y%m%d-%H%M%S")
     print("starting vLLM (CPU build, tiny random-weight model); this takes about a minute ...", flush=True)
-    with running_lab(_lab_config(args), args.attach) as ep, \
+    with running_lab(lab_config(args), args.attach) as ep, \
             agent_beside(ep, out / "agent", api_port=args.listen[1] or None, journal_dir=out / "journal") as agent:
         print(f"attrib-agent is running beside vLLM: {agent.api_url}/ (log {agent.log_path})", flush=True)
         rows = []
@@ -185,88 +184,3 @@ def _wait_final(client: object, url: str, timeout_s: float = 30.0) -> dict[str, 
                 return dict(body)
         time.sleep(0.5)
     return dict(body) if body and body.get("culprits") is not None else None
-
-
-def _command() -> str:
-    return shlex.join(["attrib-agent", *sys.argv[1:]])
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="attrib-agent", description=__doc__)
-    p.add_argument("--version", action="version", version=f"attrib-agent {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    demo = sub.add_parser("demo", help="real vLLM + the agent beside it: a whale scenario, and who slowed the shorts")
-    demo.add_argument("--scenario", default="preempt", choices=sorted(SCENARIOS))
-    demo.add_argument("--out", type=Path, help="where to keep the two recordings (default .lab/demo/<time>)")
-    demo.add_argument("--listen", type=parse_listen, default=("127.0.0.1", 9400), metavar="HOST:PORT",
-                      help="the agent's API, /metrics and page (default %(default)s; port 0 picks a free one)")
-    demo.add_argument("--duration", type=float, default=0,
-                      help="keep the agent up this many seconds after the run (default: until Ctrl-C)")
-    demo.add_argument("--explain", type=int, default=3, help="how many of the slowest shorts to explain")
-    _add_lab_options(demo)
-    demo.set_defaults(func=cmd_demo)
-
-    add_agent_commands(sub)
-
-    lab = sub.add_parser("lab", help="real-vLLM lab: scenarios, recordings, counterfactual truth")
-    lsub = lab.add_subparsers(dest="lab_command", required=True)
-    sc = lsub.add_parser("scenarios", help="list the built-in scenarios")
-    sc.set_defaults(func=cmd_scenarios)
-    serve = lsub.add_parser("serve", help="start vLLM + capture and keep them up (for --attach)")
-    serve.add_argument("--state-file", type=Path, help="write the endpoints here for other commands to --attach")
-    serve.add_argument("--otlp-forward", metavar="URL", help="also send vLLM's spans to this OTLP/HTTP URL, "
-                       "e.g. your agent's http://127.0.0.1:4318/v1/traces (--otlp-http-port 4318)")
-    serve.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0: until Ctrl-C)")
-    _add_lab_options(serve)
-    serve.set_defaults(func=cmd_serve)
-    rec = lsub.add_parser("record", help="run a scenario and write a recording directory")
-    rec.add_argument("--scenario", required=True, choices=sorted(SCENARIOS))
-    rec.add_argument("--out", type=Path, required=True)
-    _add_lab_options(rec)
-    rec.set_defaults(func=cmd_record)
-    tr = lsub.add_parser("truth", help="counterfactual runs under every subset of whales -> truth.json")
-    tr.add_argument("--scenario", required=True, choices=sorted(SCENARIOS))
-    tr.add_argument("--reps", type=int, default=3)
-    tr.add_argument("--out", type=Path, required=True)
-    tr.add_argument("--keep-recordings", action="store_true", help="keep every run's recording under OUT/runs/")
-    _add_lab_options(tr)
-    tr.set_defaults(func=cmd_truth)
-    sc2 = lsub.add_parser("score", help="score attribution against counterfactual truth (needs --keep-recordings)"
-                          " and the timeline against vLLM's per-step truth (recordings made with --truth-plugin)")
-    sc2.add_argument("truth_dirs", type=Path, nargs="+", metavar="TRUTH_DIR|RECORDING")
-    sc2.add_argument("--json", action="store_true")
-    sc2.set_defaults(func=cmd_score)
-    add_bench_command(lsub, _add_lab_options, _lab_config)
-    from attrib_agent.lab.oracle import suite as oracle  # no vLLM import until it runs
-
-    orc = lsub.add_parser("oracle", help="vLLM's own scheduler vs the re-simulation: step agreement report")
-    oracle.add_arguments(orc)
-    orc.set_defaults(func=oracle.run)
-    fs = lsub.add_parser("forecast-score", help="score the admission forecast against counterfactual truth")
-    fs.add_argument("truth_dirs", type=Path, nargs="+", metavar="TRUTH_DIR")
-    fs.add_argument("--warm", action="store_true", help="cost model fitted on the truth's null run first")
-    fs.add_argument("--json", action="store_true")
-    fs.set_defaults(func=lambda a: print(_forecast_report(a.truth_dirs, warm=a.warm, as_json=a.json)) or 0)
-    return p
-
-
-def _sigterm(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # unwinds context managers, so vLLM's process group is stopped
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _sigterm)
-    try:
-        return int(args.func(args))
-    except LabError as e:
-        print(f"attrib-agent: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("attrib-agent: interrupted", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """Polls vLLM's /metrics on a fixed cadence and turns each body into `MetricsSnapshot`s.
 
-I/O only: parsing is `metrics_parser`'s. Every failure (time-out, refused, HTTP error, bad body) is
+I/O only: parsing is `parser.py`'s. Every failure (time-out, refused, HTTP error, bad body) is
 counted in `health` by kind and yields no snapshot; nothing bad input can do raises into the pipeline.
 """
 
@@ -17,7 +17,7 @@ import httpx
 
 from attrib_agent.events import MetricsSnapshot
 from attrib_agent.health import SourceHealth
-from attrib_agent.sources.metrics_parser import CounterTracker, MetricsParseError, parse_metrics
+from attrib_agent.sources.metrics.parser import CounterTracker, MetricsParseError, parse_metrics
 
 logger = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ import tomllib
 from pathlib import Path
 from typing import Final
 
-from attrib_agent.config_settings import BY_NAME, SECTIONS
-from attrib_agent.config_types import ConfigError
-from attrib_agent.config_values import did_you_mean
+from attrib_agent.config.settings import BY_NAME, SECTIONS
+from attrib_agent.config.types import ConfigError
+from attrib_agent.config.values import did_you_mean
 
 MAX_FILE_BYTES: Final = 1024 * 1024  # a config file is a few KB; more is the wrong file
 

@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from attrib_agent.health import SourceHealth
-from attrib_agent.sources.otlp_decode import (
+from attrib_agent.sources.otlp.decode import (
     JSON,
     PROTOBUF,
     DecodeResult,
@@ -33,7 +33,7 @@ from attrib_agent.sources.otlp_decode import (
     decode_export,
     media_type,
 )
-from attrib_agent.sources.otlp_forward import OtlpForwarder
+from attrib_agent.sources.otlp.forward import OtlpForwarder
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from prometheus_client.metrics_core import Metric
 
 from attrib_agent.read_model import AgentState
-from attrib_agent.sinks.prom_families import counter, fold_kinds, gauge
+from attrib_agent.sinks.prometheus.families import counter, fold_kinds, gauge
 
 
 def agent_families(state: AgentState) -> list[Metric]:

@@ -16,7 +16,7 @@ from datetime import date, datetime, time
 from pathlib import Path
 from urllib.parse import SplitResult, urlsplit
 
-from attrib_agent.config_types import HostPort, OtlpTarget, mask_url
+from attrib_agent.config.types import HostPort, OtlpTarget, mask_url
 
 OFF_WORDS = frozenset({"none", "off"})  # what turns a URL-valued setting off from env or a flag
 _TRUE = frozenset({"1", "true", "yes", "on"})

@@ -3,7 +3,7 @@
 Every scrape builds fresh families from the state (nothing cached, so no stale series linger), in sections;
 a section that fails is left out of that scrape, counted in attrib_collector_errors_total{section} and
 logged, and the rest is still served: a scrape never fails as a whole. Series and labels are the contract
-in docs/metrics.md (prom_families.SPECS mirrors it); no label carries a request id, ids ride in exemplars.
+in docs/metrics.md (families.SPECS mirrors it); no label carries a request id, ids ride in exemplars.
 
 Mount with `prometheus_client.make_asgi_app(registry_for(state))`: it negotiates OpenMetrics, the format
 that carries the exemplars.
@@ -21,12 +21,12 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from attrib_agent.read_model import AgentState
-from attrib_agent.sinks.prom_engine import cost_families, kv_families, pipeline_families
-from attrib_agent.sinks.prom_families import SPECS, counter, empty_family
-from attrib_agent.sinks.prom_forecast import forecast_families
-from attrib_agent.sinks.prom_health import agent_families, source_families
-from attrib_agent.sinks.prom_slo import slo_families
-from attrib_agent.sinks.prom_slowdown import slowdown_families
+from attrib_agent.sinks.prometheus.engine import cost_families, kv_families, pipeline_families
+from attrib_agent.sinks.prometheus.families import SPECS, counter, empty_family
+from attrib_agent.sinks.prometheus.forecast import forecast_families
+from attrib_agent.sinks.prometheus.health import agent_families, source_families
+from attrib_agent.sinks.prometheus.slo import slo_families
+from attrib_agent.sinks.prometheus.slowdown import slowdown_families
 
 logger = logging.getLogger(__name__)
 

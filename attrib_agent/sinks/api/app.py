@@ -32,11 +32,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from attrib_agent.attribution.result_codec import to_dict
 from attrib_agent.read_model import AgentState
-from attrib_agent.sinks.api_forecast import forecast_routes
-from attrib_agent.sinks.api_http import PAGE_CSP, BearerAuth, error, error_handlers, json_response
-from attrib_agent.sinks.api_ids import BadRequestId, resolve
-from attrib_agent.sinks.api_timeline import parse_max_steps, parse_ts, parse_window, timeline_json
-from attrib_agent.sinks.api_top import BadQuery, parse_duration, parse_limit
+from attrib_agent.sinks.api.forecast import forecast_routes
+from attrib_agent.sinks.api.ids import BadRequestId, resolve
+from attrib_agent.sinks.api.plumbing import PAGE_CSP, BearerAuth, error, error_handlers, json_response
+from attrib_agent.sinks.api.timeline import parse_max_steps, parse_ts, parse_window, timeline_json
+from attrib_agent.sinks.api.top import BadQuery, parse_duration, parse_limit
 
 DEFAULT_WINDOW: Final = "5m"
 PAGE_FILES: Final = {"index.html": "text/html; charset=utf-8", "page.js": "text/javascript; charset=utf-8",
@@ -108,7 +108,7 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
                "vllm_gap_s": state.vllm_gap_seconds()}
         return json_response({"ready": ready, "missing": list(readiness.reasons)} | gap, 200 if ready else 503)
 
-    page = {name: resources.files("attrib_agent.sinks").joinpath("page", name).read_bytes() for name in PAGE_FILES}
+    page = {name: resources.files("attrib_agent.sinks.api").joinpath("page", name).read_bytes() for name in PAGE_FILES}
 
     async def page_file(request: Request) -> Response:
         name = request.path_params.get("name", "index.html")

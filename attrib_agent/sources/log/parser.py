@@ -4,7 +4,7 @@ Why a table: vLLM's messages change between versions, and each row is one messag
 Why content first: vLLM may log prompts and outputs (DEBUG, --enable-log-outputs); those lines are only
 counted (`content_dropped`), never kept, so no event, count label, log record or exception holds user text.
 
-Accepted prefixes (see log_patterns.PREFIX): vLLM's default `(APIServer pid=N) INFO 11-22 00:29:19 [f.py:1] `
+Accepted prefixes (see patterns.PREFIX): vLLM's default `(APIServer pid=N) INFO 11-22 00:29:19 [f.py:1] `
 (no year, 1 s; read as UTC), the lab/Helm millisecond format with the year (UTC), either with ANSI colours or a
 leading collector stamp, and vLLM's JSON formatter (python-json-logger, JSON_FORMAT) one object per line.
 """
@@ -27,7 +27,7 @@ from attrib_agent.events import (
     StatsLine,
 )
 from attrib_agent.health import SourceHealth
-from attrib_agent.sources import log_patterns as p
+from attrib_agent.sources.log import patterns as p
 
 logger = logging.getLogger(__name__)
 

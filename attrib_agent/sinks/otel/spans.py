@@ -7,7 +7,7 @@ points at the culprit's `llm_request` span. Ids, counts and times only: no reque
 Attribute names: GenAI semantic conventions where one exists (`gen_ai.usage.input_tokens`, ...), vLLM's own
 `gen_ai.request.id` (not in the conventions, but it is the key vLLM's span carries, so one query finds both
 spans), and `attrib.*` for the rest. The tracer provider is injected: tests use an in-memory exporter, the
-agent `tracer_provider_for` (otel_export.py), whose BatchSpanProcessor queue bounds what waits for export.
+agent `tracer_provider_for` (export.py), whose BatchSpanProcessor queue bounds what waits for export.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from opentelemetry.util.types import Attributes, AttributeValue
 from attrib_agent import __version__
 from attrib_agent.attribution.result import AttributionResult, Cause, Culprit
 from attrib_agent.attribution.tally import victim_class
-from attrib_agent.sinks.otel_export import tracer_provider_for
+from attrib_agent.sinks.otel.export import tracer_provider_for
 from attrib_agent.timeline.model import RequestLifecycle
 from attrib_agent.timeline.preemption import InferredPreemption
 

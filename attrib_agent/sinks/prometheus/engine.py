@@ -11,7 +11,7 @@ from dataclasses import asdict
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from attrib_agent.read_model import AgentState
-from attrib_agent.sinks.prom_families import COST_TERMS, EVENT_KINDS, counter, gauge, snake_case
+from attrib_agent.sinks.prometheus.families import COST_TERMS, EVENT_KINDS, counter, gauge, snake_case
 
 
 def pipeline_families(state: AgentState) -> list[Metric]:

@@ -3,7 +3,7 @@
 `add_run_arguments` adds the flags (all defaulting to None, so an unset flag overrides nothing);
 `load_config` merges the layers into a frozen `AgentConfig`, or raises `ConfigError` with one line naming
 the setting, its source and the problem. Every value given is validated, even one a higher layer overrides,
-so a broken file is reported rather than hidden. The settings themselves are data in `config_settings`.
+so a broken file is reported rather than hidden. The settings themselves are data in `settings.py`.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from urllib.parse import urlsplit
 from attrib_agent.attribution.attributor import AttributionConfig
 from attrib_agent.attribution.forecast import Candidate, ForecastConfig, ForecastSettings
 from attrib_agent.attribution.slo import SloConfig
-from attrib_agent.config_file import read_config_file
-from attrib_agent.config_settings import BY_NAME, CONFIG_ENV, ENV_PREFIX, EXCLUSIVE, SETTINGS, is_chosen, parse_token
-from attrib_agent.config_types import ConfigError, HostPort, OtlpTarget, Secret, shown
-from attrib_agent.config_values import WILDCARD_HOSTS, did_you_mean, expand_user, is_loopback
+from attrib_agent.config.file import read_config_file
+from attrib_agent.config.settings import BY_NAME, CONFIG_ENV, ENV_PREFIX, EXCLUSIVE, SETTINGS, is_chosen, parse_token
+from attrib_agent.config.types import ConfigError, HostPort, OtlpTarget, Secret, shown
+from attrib_agent.config.values import WILDCARD_HOSTS, did_you_mean, expand_user, is_loopback
 from attrib_agent.pipeline import PipelineConfig
 
 __all__ = ["AgentConfig", "ConfigError", "HostPort", "OtlpTarget", "Secret", "add_run_arguments", "load_config"]

@@ -16,7 +16,14 @@ from prometheus_client.samples import Exemplar
 
 from attrib_agent.attribution.tally import PHASES, SlowdownHistogram, SlowdownTally
 from attrib_agent.attribution.tally import Exemplar as TallyExemplar
-from attrib_agent.sinks.prom_families import CAUSE_VALUES, CULPRIT_CLASSES, OTHER, VICTIM_CLASSES, counter, histogram
+from attrib_agent.sinks.prometheus.families import (
+    CAUSE_VALUES,
+    CULPRIT_CLASSES,
+    OTHER,
+    VICTIM_CLASSES,
+    counter,
+    histogram,
+)
 
 _TRACE_ID: Final = re.compile(r"[0-9a-f]{32}")
 _Bucket = tuple[str, float] | tuple[str, float, Exemplar]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from prometheus_client.metrics_core import Metric
 
 from attrib_agent.read_model import AgentState
-from attrib_agent.sinks.prom_families import gauge
+from attrib_agent.sinks.prometheus.families import gauge
 
 
 def forecast_families(state: AgentState) -> list[Metric]:

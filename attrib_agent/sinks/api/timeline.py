@@ -18,7 +18,7 @@ from typing import Any, Final
 from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.attribution.result_codec import culprit_to_dict
 from attrib_agent.read_model import TimelineReads
-from attrib_agent.sinks.api_top import BadQuery, parse_duration
+from attrib_agent.sinks.api.top import BadQuery, parse_duration
 from attrib_agent.timeline.model import RequestLifecycle
 
 DEFAULT_MAX_STEPS: Final = 2000
