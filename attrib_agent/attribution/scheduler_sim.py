@@ -18,9 +18,9 @@ from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 
+from attrib_agent.attribution.block_pool import FreeBlockQueue
 from attrib_agent.attribution.shapley import shapley_values
 from attrib_agent.attribution.sim_step import (
-    FreeBlockQueue,
     LiveRequest,
     StepPlan,
     blocks_for,
@@ -167,8 +167,8 @@ def _deliver(lv: LiveRequest, samples: bool, end: float, running: list[LiveReque
             running.remove(lv)
         elif lv in waiting:
             waiting.remove(lv)
-        pool.release(None, lv.blocks, lv.computed // block_size)
-        lv.blocks = 0
+        pool.release(None, lv.blocks, lv.computed // block_size, lv.shared)
+        lv.blocks, lv.shared = 0, []
 
 
 def shapley(players: Sequence[str], value: Callable[[frozenset[str]], float], *, exact_up_to: int = 6,

@@ -15,89 +15,9 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from attrib_agent.attribution.block_pool import FreeBlockQueue, SharedBlock
 from attrib_agent.attribution.sim_trace import Blame, Member
 from attrib_agent.attribution.sim_types import SchedulerConfig, SimRequest
-
-_NO_OWNER = -1
-
-
-class FreeBlockQueue:
-    """vLLM's free-block queue: freed blocks join the back, allocation takes from the front (evicting whatever
-    prefix-cache content those blocks held). Run-length encoded: [owner, count] segments, at most one per free
-    block, so it stays bounded by the pool size."""
-
-    def __init__(self, blocks: int, prefix_caching: bool = True) -> None:
-        self.free = blocks
-        self._caching = prefix_caching
-        self._segments: deque[list[int]] = deque([[_NO_OWNER, blocks]] if blocks > 0 else [])
-        self._cached: dict[int, list[int]] = {}  # owner -> its segment of still-cached prefix blocks
-
-    def __len__(self) -> int:
-        return len(self._segments)
-
-    def allocate(self, n: int) -> None:
-        if n > self.free:
-            raise ValueError(f"allocating {n} blocks with {self.free} free")
-        self.free -= n
-        while n > 0 or (self._segments and self._segments[0][1] == 0):
-            seg = self._segments[0]
-            take = min(n, seg[1])
-            seg[1] -= take  # a cached segment loses its highest block index first (vLLM frees tail-first)
-            n -= take
-            if seg[1] == 0:
-                self._segments.popleft()
-                if seg[0] != _NO_OWNER and self._cached.get(seg[0]) is seg:
-                    del self._cached[seg[0]]
-
-    def release(self, owner: int | None, blocks: int, full_blocks: int = 0) -> None:
-        """Free `blocks`, of which the first `full_blocks` are full (hashed). As vLLM's `BlockPool.free_blocks`:
-        hashed blocks join the back (LRU; reusable by `owner` if given, else by nobody), the others the front
-        (reused first); with prefix caching off nothing is hashed."""
-        if blocks <= 0:
-            return
-        self.free += blocks
-        hashed = min(full_blocks, blocks) if self._caching else 0
-        if blocks > hashed:
-            first = self._segments[0] if self._segments else None
-            if first is not None and first[0] == _NO_OWNER:
-                first[1] += blocks - hashed
-            else:
-                self._segments.appendleft([_NO_OWNER, blocks - hashed])
-        if hashed and owner is not None:
-            self.forget(owner)
-            seg = [owner, hashed]
-            self._segments.append(seg)
-            self._cached[owner] = seg
-        elif hashed:
-            last = self._segments[-1] if self._segments else None
-            if last is not None and last[0] == _NO_OWNER:
-                last[1] += hashed
-            else:
-                self._segments.append([_NO_OWNER, hashed])
-
-    def take_cached(self, owner: int, max_blocks: int) -> int:
-        """Re-use the owner's cached prefix (at most `max_blocks`); returns how many blocks it got back."""
-        seg = self._cached.pop(owner, None)
-        if seg is None:
-            return 0
-        hit = min(seg[1], max(max_blocks, 0))
-        self.free -= hit
-        seg[1] -= hit
-        seg[0] = _NO_OWNER  # the rest lies beyond the hit: nobody will find it again
-        if seg[1] == 0:
-            self._drop(seg)
-        return hit
-
-    def forget(self, owner: int) -> None:
-        seg = self._cached.pop(owner, None)
-        if seg is not None:
-            seg[0] = _NO_OWNER
-
-    def _drop(self, seg: list[int]) -> None:
-        for i, s in enumerate(self._segments):
-            if s is seg:
-                del self._segments[i]
-                return
 
 
 @dataclass(slots=True, eq=False)
@@ -121,6 +41,7 @@ class LiveRequest:
     first_token_ts: float | None = None
     finish_ts: float | None = None
     token_ts: list[float] = field(default_factory=list)
+    shared: list[SharedBlock] = field(default_factory=list)  # its group prefix's cached blocks, in order
 
     @property
     def num_tokens(self) -> int:
@@ -152,7 +73,8 @@ def holders(running: Sequence[LiveRequest], exclude: LiveRequest | None = None) 
 
 
 def _preempt(victim: LiveRequest, pool: FreeBlockQueue, block_size: int) -> None:
-    pool.release(victim.index, victim.blocks, victim.computed // block_size)
+    pool.release(victim.index, victim.blocks, victim.computed // block_size, victim.shared)
+    victim.shared = []
     victim.redo_until = max(victim.redo_until, victim.computed)
     victim.computed = 0
     victim.blocks = 0
@@ -187,6 +109,7 @@ def schedule_step(running: list[LiveRequest], waiting: deque[LiveRequest], pool:
         if need > 0:
             pool.allocate(need)
             req.blocks += need
+        _cache_blocks(req, req.computed + n, pool, config)
         members.append(_member(req, n))
         budget -= n
         i += 1
@@ -205,14 +128,22 @@ def schedule_step(running: list[LiveRequest], waiting: deque[LiveRequest], pool:
         if skip == len(waiting):
             return StepPlan(members, preempted, "empty", admitted=admitted)
         req = waiting[skip]
-        if blocks_for(req.num_tokens, bs) > pool.free:
+        limit = (req.num_tokens - 1) // bs  # vLLM recomputes the last token: at most this many blocks hit
+        prefix = _prefix_blocks(req, config)
+        group = req.req.prefix_group
+        shared = pool.shared_hit(group, min(prefix, limit)) if prefix and group is not None else []
+        own = pool.peek_cached(req.index, limit - len(shared)) if len(shared) == prefix else 0
+        # scheduler_reserve_full_isl: the whole sequence must fit; hit blocks that sit free still count
+        if blocks_for(req.num_tokens, bs) - len(shared) + sum(b.ref == 0 for b in shared) > pool.free:
             return StepPlan(members, preempted, "kv", req, admitted)
-        hit = pool.take_cached(req.index, (req.num_tokens - 1) // bs)
-        req.computed, req.blocks = hit * bs, hit
+        pool.touch(shared)
+        hit = len(shared) + (pool.take_cached(req.index, own) if own else 0)
+        req.shared, req.computed, req.blocks = shared, hit * bs, hit
         n = min(req.num_tokens - req.computed, budget)
         need = blocks_for(req.computed + n, bs) - req.blocks
         pool.allocate(need)
         req.blocks += need
+        _cache_blocks(req, req.computed + n, pool, config)
         del waiting[skip]
         running.append(req)
         admitted.append(req)
@@ -220,6 +151,21 @@ def schedule_step(running: list[LiveRequest], waiting: deque[LiveRequest], pool:
             req.scheduled_ts = now
         members.append(_member(req, n))
         budget -= n
+
+
+def _prefix_blocks(req: LiveRequest, config: SchedulerConfig) -> int:
+    """Blocks of the request's group prefix that other requests of the group can share (full ones only)."""
+    if not config.prefix_caching or req.req.prefix_group is None:
+        return 0
+    return req.req.prefix_tokens // config.block_size
+
+
+def _cache_blocks(req: LiveRequest, tokens: int, pool: FreeBlockQueue, config: SchedulerConfig) -> None:
+    """vLLM's `cache_blocks` at scheduling: prefix blocks the scheduled tokens fill become cached at once."""
+    full = min(_prefix_blocks(req, config), tokens // config.block_size)
+    group = req.req.prefix_group
+    while group is not None and len(req.shared) < full:
+        req.shared.append(pool.register(group, len(req.shared)))
 
 
 def _member(req: LiveRequest, tokens: int) -> Member:

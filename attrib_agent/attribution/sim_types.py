@@ -16,6 +16,10 @@ class SimRequest:
     arrival_ts: float
     prompt_tokens: int
     output_tokens: int
+    # Requests of one group share their first `prefix_tokens` prompt tokens (a system prompt, a document):
+    # with prefix caching their full blocks are computed once and shared, as vLLM's prefix cache does.
+    prefix_group: str | None = None
+    prefix_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 Arrivals are in seconds; both sides advance their clock by the same cost model, so as long as they schedule
 the same steps they see the same arrivals at the same step boundaries. A request may share its first
 `prefix_tokens` prompt tokens with the others of its `prefix_group` (vLLM's prefix cache can then reuse them);
-the re-simulation has no notion of shared prefixes yet, so it sees only the prompt length.
+the re-simulation gets the same group and length.
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ class Workload:
         return self.config.async_scheduling
 
     def sim_requests(self) -> list[SimRequest]:
-        return [SimRequest(r.request_id, r.arrival_ts, r.prompt_tokens, r.output_tokens) for r in self.requests]
+        return [SimRequest(r.request_id, r.arrival_ts, r.prompt_tokens, r.output_tokens,
+                           None if r.prefix_group is None else str(r.prefix_group), r.prefix_tokens)
+                for r in self.requests]
 
     @property
     def max_model_len(self) -> int:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from attrib_agent.attribution.block_pool import FreeBlockQueue
 from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior
 from attrib_agent.attribution.scheduler_sim import shapley, simulate, slowdown_shares
 from attrib_agent.attribution.shapley import shapley_values
-from attrib_agent.attribution.sim_step import FreeBlockQueue
 from attrib_agent.attribution.sim_trace import Member, Pricer, VictimTracer, VictimView
 from attrib_agent.attribution.sim_types import SchedulerConfig, SimRequest, SimResult, WaitCause
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attrib_agent.attribution.sim_step import FreeBlockQueue
+from attrib_agent.attribution.block_pool import FreeBlockQueue
 
 
 def test_unhashed_blocks_are_reused_before_a_preempted_requests_cached_prefix() -> None:

@@ -7,10 +7,11 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attrib_agent.attribution.block_pool import FreeBlockQueue
 from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior
 from attrib_agent.attribution.result import CAUSES
 from attrib_agent.attribution.scheduler_sim import simulate
-from attrib_agent.attribution.sim_step import FreeBlockQueue, blocks_for
+from attrib_agent.attribution.sim_step import blocks_for
 from attrib_agent.attribution.sim_types import SchedulerConfig, SimRequest
 
 COSTS = [
