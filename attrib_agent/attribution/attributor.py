@@ -23,6 +23,7 @@ from attrib_agent.attribution.whales import whales
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.model import RequestLifecycle
 
+OBSERVED_PREFIX = "observed"  # the one prefix group the observer can name: whatever the cache hits were
 MIN_CULPRIT_S = 0.001
 """A request blamed for less than this (TTFT seconds plus ITL seconds over all the victim's gaps) is not named
 as a culprit: its part stays in `unexplained`, so no culprit reads "0 ms / 0 ms" beside a share."""
@@ -178,10 +179,13 @@ class Attributor:
         self._learnt_to = (id(timeline), learnt_to)
 
     def scheduler_config(self, timeline: EngineTimeline) -> SchedulerConfig:
+        """The pool, the budget, and the prefix the requests were seen to hit, as already cached."""
         block_size, num_blocks = timeline.pool()
+        hits = [timeline.cached_tokens(lc.request_id) for lc in timeline.lifecycles()]
+        warm = ((OBSERVED_PREFIX, max(hits)),) if hits and max(hits) > 0 else ()
         return SchedulerConfig(block_size=block_size or self.config.default_block_size,
                                num_blocks=num_blocks or self.config.default_num_blocks,
-                               token_budget=timeline.token_budget())
+                               token_budget=timeline.token_budget(), warm_prefixes=warm)
 
     def attribute(self, timeline: EngineTimeline, request_ids: Iterable[str] | None = None) -> list[AttributionResult]:
         """Results for the finished requests (all, or those named) of the timeline."""
@@ -191,7 +195,7 @@ class Attributor:
         known: list[tuple[SimRequest, float]] = []
         lcs: dict[str, RequestLifecycle] = {}
         for lc in timeline.lifecycles():
-            req = _sim_request(lc)
+            req = _sim_request(lc, timeline.cached_tokens(lc.request_id))
             if req is None:
                 continue
             lcs[lc.request_id] = lc
@@ -242,7 +246,8 @@ class Attributor:
 
     def _baseline(self, v: _Victim, cfg: SchedulerConfig, offsets: tuple[float, float]) -> _Baseline:
         ttft_off, itl_off = offsets
-        base_ttft = self.cost.solo_ttft_s(v.req.prompt_tokens, cfg.token_budget) + ttft_off
+        uncached = v.req.prompt_tokens - v.req.prefix_tokens  # a cached prefix is not computed, even alone
+        base_ttft = self.cost.solo_ttft_s(max(uncached, 1), cfg.token_budget) + ttft_off
         base_itl = max(0.5 * self.cost.solo_itl_s(v.req.prompt_tokens + v.req.output_tokens // 2),
                        self.cost.solo_itl_s(v.req.prompt_tokens + v.req.output_tokens // 2) + itl_off)
         ttft_slow = max(0.0, (v.lc.ttft_s or 0.0) - base_ttft)
@@ -356,11 +361,14 @@ def _footprints(period: list[SimRequest]) -> dict[str, int]:
     return {r.request_id: r.prompt_tokens + r.output_tokens for r in period}
 
 
-def _sim_request(lc: RequestLifecycle) -> SimRequest | None:
+def _sim_request(lc: RequestLifecycle, cached: int = 0) -> SimRequest | None:
+    """A request as the re-simulation takes it; one that hit the prefix cache shares the observed prefix
+    (the observer cannot tell shared prefixes apart, so every hit is taken as the same leading tokens)."""
     if lc.arrival_ts is None or lc.prompt_tokens is None:
         return None
     out = lc.completion_tokens if lc.completion_tokens is not None else (lc.max_tokens or 1)
-    return SimRequest(lc.request_id, lc.arrival_ts, lc.prompt_tokens, max(out, 1))
+    return SimRequest(lc.request_id, lc.arrival_ts, lc.prompt_tokens, max(out, 1),
+                      OBSERVED_PREFIX if cached > 0 else None, cached)
 
 
 def _metric(o: SimOutcome | None, arrival_ts: float, which: str) -> float:

@@ -158,6 +158,11 @@ class FreeBlockQueue:
         self._shared.setdefault(group, {}).setdefault(index, []).append(block)
         return block
 
+    def warm(self, group: str, blocks: int) -> None:
+        """The group's first `blocks` prefix blocks were computed earlier and sit cached in the free queue."""
+        self.allocate(blocks)
+        self.release(None, blocks, blocks, [self.register(group, i) for i in range(blocks)])
+
     def _evict(self, block: SharedBlock) -> None:
         block.entry = None
         copies = self._shared.get(block.group, {})

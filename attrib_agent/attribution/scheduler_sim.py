@@ -63,6 +63,9 @@ def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: Step
         lv.refused = blocks_for(lv.req.prompt_tokens + lv.target - 1, bs) > usable
     awaited = {by_id[rid] for rid in until_done or () if not by_id[rid].refused}
     pool = FreeBlockQueue(usable, config.prefix_caching)
+    if config.prefix_caching:
+        for group, tokens in config.warm_prefixes:
+            pool.warm(group, min(tokens // bs, usable))
     pending = deque(sorted(lives, key=lambda lv: (lv.req.arrival_ts, lv.index)))
     waiting: deque[LiveRequest] = deque()
     running: list[LiveRequest] = []

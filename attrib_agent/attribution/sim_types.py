@@ -37,6 +37,9 @@ class SchedulerConfig:
     # vLLM's async scheduling (default on GPUs, off on CPU): step k+1 is scheduled before step k's tokens are
     # back, so arrivals, sampled tokens and freed blocks reach the scheduler one step later.
     async_scheduling: bool = False
+    # Prefixes already in vLLM's prefix cache when the run starts, (group, tokens): a system prompt computed
+    # before the busy period, which its requests hit (the observer sees the hits, not who computed it first).
+    warm_prefixes: tuple[tuple[str, int], ...] = ()
 
 
 class StepCost(Protocol):

@@ -183,6 +183,13 @@ class EngineTimeline:
             return None
         return lc if lc.complete else self._partial(lc)
 
+    def cached_tokens(self, request_id: str) -> int:
+        """Prompt tokens the request found in vLLM's prefix cache (inferred from the steps; 0 if none seen)."""
+        departed = self._inference.departure(request_id)
+        track = self._inference.track(request_id) if departed is None else None
+        cached = departed.cached if departed is not None else track.cached if track is not None else None
+        return cached or 0
+
     def lifecycles(self) -> list[RequestLifecycle]:
         self._inference.refresh()
         return [lc if lc.complete else self._partial(lc) for lc in self._book.lifecycles()]

@@ -82,6 +82,7 @@ class Track:
     computed: int = 0  # tokens whose KV it holds (vLLM's num_computed_tokens, prefix hits included)
     outputs: int = 0  # tokens generated so far
     prefilled: int = 0  # context tokens computed in prefill chunks (infers an unknown prompt)
+    cached: int | None = None  # prompt tokens vLLM's prefix cache gave it (skipped prefill); None until seen
     admitted_seq: int | None = None
     first_token_seq: int | None = None
     resuming: bool = False  # preempted: its KV is gone and its next scheduling recomputes it
@@ -105,8 +106,8 @@ class Track:
 
     def key(self) -> tuple[object, ...]:
         return (self.rid, self.queue_ts, self.order, self.prompt, self.computed, self.outputs, self.prefilled,
-                self.admitted_seq, self.first_token_seq, self.resuming, self.held_before_preempt, self.preempt_seqs,
-                self.resume_seqs)
+                self.cached, self.admitted_seq, self.first_token_seq, self.resuming, self.held_before_preempt,
+                self.preempt_seqs, self.resume_seqs)
 
 
 @dataclass(slots=True)

@@ -25,6 +25,7 @@ class Slot:
     tokens: int | None  # None until the counts decide
     admitted: bool = False  # taken from the waiting queue in this step
     dropped: bool = False  # did not run: preempted or finished before the step
+    hit: int = 0  # prompt tokens found in the prefix cache when it was scheduled (not computed, not counted)
 
 
 def kv_victims(slots: list[Slot], observed_used: float | None, geo: Geometry, budget: int) -> list[Slot]:

@@ -25,6 +25,7 @@ class Departure:
     admitted_seq: int | None
     first_token_seq: int | None
     preempt_seqs: tuple[int, ...]
+    cached: int | None = None  # prompt tokens found in vLLM's prefix cache at admission (None: not seen)
 
 
 @dataclass(frozen=True, slots=True)

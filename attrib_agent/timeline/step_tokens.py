@@ -40,11 +40,41 @@ def assign_tokens(st: SchedState, si: StepInput, geo: Geometry, work: StepWork) 
     ctx = [s for s in live if s.phase == "prefill"]
     unknown = [s for s in ctx if s.tokens is None]
     if not unknown:
+        _prefix_hits(ctx, si, st.budget)
         return
     rest = si.context_tokens - sum(s.tokens or 0 for s in ctx)
     shares = split_context(rest, unknown, _kv_misfit(st, si, geo, work, unknown), geo.block_size)
     for s, n in zip(unknown, shares, strict=True):
         s.tokens = n
+
+
+def _prefix_hits(ctx: list[Slot], si: StepInput, budget: int) -> None:
+    """Known prompts that the line shows computing fewer tokens than they had left found the rest in vLLM's
+    prefix cache (the line counts computed tokens only; the cache stops one token short of the prompt).
+
+    Only requests whose hit is not settled yet can have one (vLLM looks the cache up at admission; a first
+    chunk cut by the budget hides it until the next). When the step did not fill the budget every such
+    prefill ended in it, so the hits are what their prompts had left beyond the line's count; when it did,
+    the chunks were capped first and the shortfall is what the hits must explain. Shared evenly.
+    """
+    open_ = [s for s in ctx if s.track.cached is None and s.track.prompt is not None and not s.track.resuming]
+    if not open_:
+        return
+    ended = si.scheduled_tokens < budget
+    rest = {id(s): s.track.prompt - s.track.computed if ended else s.tokens or 0  # type: ignore[operator]
+            for s in open_}
+    shortfall = sum(rest.values()) + sum(s.tokens or 0 for s in ctx if all(s is not o for o in open_)) \
+        - si.context_tokens
+    room = [max(rest[id(s)] - 1, 0) for s in open_]
+    if shortfall <= 0 or sum(room) <= 0:
+        return
+    hits = [min(h, r) for h, r in zip(split_unknown(min(shortfall, sum(room)), len(open_)), room, strict=True)]
+    for i, r in enumerate(room):  # what a capped one could not take goes to those with room left
+        extra = min(shortfall - sum(hits), r - hits[i])
+        hits[i] += max(extra, 0)
+    for s, h in zip(open_, hits, strict=True):
+        s.hit = h
+        s.tokens = rest[id(s)] - h
 
 
 def _kv_misfit(st: SchedState, si: StepInput, geo: Geometry, work: StepWork,
@@ -85,12 +115,15 @@ def apply_tokens(st: SchedState, si: StepInput, book: LifecycleBook, geo: Geomet
         elif s.phase == "prefill":
             if t.computed == 0 and t.resuming:
                 t.computed = _cached_prefix(t, n, geo)
-            t.computed += n
+            if s.hit:
+                t.cached = (t.cached or 0) + s.hit
+            t.computed += n + s.hit
             t.prefilled += n
             if _prefill_done(t, lc, si, cut):
                 t.prompt = t.computed if t.prompt is None else t.prompt
                 t.computed = max(t.computed, t.prompt)
                 t.outputs, t.first_token_seq, t.resuming = 1, si.seq, False
+                t.cached = t.cached or 0
         else:  # recompute after preemption, counted as generation
             total = t.num_tokens or (t.held_before_preempt + 1)
             if t.computed == 0:

@@ -228,7 +228,7 @@ def _finish(st: SchedState, si: StepInput, book: LifecycleBook, geo: Geometry, w
              + abs(gr - si.generation_requests) + abs(gt - si.generation_tokens))
     record = StepRecord(si.engine, si.iteration, si.end_ts, si.elapsed_s, si.context_requests, si.context_tokens,
                         si.generation_requests, si.generation_tokens, si.kv_usage, tuple(members), error)
-    predicted = sum(b for _, b in holdings) if bs else None
+    predicted = sum(b for _, b in holdings) - _shared_copies(st.running, bs) if bs else None
     usable = geo.usable_blocks
     observed = None if usable is None else si.kv_usage * usable
     if observed is not None and usable is not None and LOG_KV_PRECISION * usable < 1.0:
@@ -240,6 +240,18 @@ def _finish(st: SchedState, si: StepInput, book: LifecycleBook, geo: Geometry, w
                        predicted, observed)
 
 
+def _shared_copies(running: list[Track], bs: int) -> int:
+    """Blocks counted twice in the holdings: a prefix-cache hit is blocks another request may hold too. The
+    observer cannot name prefixes, so a hit is taken as shared with a request admitted before it that still
+    holds that many tokens (vLLM finds the first cached copy); with none, the hitter holds the only copy."""
+    dupes = 0
+    for i, t in enumerate(running):
+        hit = (t.cached or 0) // bs
+        if hit and any(r.computed >= hit * bs for r in running[:i]):
+            dupes += hit
+    return dupes
+
+
 def _departure(t: Track, si: StepInput, reason: str, st: SchedState, before: bool = False) -> Departure:
     """`before`: it left between the previous step and this one (its last step is the previous one)."""
     if before:
@@ -248,4 +260,4 @@ def _departure(t: Track, si: StepInput, reason: str, st: SchedState, before: boo
     else:
         seq, end_ts = si.seq, si.end_ts
     return Departure(t.rid, seq, end_ts, reason, t.prompt, t.outputs, t.admitted_seq, t.first_token_seq,
-                     t.preempt_seqs)
+                     t.preempt_seqs, t.cached)
