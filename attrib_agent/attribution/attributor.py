@@ -246,8 +246,7 @@ class Attributor:
 
     def _baseline(self, v: _Victim, cfg: SchedulerConfig, offsets: tuple[float, float]) -> _Baseline:
         ttft_off, itl_off = offsets
-        uncached = v.req.prompt_tokens - v.req.prefix_tokens  # a cached prefix is not computed, even alone
-        base_ttft = self.cost.solo_ttft_s(max(uncached, 1), cfg.token_budget) + ttft_off
+        base_ttft = self.cost.solo_ttft_s(v.req.prompt_tokens, cfg.token_budget, v.req.prefix_tokens) + ttft_off
         base_itl = max(0.5 * self.cost.solo_itl_s(v.req.prompt_tokens + v.req.output_tokens // 2),
                        self.cost.solo_itl_s(v.req.prompt_tokens + v.req.output_tokens // 2) + itl_off)
         ttft_slow = max(0.0, (v.lc.ttft_s or 0.0) - base_ttft)
@@ -328,7 +327,7 @@ class Attributor:
                 is_whale=other in plan.all_whales))
         culprits.sort(key=lambda c: (-(c.ttft_s + n_gaps * c.itl_s), c.request_id))
         full = runner(frozenset(whale_list)).outcomes.get(rid)
-        sim_ttft = _metric(full, v.req.arrival_ts, "ttft")
+        sim_ttft = _metric(full, v.req.arrival_ts, "ttft") + base.ttft_offset_s  # the frontend's part, as learnt
         fidelity = 1.0 - min(1.0, abs(sim_ttft - (obs_ttft or 0.0)) / max(obs_ttft or 0.0, 0.05))
         return AttributionResult(
             request_id=rid, finished_ts=v.lc.end_ts or v.req.arrival_ts, ttft_s=obs_ttft, ttft_baseline_s=base_ttft,

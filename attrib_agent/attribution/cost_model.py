@@ -181,12 +181,14 @@ class StepCostModel:
         compute = a + b * context_tokens + c * decode_requests + d * decode_context_sum + e * prefill_pairs
         return max(compute, _NEAR_ZERO) + self._gap_s
 
-    def solo_ttft_s(self, prompt_tokens: int, token_budget: int) -> float:
-        """The prompt's prefill alone, in budget-sized chunks; the first token comes with the last chunk."""
+    def solo_ttft_s(self, prompt_tokens: int, token_budget: int, cached_tokens: int = 0) -> float:
+        """The prompt's prefill alone, in budget-sized chunks; the first token comes with the last chunk. Its
+        first `cached_tokens` come from vLLM's prefix cache: not computed, but attended to."""
         if token_budget < 1:
             raise ValueError("token_budget must be >= 1")
-        done, total = 0, 0.0
-        remaining = max(prompt_tokens, 1)
+        done = min(max(cached_tokens, 0), max(prompt_tokens - 1, 0))
+        total = 0.0
+        remaining = max(prompt_tokens - done, 1)
         while remaining > 0:
             chunk = min(token_budget, remaining)
             total += self.step_seconds_with_prefill(chunk, 0, 0, prefill_pairs(done, chunk))

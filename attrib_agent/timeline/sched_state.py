@@ -83,6 +83,7 @@ class Track:
     outputs: int = 0  # tokens generated so far
     prefilled: int = 0  # context tokens computed in prefill chunks (infers an unknown prompt)
     cached: int | None = None  # prompt tokens vLLM's prefix cache gave it (skipped prefill); None until seen
+    prefix_root: str | None = None  # with a hit: the request whose copy of the prefix it shares (itself: none)
     admitted_seq: int | None = None
     first_token_seq: int | None = None
     resuming: bool = False  # preempted: its KV is gone and its next scheduling recomputes it
@@ -107,7 +108,7 @@ class Track:
     def key(self) -> tuple[object, ...]:
         return (self.rid, self.queue_ts, self.order, self.prompt, self.computed, self.outputs, self.prefilled,
                 self.cached, self.admitted_seq, self.first_token_seq, self.resuming, self.held_before_preempt,
-                self.preempt_seqs, self.resume_seqs)
+                self.preempt_seqs, self.resume_seqs, self.prefix_root)
 
 
 @dataclass(slots=True)

@@ -228,9 +228,9 @@ def _finish(st: SchedState, si: StepInput, book: LifecycleBook, geo: Geometry, w
              + abs(gr - si.generation_requests) + abs(gt - si.generation_tokens))
     record = StepRecord(si.engine, si.iteration, si.end_ts, si.elapsed_s, si.context_requests, si.context_tokens,
                         si.generation_requests, si.generation_tokens, si.kv_usage, tuple(members), error)
-    predicted = sum(b for _, b in holdings) - _shared_copies(st.running, bs) if bs else None
     usable = geo.usable_blocks
     observed = None if usable is None else si.kv_usage * usable
+    predicted = sum(b for _, b in holdings) - _shared_copies(st.running, bs, observed) if bs else None
     if observed is not None and usable is not None and LOG_KV_PRECISION * usable < 1.0:
         st.observed_used = float(round(observed))
     else:
@@ -240,16 +240,37 @@ def _finish(st: SchedState, si: StepInput, book: LifecycleBook, geo: Geometry, w
                        predicted, observed)
 
 
-def _shared_copies(running: list[Track], bs: int) -> int:
-    """Blocks counted twice in the holdings: a prefix-cache hit is blocks another request may hold too. The
-    observer cannot name prefixes, so a hit is taken as shared with a request admitted before it that still
-    holds that many tokens (vLLM finds the first cached copy); with none, the hitter holds the only copy."""
-    dupes = 0
+def _shared_copies(running: list[Track], bs: int, observed: float | None) -> int:
+    """Blocks counted twice in the holdings: a prefix-cache hit's blocks are one copy, shared with the request
+    that computed them if it still runs, else among the hitters. Which running request a new hit shares with
+    (several prefixes may be live) is decided once, at the step that saw the hit: by the blocks that step
+    added (a copy shared with a running request adds none), among the earlier running requests holding that
+    many tokens, or none (the hit came from free cached blocks)."""
     for i, t in enumerate(running):
-        hit = (t.cached or 0) // bs
-        if hit and any(r.computed >= hit * bs for r in running[:i]):
-            dupes += hit
-    return dupes
+        if t.cached and t.prefix_root is None:
+            hit = t.cached // bs * bs
+            options = list(dict.fromkeys(r.prefix_root or r.rid for r in running[:i] if r.computed >= hit))
+            options.append(t.rid)
+            if observed is not None and len(options) > 1:
+                held = sum(blocks_for(r.computed, bs) for r in running)
+
+                def misfit(root: str, track: Track = t) -> float:
+                    track.prefix_root = root
+                    return abs(held - _dupes(running, bs) - observed)
+
+                t.prefix_root = min(options, key=misfit)
+            else:
+                t.prefix_root = options[0]
+    return _dupes(running, bs)
+
+
+def _dupes(running: list[Track], bs: int) -> int:
+    hits: dict[str, list[int]] = {}
+    for t in running:
+        if t.cached and t.prefix_root is not None:
+            hits.setdefault(t.prefix_root, []).append(t.cached // bs)
+    ids = {t.rid for t in running if not t.cached}
+    return sum(sum(h) - (0 if root in ids else max(h)) for root, h in hits.items())
 
 
 def _departure(t: Track, si: StepInput, reason: str, st: SchedState, before: bool = False) -> Departure:
