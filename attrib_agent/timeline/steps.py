@@ -11,6 +11,8 @@ include recomputation after a preemption; a resumed request with output already 
 
 from __future__ import annotations
 
+import functools
+
 from attrib_agent.timeline.lifecycle import LifecycleBook
 from attrib_agent.timeline.model import RequestLifecycle, StepMember, StepRecord
 from attrib_agent.timeline.sched_state import MS_PER_S, Geometry, SchedState, StepInput, Track, blocks_for, fact_ms
@@ -251,17 +253,14 @@ def _shared_copies(running: list[Track], bs: int, observed: float | None) -> int
             hit = t.cached // bs * bs
             options = list(dict.fromkeys(r.prefix_root or r.rid for r in running[:i] if r.computed >= hit))
             options.append(t.rid)
-            if observed is not None and len(options) > 1:
-                held = sum(blocks_for(r.computed, bs) for r in running)
-
-                def misfit(root: str, track: Track = t) -> float:
-                    track.prefix_root = root
-                    return abs(held - _dupes(running, bs) - observed)
-
-                t.prefix_root = min(options, key=misfit)
-            else:
-                t.prefix_root = options[0]
+            t.prefix_root = options[0] if observed is None else min(
+                options, key=functools.partial(_misfit, running, bs, observed, t))
     return _dupes(running, bs)
+
+
+def _misfit(running: list[Track], bs: int, observed: float, track: Track, root: str) -> float:
+    track.prefix_root = root
+    return abs(sum(blocks_for(r.computed, bs) for r in running) - _dupes(running, bs) - observed)
 
 
 def _dupes(running: list[Track], bs: int) -> int:

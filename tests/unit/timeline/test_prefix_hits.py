@@ -1,4 +1,5 @@
-"""Prefix-cache hits inferred from the step lines: a known prompt computing fewer tokens than it has left."""
+"""Prefix-cache hits inferred from the step lines (a known prompt computing fewer tokens than it has left) and
+the copies of shared prefix blocks the KV ledger counts once."""
 
 from __future__ import annotations
 
@@ -32,5 +33,10 @@ def test_a_hit_is_shared_with_an_earlier_holder_else_it_is_the_only_copy() -> No
     first = Track("a", 0.0, 0, prompt=1857, computed=1858, cached=1792)  # hit blocks nobody running holds
     other = Track("b", 0.0, 1, prompt=1856, computed=1857, cached=0)  # a different prefix: it did not hit
     later = Track("c", 0.0, 2, prompt=1857, computed=1858, cached=1664)  # shares a's blocks
-    assert _shared_copies([first], 128) == 0
-    assert _shared_copies([first, other, later], 128) == 13
+    assert _shared_copies([first], 128, None) == 0
+    assert _shared_copies([first, other, later], 128, 32.0) == 13  # 3 x 15 blocks held, 32 in use: one shared
+    assert later.prefix_root == "a"
+    again = Track("c", 0.0, 2, prompt=1857, computed=1858, cached=1664)
+    assert _shared_copies([first, other, again], 128, 45.0) == 0  # all 45 in use: its hit was a free copy
+    assert again.prefix_root == "c"
+    assert _shared_copies([first, other, again], 128, 32.0) == 0  # decided once, at the step that saw the hit
