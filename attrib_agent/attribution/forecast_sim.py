@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attrib_agent.attribution.block_pool import FreeBlockQueue
 from attrib_agent.attribution.forecast_types import EngineState
 from attrib_agent.attribution.scheduler_sim import _compute, _deliver
-from attrib_agent.attribution.sim_step import FreeBlockQueue, LiveRequest, blocks_for, schedule_step
+from attrib_agent.attribution.sim_step import LiveRequest, blocks_for, schedule_step
 from attrib_agent.attribution.sim_trace import Pricer
 from attrib_agent.attribution.sim_types import SimRequest, StepCost
 
