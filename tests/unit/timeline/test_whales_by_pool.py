@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from attrib_agent.attribution.attributor import Attributor
 from attrib_agent.attribution.result import AttributionResult
+from attrib_agent.attribution.shapley import largest_effects, with_shortfall
 from attrib_agent.attribution.whales import kv_footprint, whales
 from attrib_agent.events import Event, RequestSpan
 from attrib_agent.timeline.engine_timeline import EngineTimeline
@@ -82,3 +85,13 @@ def test_a_shortfall_goes_to_the_whale_not_to_the_decoy() -> None:
 def _later(span: RequestSpan, extra_s: float) -> RequestSpan:
     assert span.ttft_s is not None and span.queue_s is not None
     return dataclasses.replace(span, ttft_s=span.ttft_s + extra_s, queue_s=span.queue_s + extra_s)
+
+
+def test_shortfall_is_a_unanimity_game_of_the_relevant_players() -> None:
+    worlds = {frozenset(): 0.0, frozenset({"w"}): 0.3, frozenset({"d"}): 0.0, frozenset({"w", "d"}): 0.302}
+    effects = largest_effects(["w", "d"], worlds.__getitem__)
+    assert effects == pytest.approx({"w": 0.302, "d": 0.002})
+    relevant = [p for p, e in effects.items() if e >= 0.03]
+    phi = with_shortfall({"w": 0.301, "d": 0.001}, 0.5, relevant)
+    assert phi == pytest.approx({"w": 0.801, "d": 0.001})  # efficiency kept: sum = simulated effect + shortfall
+    assert with_shortfall({"w": 0.3, "d": 0.0}, 0.5, []) == {"w": 0.3, "d": 0.0}  # nobody relevant: unexplained
