@@ -19,7 +19,7 @@ from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.attribution.slo import SloConfig, SloTally
 from attrib_agent.attribution.store import ResultStore
 from attrib_agent.attribution.tally import SlowdownTally
-from attrib_agent.attribution.whales import whales
+from attrib_agent.attribution.whales import kv_footprint, whales
 from attrib_agent.events import EngineStep, Event, MetricsSnapshot, RequestSpan
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.model import RequestLifecycle
@@ -323,7 +323,8 @@ class AttributionPipeline:
         last_ts = steps[-1].ts if steps else None
         held = {k: v for k, v in ledger.held_at(last_ts).items() if v > 0} if last_ts is not None else {}
         footprints = {lc.request_id: f for lc in self.timeline.lifecycles() if (f := _footprint(lc)) > 0}
-        in_flight = set(whales(footprints, self.config.attribution.whale_factor)) & held.keys()
+        pool_tokens = block_size * pool if block_size and pool else None
+        in_flight = set(whales(footprints, self.config.attribution.whale_factor, pool_tokens)) & held.keys()
         whale_ids = tuple(sorted(in_flight))
         top = max(held.items(), key=lambda kv: (kv[1], kv[0]), default=None)
         last_rec = recs[-1] if recs else None
@@ -346,4 +347,4 @@ class AttributionPipeline:
 
 def _footprint(lc: RequestLifecycle) -> int:
     out = lc.completion_tokens if lc.completion_tokens is not None else (lc.max_tokens or 0)
-    return (lc.prompt_tokens or 0) + out
+    return kv_footprint(lc.prompt_tokens or 0, out)  # cached prompt tokens: once the timeline counts them

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from attrib_agent.attribution.cost_model import StepCostModel, StepFeatures
 from attrib_agent.attribution.result import NO_CAUSES, AttributionResult, Culprit, itl_gaps
 from attrib_agent.attribution.scheduler_sim import shapley, simulate
+from attrib_agent.attribution.shapley import largest_effects, with_shortfall
 from attrib_agent.attribution.sim_types import SchedulerConfig, SimOutcome, SimRequest, SimResult
-from attrib_agent.attribution.whales import whales
+from attrib_agent.attribution.whales import kv_footprint, whales
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.model import RequestLifecycle
 
@@ -28,10 +29,9 @@ MIN_CULPRIT_S = 0.001
 """A request blamed for less than this (TTFT seconds plus ITL seconds over all the victim's gaps) is not named
 as a culprit: its part stays in `unexplained`, so no culprit reads "0 ms / 0 ms" beside a share."""
 
-
 @dataclass(frozen=True)
 class AttributionConfig:
-    whale_factor: float = 8.0  # KV footprint >= this x the period's median footprint makes a whale
+    whale_factor: float = 8.0  # KV footprint >= this x the period's median footprint (or 1/8 of the pool): a whale
     max_players: int = 5  # heavy culprits per busy period given exact Shapley values (2^n simulations)
     noise_floor_s: float = 0.030  # TTFT slowdown below this (or below the ratio) is "no interference"
     noise_floor_ratio: float = 0.5  # ... relative to the request's own uncontended TTFT
@@ -59,6 +59,8 @@ class _Baseline:
     blamed: bool  # slowed beyond the noise: culprits and causes are worked out
     ttft_offset_s: float  # the frontend's own share of TTFT / ITL, outside engine steps
     itl_offset_s: float
+    ttft_floor_s: float  # differences below these are no interference, in the victim's result as in its worlds
+    itl_floor_s: float
 
 
 class _PeriodPlan:
@@ -69,11 +71,14 @@ class _PeriodPlan:
                  sched: SchedulerConfig, cost: StepCostModel) -> None:
         self.period = period
         self.victims = victims
-        ranked = whales(_footprints(period), config.whale_factor)
+        ranked = whales(_footprints(period), config.whale_factor, sched.block_size * sched.num_blocks)
         self.all_whales = frozenset(ranked)  # what marks a culprit a whale
         self.whales = ranked[: config.max_players]  # the players given exact Shapley values
         self._sched, self._cost = sched, cost
         self.needy: set[str] = set()  # victims slowed beyond the noise: only they read runs but the full one
+        self.floors: dict[str, tuple[float, float]] = {}  # victim -> its TTFT and ITL noise floors
+        self._arrivals = {r.request_id: r.arrival_ts for r in period}
+        self._relevant: dict[tuple[str, str], frozenset[str]] = {}
         self._sims: dict[frozenset[str], SimResult] = {}
         self._traced: dict[frozenset[str], SimResult] = {}
 
@@ -87,6 +92,30 @@ class _PeriodPlan:
             kept, readers = self._without(whales - present, self.victims if present == whales else self.needy)
             self._sims[present] = simulate(kept, self._sched, self._cost, until_done=readers)
         return self._sims[present]
+
+    def world(self, rid: str, which: str, present: frozenset[str]) -> float:
+        """Victim `rid`'s re-simulated TTFT/ITL in the world where only `present` of the other whales ran."""
+        own = frozenset({rid}) & frozenset(self.whales)
+        return _metric(self.run(present | own).outcomes.get(rid), self._arrivals[rid], which)
+
+    def relevant(self, rid: str, which: str) -> frozenset[str]:
+        """The whales some re-simulated world shows to matter to victim `rid`: a marginal effect beyond its noise
+        floor. Where none does for it (the simulation misses what slowed it), those that matter to any slowed
+        victim of the period: the counterfactuals' evidence, pooled."""
+        own = self._relevant_to(rid, which)
+        if own:
+            return own
+        pooled = frozenset().union(*(self._relevant_to(o, which) for o in sorted(self.needy - {rid})))
+        return pooled - {rid}
+
+    def _relevant_to(self, rid: str, which: str) -> frozenset[str]:
+        key = (rid, which)
+        if key not in self._relevant:
+            floor = self.floors.get(rid, (0.0, 0.0))[0 if which == "ttft" else 1]
+            players = [w for w in self.whales if w != rid]
+            effect = largest_effects(players, lambda s: self.world(rid, which, s))
+            self._relevant[key] = frozenset(w for w, e in effect.items() if e >= max(floor, MIN_CULPRIT_S))
+        return self._relevant[key]
 
     def traced(self, removed: frozenset[str]) -> SimResult:
         """The period without `removed`, each slowed victim left in it traced (one run, not one per victim)."""
@@ -222,6 +251,8 @@ class Attributor:
         for plan, victims in plans:
             bases = [self._baseline(v, cfg, offsets) for v in victims]
             plan.needy = {v.req.request_id for v, b in zip(victims, bases, strict=True) if b.blamed}
+            plan.floors = {v.req.request_id: (b.ttft_floor_s, b.itl_floor_s)
+                           for v, b in zip(victims, bases, strict=True)}
             for v, base in zip(victims, bases, strict=True):
                 out.append(self._victim(v, plan, kv, membership, base))
         return out
@@ -259,14 +290,13 @@ class Attributor:
         if itl_slow < itl_floor:
             itl_slow = 0.0
         return _Baseline(base_ttft, base_itl, ttft_slow, itl_slow, not quiet and (ttft_slow > 0 or itl_slow > 0),
-                         ttft_off, itl_off)
+                         ttft_off, itl_off, ttft_floor, itl_floor)
 
     def _victim(self, v: _Victim, plan: _PeriodPlan, kv: dict[str, float], membership: float,
                 base: _Baseline) -> AttributionResult:
         whale_list, whale_set, runner = plan.whales, set(plan.whales), plan.run
         rid = v.req.request_id
         players = [w for w in whale_list if w != rid]
-        own = frozenset({rid}) if rid in whale_set else frozenset()
         obs_ttft, obs_itl = v.lc.ttft_s, v.lc.mean_itl_s
         base_ttft, base_itl, ttft_slow, itl_slow = base.ttft_s, base.itl_s, base.ttft_slow_s, base.itl_slow_s
 
@@ -275,13 +305,7 @@ class Attributor:
                            "itl": None if obs_itl is None else obs_itl - base.itl_offset_s}
 
         def metric(present: frozenset[str], which: str) -> float:
-            """The victim's TTFT/ITL in the world where only `present` of the players ran: the world that
-            happened is observed (less the frontend's own time), the others are re-simulated."""
-            seen = observed_engine[which]
-            if present == factual and seen is not None:
-                return seen
-            o = runner(present | own).outcomes.get(rid)
-            return _metric(o, v.req.arrival_ts, which)
+            return plan.world(rid, which, present)
 
         blame_ttft: dict[str, float] = defaultdict(float)
         blame_itl: dict[str, float] = defaultdict(float)
@@ -295,7 +319,12 @@ class Attributor:
                 def value(s: frozenset[str], w: str = which, n: float = none) -> float:
                     return metric(s, w) - n
 
-                phi = shapley(players, value) if players else {}
+                # The world that happened is observed (less the frontend's own time): what the re-simulation
+                # leaves out of it goes to the players in proportion to what the counterfactuals show they did.
+                seen = observed_engine[which]
+                shortfall = 0.0 if seen is None or not players else seen - metric(factual, which)
+                relevant = sorted(plan.relevant(rid, which)) if shortfall else []
+                phi = with_shortfall(shapley(players, value), shortfall, relevant) if players else {}
                 for p, val in phi.items():
                     blame[p] += max(0.0, val)
                 light = none - (base_ttft if which == "ttft" else base_itl)
@@ -357,7 +386,10 @@ class Attributor:
 
 
 def _footprints(period: list[SimRequest]) -> dict[str, int]:
-    return {r.request_id: r.prompt_tokens + r.output_tokens for r in period}
+    """KV footprints in uncached tokens: a shared prefix (`prefix_tokens`, where the re-simulation knows one) is
+    held in common, so it does not count towards any one request's weight."""
+    return {r.request_id: kv_footprint(r.prompt_tokens, r.output_tokens, int(getattr(r, "prefix_tokens", 0)))
+            for r in period}
 
 
 def _sim_request(lc: RequestLifecycle, cached: int = 0) -> SimRequest | None:

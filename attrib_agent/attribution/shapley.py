@@ -7,7 +7,7 @@ fair split of v(all) when only a combination of whales causes the delay.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import combinations
 from math import factorial
 
@@ -45,3 +45,34 @@ def shapley_values(players: Sequence[str], value: Callable[[frozenset[str]], flo
                 total += weight * (v(s | {p}) - v(s))
         out[p] = total
     return out
+
+
+
+
+
+
+def largest_effects(players: Sequence[str], value: Callable[[frozenset[str]], float]) -> dict[str, float]:
+    """Each player's largest marginal contribution |v(S+w) - v(S)| over the coalitions S (every one: exact, for
+    the few players a period has): near 0 when no world shows the player to matter."""
+    if len(players) > 12:
+        raise ValueError("exact effects over more than 12 players are too costly")
+    effect = dict.fromkeys(players, 0.0)
+    for s in all_subsets(players):
+        for w in players:
+            if w not in s:
+                effect[w] = max(effect[w], abs(value(s | {w}) - value(s)))
+    return effect
+
+def with_shortfall(phi: Mapping[str, float], shortfall: float, relevant: Sequence[str]) -> dict[str, float]:
+    """Shapley values of the simulated game plus the shortfall (observed minus simulated, in the world that
+    happened) as a unanimity game of the relevant players R (worth the shortfall to a coalition holding all of R):
+
+        phi_w = phi_w^sim + shortfall / |R|   if w in R,   phi_w^sim otherwise
+
+    A player the counterfactual worlds show to be irrelevant gets none of it, so a long but cheap request beside a
+    real whale is not blamed for what the simulation misses of the whale; among the relevant ones the split is
+    even, not by the simulated sizes, which drift where KV exhaustion is knife-edge (docs/attribution.md). With R
+    empty the shortfall goes to nobody (the caller reports it as unexplained)."""
+    share = shortfall / len(relevant) if relevant else 0.0
+    keep = set(relevant)
+    return {p: v + (share if p in keep else 0.0) for p, v in phi.items()}

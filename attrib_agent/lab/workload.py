@@ -32,6 +32,11 @@ def whale(prompt_tokens: int, output_tokens: int) -> RequestClass:
     return RequestClass("whale", prompt_tokens=prompt_tokens, output_tokens=output_tokens, is_whale=True)
 
 
+def decoy(prompt_tokens: int, output_tokens: int) -> RequestClass:
+    """A long-running but cheap request: removed like a whale in the truth runs, to check it gets no blame."""
+    return RequestClass("decoy", prompt_tokens=prompt_tokens, output_tokens=output_tokens, is_whale=True)
+
+
 @dataclass(frozen=True)
 class RequestSpec:
     """One planned request: a stable id (the same across counterfactual runs) and its send offset."""
@@ -142,6 +147,14 @@ SCENARIOS: dict[str, Scenario] = {
                 RequestSpec("w2", whale(3900, 800), 0.25),
                 RequestSpec("w3", whale(3900, 800), 0.3),
             ],
+        ),
+        _scenario(
+            "decoy",
+            "20 shorts beside a real whale (6,000/16) and a decoy (32/1,500): long-running but cheap, no KV pressure",
+            # The decoy decodes all through the whale's prefill and the shorts (one token per step: it costs them
+            # ~nothing) and outlives everyone; both together hold ~7,600 of the 12,288-token pool.
+            [*_shorts(count=20, every_s=0.25, start_s=0.6), RequestSpec("d1", decoy(32, 1500), 0.3),
+             RequestSpec("w1", whale(6000, 16), 0.5)],
         ),
         _scenario(
             "mixed",

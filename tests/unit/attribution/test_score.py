@@ -4,7 +4,7 @@ import json
 import statistics
 
 from attrib_agent.cli import main
-from attrib_agent.lab.score import Score, format_scores, score_command
+from attrib_agent.lab.score import Score, engine_blame, format_scores, score_command
 
 from . import truth_spread
 
@@ -16,7 +16,8 @@ def error_margin(engine: Score, truth_dir) -> float:
     """One standard error of the truth, carried into the median per-whale error: a whale's error |B - T| / T moves
     by about (B / T) x (SE_T / T) when the truth's reps move by one standard error (see truth_spread.py)."""
     totals = truth_spread.whale_totals(truth_spread.load(truth_dir))
-    return statistics.median((1 + engine.whale_rel_errors[w]) * se / t for w, (t, se) in totals.items())
+    return statistics.median((1 + engine.whale_rel_errors[w]) * se / t for w, (t, se) in totals.items()
+                             if w in engine.whale_rel_errors)  # a whale whose true share is 0 (a decoy) has none
 
 
 def error_bound(today: float, margin: float) -> float:
@@ -88,3 +89,33 @@ def test_score_properties():
               null_total=20)
     assert s.top1 == 0.75 and s.median_whale_error == 0.2 and s.null_false_alarm == 0.05
     assert Score("empty").top1 is None
+
+
+def test_a_decoy_gets_none_of_the_whales_blame(fixtures_dir):
+    """decoy truth: 20 shorts beside a real whale (6,000/16) and a decoy (32/1,500: long-running, cheap, no KV
+    pressure). The truth gives the decoy nothing (its Shapley shares are noise around 0, negative in sum). The
+    re-simulation explains ~10 % of what the whale did on that loaded machine; the rest (the shortfall between the
+    observed and the simulated world) used to be split equally between the players: the decoy took 0.55 s per
+    short (median; 88 % of the whale's blame). It now goes to the players the counterfactual worlds show to matter:
+    0.3 % of the whale's blame. The whale's summed blame is still 66 % under its truth (72 % before): the frontend
+    offset learnt on this recording absorbs much of the whale's effect (docs/attribution.md)."""
+    truth_dir = fixtures_dir / "truth" / "decoy"
+    engine, naive = score_command(truth_dir)
+    print(format_scores([engine, naive]))
+    truth = truth_spread.load(truth_dir)
+    assert set(truth["whales"]) == {"w1", "d1"} and engine.top1_total == 20
+    totals = truth_spread.whale_totals(truth)
+    assert totals["d1"][0] <= totals["d1"][1] < 0.1 * totals["w1"][0]  # the decoy's truth: within its noise of 0
+    all_runs = [r for r in truth["runs"] if r["accepted"] and r["condition"] == truth["conditions"][-1]]
+    blamed = {"w1": 0.0, "d1": 0.0}
+    for run in all_runs:
+        for spec, per in engine_blame(truth_dir / run["recording"]).items():
+            for w in blamed if spec in truth["shorts"] else ():
+                blamed[w] += per.get(w, 0.0) / len(all_runs)
+    assert blamed["d1"] < 0.1 * blamed["w1"], blamed  # the goal; 0.3 % today
+    assert engine.whale_rel_errors.keys() == {"w1"}  # the decoy's true total is 0: no relative error
+    assert engine.median_whale_error is not None
+    assert engine.median_whale_error <= error_bound(0.66, error_margin(engine, truth_dir))
+    ambiguous = truth_spread.ambiguous_top1(truth)
+    assert engine.top1_hits >= 15 - ambiguous and engine.top1_hits > naive.top1_hits
+    assert engine.null_false_alarm == 0.0
