@@ -322,7 +322,8 @@ class AttributionPipeline:
         block_size, pool = self.timeline.pool()
         last_ts = steps[-1].ts if steps else None
         held = {k: v for k, v in ledger.held_at(last_ts).items() if v > 0} if last_ts is not None else {}
-        footprints = {lc.request_id: f for lc in self.timeline.lifecycles() if (f := _footprint(lc)) > 0}
+        footprints = {lc.request_id: f for lc in self.timeline.lifecycles()
+                      if (f := _footprint(lc, self.timeline.cached_tokens(lc.request_id))) > 0}
         pool_tokens = block_size * pool if block_size and pool else None
         in_flight = set(whales(footprints, self.config.attribution.whale_factor, pool_tokens)) & held.keys()
         whale_ids = tuple(sorted(in_flight))
@@ -345,6 +346,6 @@ class AttributionPipeline:
         return ids
 
 
-def _footprint(lc: RequestLifecycle) -> int:
+def _footprint(lc: RequestLifecycle, cached: int) -> int:
     out = lc.completion_tokens if lc.completion_tokens is not None else (lc.max_tokens or 0)
-    return kv_footprint(lc.prompt_tokens or 0, out)  # cached prompt tokens: once the timeline counts them
+    return kv_footprint(lc.prompt_tokens or 0, out, cached)

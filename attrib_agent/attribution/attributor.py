@@ -388,7 +388,7 @@ class Attributor:
 def _footprints(period: list[SimRequest]) -> dict[str, int]:
     """KV footprints in uncached tokens: a shared prefix (`prefix_tokens`, where the re-simulation knows one) is
     held in common, so it does not count towards any one request's weight."""
-    return {r.request_id: kv_footprint(r.prompt_tokens, r.output_tokens, int(getattr(r, "prefix_tokens", 0)))
+    return {r.request_id: kv_footprint(r.prompt_tokens, r.output_tokens, r.prefix_tokens)
             for r in period}
 
 
