@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from attrib_agent.attribution.causes import EngineView, engine_view, observed_causes, simulated_causes
 from attrib_agent.attribution.cost_model import StepCostModel, StepFeatures
-from attrib_agent.attribution.result import NO_CAUSES, AttributionResult, Culprit, itl_gaps
+from attrib_agent.attribution.result import NO_CAUSES, NO_EVIDENCE, AttributionResult, Culprit, itl_gaps
 from attrib_agent.attribution.scheduler_sim import shapley, simulate
 from attrib_agent.attribution.shapley import largest_effects, with_shortfall
+from attrib_agent.attribution.sim_trace import Pricer
 from attrib_agent.attribution.sim_types import SchedulerConfig, SimOutcome, SimRequest, SimResult
 from attrib_agent.attribution.whales import kv_footprint, whales
 from attrib_agent.timeline.engine_timeline import EngineTimeline
@@ -246,6 +248,7 @@ class Attributor:
                     if o is not None and v.lc.mean_itl_s is not None and o.mean_itl_s is not None:
                         self._itl_offsets.append(v.lc.mean_itl_s - o.mean_itl_s)
         membership = timeline.membership_quality().exact_share
+        view = engine_view(timeline, cfg, Pricer(self.cost))
         offsets = self.frontend_offsets()  # fixed from here on: only the loop above feeds them
         out: list[AttributionResult] = []
         for plan, victims in plans:
@@ -254,7 +257,7 @@ class Attributor:
             plan.floors = {v.req.request_id: (b.ttft_floor_s, b.itl_floor_s)
                            for v, b in zip(victims, bases, strict=True)}
             for v, base in zip(victims, bases, strict=True):
-                out.append(self._victim(v, plan, kv, membership, base))
+                out.append(self._victim(v, plan, kv, membership, base, view))
         return out
 
     def _periods(self, known: list[tuple[SimRequest, float]], lcs: dict[str, RequestLifecycle],
@@ -293,7 +296,7 @@ class Attributor:
                          ttft_off, itl_off, ttft_floor, itl_floor)
 
     def _victim(self, v: _Victim, plan: _PeriodPlan, kv: dict[str, float], membership: float,
-                base: _Baseline) -> AttributionResult:
+                base: _Baseline, view: EngineView) -> AttributionResult:
         whale_list, whale_set, runner = plan.whales, set(plan.whales), plan.run
         rid = v.req.request_id
         players = [w for w in whale_list if w != rid]
@@ -309,7 +312,6 @@ class Attributor:
 
         blame_ttft: dict[str, float] = defaultdict(float)
         blame_itl: dict[str, float] = defaultdict(float)
-        causes: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         if base.blamed:
             for which, slow, blame in (("ttft", ttft_slow, blame_ttft), ("itl", itl_slow, blame_itl)):
                 if slow <= 0:
@@ -332,28 +334,26 @@ class Attributor:
                     for other, secs in self._light_split(plan, players, rid, which).items():
                         blame[other] += light * secs
                 _fit_to(blame, slow)
-            for other, cause_secs in self._causes(plan, rid).items():
-                for cause, secs in cause_secs.items():
-                    causes[other][cause] += secs
-        overall: dict[str, float] = defaultdict(float)
-        for cause_secs in causes.values():
-            for cause, secs in cause_secs.items():
-                overall[cause] += secs
         n_gaps = itl_gaps(v.lc.completion_tokens)
         for other in list(set(blame_ttft) | set(blame_itl)):  # too little to name: it joins the unexplained
             if blame_ttft.get(other, 0.0) + n_gaps * blame_itl.get(other, 0.0) < MIN_CULPRIT_S:
                 blame_ttft.pop(other, None)
                 blame_itl.pop(other, None)
+        mech = observed_causes(v.lc, view)
+        if mech is None and base.blamed:
+            mech = simulated_causes(plan.traced(frozenset()).outcomes[rid])
         unexplained_ttft = max(0.0, ttft_slow - sum(blame_ttft.values()))
         unexplained_itl = max(0.0, itl_slow - sum(blame_itl.values()))
         total = sum(blame_ttft.values()) + n_gaps * sum(blame_itl.values())
         culprits = []
         for other in sorted(set(blame_ttft) | set(blame_itl)):
             t, i = blame_ttft.get(other, 0.0), blame_itl.get(other, 0.0)
+            ttft_causes = mech.split(other, "ttft", t) if mech else NO_CAUSES
+            itl_causes = mech.split(other, "itl", i) if mech else NO_CAUSES
             culprits.append(Culprit(
                 request_id=other, ttft_s=t, itl_s=i, share=(t + n_gaps * i) / total if total > 0 else 0.0,
-                causes=_split_causes(t, causes.get(other, {}), overall), kv_block_seconds=kv.get(other, 0.0),
-                is_whale=other in plan.all_whales))
+                causes=ttft_causes, kv_block_seconds=kv.get(other, 0.0), is_whale=other in plan.all_whales,
+                itl_causes=itl_causes, evidence=mech.evidence_for(ttft_causes, itl_causes) if mech else NO_EVIDENCE))
         culprits.sort(key=lambda c: (-(c.ttft_s + n_gaps * c.itl_s), c.request_id))
         full = runner(frozenset(whale_list)).outcomes.get(rid)
         sim_ttft = _metric(full, v.req.arrival_ts, "ttft") + base.ttft_offset_s  # the frontend's part, as learnt
@@ -364,25 +364,14 @@ class Attributor:
             culprits=tuple(culprits), unexplained_ttft_s=unexplained_ttft, unexplained_itl_s=unexplained_itl,
             no_interference=ttft_slow == 0.0 and itl_slow == 0.0, quality=max(0.0, fidelity) * membership,
             is_whale=rid in whale_set, engine=v.lc.engine, arrival_ts=v.lc.arrival_ts,
-            prompt_tokens=v.lc.prompt_tokens, completion_tokens=v.lc.completion_tokens)
+            prompt_tokens=v.lc.prompt_tokens, completion_tokens=v.lc.completion_tokens,
+            preempted_s=mech.preempted_s if mech else 0.0)
 
     @staticmethod
     def _light_split(plan: _PeriodPlan, players: list[str], rid: str, which: str) -> dict[str, float]:
         """Fractions (summing to 1) of the light crowd's effect, from a traced run without the whales."""
         traced = plan.traced(frozenset(players)).outcomes[rid]
         return _normalised(_trace_by_request(traced, which))
-
-    @staticmethod
-    def _causes(plan: _PeriodPlan, rid: str) -> dict[str, dict[str, float]]:
-        traced = plan.traced(frozenset()).outcomes[rid]
-        out: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-        first = traced.first_token_ts
-        for w in traced.waits:
-            if first is not None and w.ts is not None and w.ts >= first:
-                continue
-            for other, secs in w.by_request:
-                out[other][w.cause] += secs
-        return out
 
 
 def _footprints(period: list[SimRequest]) -> dict[str, int]:
@@ -434,15 +423,3 @@ def _fit_to(blame: dict[str, float], observed: float) -> None:
     if total > observed > 0:
         for k in blame:
             blame[k] *= observed / total
-
-
-def _split_causes(seconds: float, traced: dict[str, float], overall: dict[str, float]) -> Mapping[str, float]:
-    """A culprit's blamed TTFT seconds split by the causes its traced waits show; by the victim's overall
-    causes when its own trace shows none (it acted through others, e.g. by holding KV that blocked them);
-    `other` when the victim's trace shows no wait at all (blame from the coalition runs alone)."""
-    if seconds <= 0:
-        return NO_CAUSES
-    fractions = _normalised(dict(traced)) or _normalised(dict(overall))
-    if not fractions:
-        return {"other": seconds}
-    return {cause: seconds * f for cause, f in sorted(fractions.items())}

@@ -25,7 +25,20 @@ class Cause(StrEnum):
 
 
 CAUSES: Final = tuple(c.value for c in Cause if c is not Cause.OTHER)  # what the simulation traces
+
+
+class Evidence(StrEnum):
+    """What a cause rests on (docs/attribution.md, "Causes"): the weakest link of its derivation."""
+
+    SIMULATED = "simulated"  # the re-simulation's trace (no engine steps observed for the victim)
+    OBSERVED_STEPS = "observed_steps"  # the logged steps, their inferred members and the KV ledger
+    OBSERVED_PREEMPTION = "observed_preemption"  # the timeline saw the victim preempted (timeline/preemption.py)
+    COST_MODEL = "cost_model"  # observed steps, split by the fitted step-cost model's marginal costs
+    NVML_BANDWIDTH = "nvml_bandwidth"  # observed steps, the bandwidth part from the GPU's measured DRAM use
+
+
 NO_CAUSES: Final[Mapping[str, float]] = {}
+NO_EVIDENCE: Final[Mapping[str, str]] = {}
 """The causes of a culprit with none (two thirds of them): one shared empty dict instead of 64 bytes each,
 100,000 results over. Read-only like every result's causes; a plain dict so asdict/json take it as one."""
 
@@ -39,6 +52,9 @@ class Culprit:
     causes: Mapping[str, float] = field(default_factory=dict)  # TTFT seconds by cause
     kv_block_seconds: float = 0.0  # KV block-seconds it held while the victim was in flight
     is_whale: bool = False
+    itl_causes: Mapping[str, float] = field(default_factory=lambda: NO_CAUSES)  # ITL s/token by cause (none:
+    # decode batching, as results from before ITL had causes)
+    evidence: Mapping[str, str] = field(default_factory=lambda: NO_EVIDENCE)  # cause -> what it rests on (Evidence)
 
     def seconds(self, itl_gaps: int) -> float:
         """Victim seconds this culprit cost: its TTFT blame plus its per-token ITL blame times the gaps."""
@@ -49,9 +65,9 @@ class Culprit:
         return split_by_cause(self.ttft_s, self.causes)
 
     def itl_by_cause(self, itl_gaps: int) -> dict[str, float]:
-        """Its ITL blame in seconds: decode steps shared with the victim (no traced causes of its own)."""
+        """Its ITL blame in seconds by cause (decode batching for a result written before ITL had causes)."""
         itl = self.itl_s * itl_gaps
-        return {Cause.DECODE_BATCHING.value: itl} if itl > 0 else {}
+        return split_by_cause(itl, self.itl_causes or {Cause.DECODE_BATCHING.value: 1.0})
 
     def blame_by_cause(self, itl_gaps: int) -> dict[str, float]:
         """Victim seconds by cause, summing to `seconds(itl_gaps)`: the split every sink reports."""
@@ -100,6 +116,7 @@ class AttributionResult:
     trace_id: str | None = None  # vLLM's `llm_request` span (32 hex), set by the pipeline when the span landed
     span_id: str | None = None  # (16 hex)
     final: bool = True  # False while requests that overlapped this one are still running (may be refined)
+    preempted_s: float = 0.0  # seconds it stalled and recomputed after vLLM preempted it (observed)
 
     @property
     def itl_gaps(self) -> int:

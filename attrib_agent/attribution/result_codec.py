@@ -9,12 +9,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from attrib_agent.attribution.result import NO_CAUSES, AttributionResult, Culprit
+from attrib_agent.attribution.result import NO_CAUSES, NO_EVIDENCE, AttributionResult, Culprit
 
 
 def culprit_to_dict(c: Culprit) -> dict[str, Any]:
     return {"request_id": c.request_id, "ttft_s": c.ttft_s, "itl_s": c.itl_s, "share": c.share,
-            "causes": dict(c.causes), "kv_block_seconds": c.kv_block_seconds, "is_whale": c.is_whale}
+            "causes": dict(c.causes), "kv_block_seconds": c.kv_block_seconds, "is_whale": c.is_whale,
+            "itl_causes": dict(c.itl_causes), "evidence": dict(c.evidence)}
 
 
 def to_dict(r: AttributionResult) -> dict[str, Any]:
@@ -27,7 +28,7 @@ def to_dict(r: AttributionResult) -> dict[str, Any]:
         "ttft_s": r.ttft_s, "ttft_baseline_s": r.ttft_baseline_s, "ttft_slowdown_s": r.ttft_slowdown_s,
         "itl_s": r.itl_s, "itl_baseline_s": r.itl_baseline_s, "itl_slowdown_s": r.itl_slowdown_s,
         "unexplained_s": r.unexplained_ttft_s, "unexplained_itl_s": r.unexplained_itl_s,
-        "no_interference": r.no_interference, "quality": r.quality,
+        "no_interference": r.no_interference, "quality": r.quality, "preempted_s": r.preempted_s,
         "culprits": [culprit_to_dict(c) for c in r.culprits],
     }
 
@@ -48,12 +49,17 @@ def _causes(raw: Any) -> Mapping[str, float]:
     return {str(k): float(v) for k, v in dict(raw).items()} if raw else NO_CAUSES
 
 
+def _evidence(raw: Any) -> Mapping[str, str]:
+    return {str(k): str(v) for k, v in dict(raw).items()} if raw else NO_EVIDENCE
+
+
 def from_dict(d: dict[str, Any]) -> AttributionResult:
     """Inverse of to_dict; raises KeyError/TypeError/ValueError on a record that is not a result."""
     culprits = tuple(
         Culprit(request_id=str(c["request_id"]), ttft_s=float(c["ttft_s"]), itl_s=float(c["itl_s"]),
                 share=float(c["share"]), causes=_causes(c.get("causes")),
-                kv_block_seconds=float(c.get("kv_block_seconds", 0.0)), is_whale=bool(c.get("is_whale", False)))
+                kv_block_seconds=float(c.get("kv_block_seconds", 0.0)), is_whale=bool(c.get("is_whale", False)),
+                itl_causes=_causes(c.get("itl_causes")), evidence=_evidence(c.get("evidence")))
         for c in d.get("culprits") or [])
     return AttributionResult(
         request_id=str(d["request_id"]), finished_ts=float(d["finished_ts"]), ttft_s=_opt_float(d.get("ttft_s")),
@@ -65,4 +71,5 @@ def from_dict(d: dict[str, Any]) -> AttributionResult:
         is_whale=bool(d.get("is_whale", False)), engine=int(d.get("engine", 0)),
         arrival_ts=_opt_float(d.get("arrival_ts")), prompt_tokens=_opt_int(d.get("prompt_tokens")),
         completion_tokens=_opt_int(d.get("completion_tokens")), trace_id=_opt_str(d.get("trace_id")),
-        span_id=_opt_str(d.get("span_id")), final=bool(d.get("final", True)))
+        span_id=_opt_str(d.get("span_id")), final=bool(d.get("final", True)),
+        preempted_s=float(d.get("preempted_s", 0.0)))

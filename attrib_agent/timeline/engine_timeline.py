@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from attrib_agent.events import (
     EngineStep,
     Event,
+    GpuSample,
     MetricsSnapshot,
     RequestAborted,
     RequestAdded,
@@ -22,6 +23,7 @@ from attrib_agent.events import (
     RequestReceived,
     RequestSpan,
 )
+from attrib_agent.timeline.gpu_samples import GpuSamples
 from attrib_agent.timeline.ledger import KvBlockLedger, MetricsSample
 from attrib_agent.timeline.lifecycle import LifecycleBook
 from attrib_agent.timeline.model import RequestLifecycle, StepRecord
@@ -65,6 +67,7 @@ class EngineTimeline:
         self._window = StepWindow(max_steps, checkpoint_every)
         self._inference = TimelineInference(self._book, self._window, self._fixed, token_budget or 0)
         self._samples: deque[MetricsSample] = deque(maxlen=max_samples)
+        self.gpu = GpuSamples(max_samples)  # NVML readings: the bandwidth evidence of decode slowdowns
         self._keep_s = keep_s
         self._open_timeout_s = open_timeout_s
         self._ms_logs = False
@@ -82,6 +85,8 @@ class EngineTimeline:
             self._on_metrics(event)
         elif isinstance(event, RequestReceived | RequestAdded | RequestAborted | RequestFailed | RequestSpan):
             self._on_request(event)
+        elif isinstance(event, GpuSample):
+            self.gpu.add(event)
         else:
             self._skip(type(event).__name__)
         self._feeds_since_bound += 1
@@ -158,6 +163,7 @@ class EngineTimeline:
         self._evict(self._window.evictable(ts))
         while self._samples and self._samples[0].ts < ts:
             self._samples.popleft()
+        self.gpu.forget_before(ts)
         first = self._window.start_of(self._window.first_seq)
         cutoff = ts if first is None else min(ts, first)
         for entry in self._book.entries():

@@ -1,0 +1,262 @@
+"""Causes by mechanism: through what each culprit slowed a victim, read from the engine steps the timeline saw.
+
+The Shapley split decides *how much* each culprit is blamed; this module labels those seconds, per phase (TTFT,
+ITL), with what happened to the victim in each observed step it was in flight (docs/attribution.md, "Causes"):
+- preempted (timeline/preemption.py saw it): from the step it was dropped until it had recomputed what it held,
+  `preemption`, on the requests holding the KV at that step (by blocks: their growth made vLLM preempt it);
+- queued while the pool could not take the queue's head: `kv_pressure` on the holders by blocks, and when the
+  head was another request, `head_of_line` on that request;
+- queued with room but the token budget full: `prefill_contention` on the chunks that filled it;
+- running (or arriving mid-step): the other members' marginal step cost (the cost model): `prefill_contention`
+  for chunks, `decode_batching` for decodes, and `kv_bandwidth` for the part that is their context's memory
+  traffic, taken from NVML's measured DRAM bandwidth when the GPU reports it.
+A culprit's seconds in a phase are split by its own weights there (or, when it has none, e.g. it acted only by
+being there in a counterfactual, by the victim's overall weights). Without observed steps, the simulated
+trace's waits are used instead (`simulated`).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from attrib_agent.attribution.result import NO_CAUSES, NO_EVIDENCE, Cause, Evidence
+from attrib_agent.attribution.sim_trace import Member, Pricer, StepPrices
+from attrib_agent.attribution.sim_types import SchedulerConfig, SimOutcome
+from attrib_agent.timeline.engine_timeline import EngineTimeline
+from attrib_agent.timeline.gpu_samples import GpuSamples
+from attrib_agent.timeline.model import RequestLifecycle, StepMember, StepRecord
+from attrib_agent.timeline.preemption import InferredPreemption
+
+PHASES = ("ttft", "itl")
+_STEP_EPS_S = 0.0005  # log times are stamped to the millisecond
+_Weights = dict[str, dict[str, dict[str, float]]]  # phase -> culprit -> cause -> seconds
+
+
+@dataclass(frozen=True)
+class EngineView:
+    """What the cause computation reads of one engine: its steps (sorted by end), requests, preemptions, pool."""
+
+    steps: Sequence[StepRecord]
+    lifecycles: Mapping[str, RequestLifecycle]
+    preemptions: Sequence[InferredPreemption]
+    pool_blocks: int
+    block_size: int
+    token_budget: int
+    pricer: Pricer
+    gpu: GpuSamples | None = None
+    _ends: list[float] = field(default_factory=list)
+    _queue: list[RequestLifecycle] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._ends.extend(s.end_ts for s in self.steps)
+        self._queue.extend(sorted((lc for lc in self.lifecycles.values() if lc.arrival_ts is not None),
+                                  key=lambda lc: (lc.arrival_ts or 0.0, lc.request_id)))
+
+    def between(self, t0: float, t1: float) -> Sequence[StepRecord]:
+        """Steps ending after t0 and starting before t1."""
+        i = bisect.bisect_right(self._ends, t0)
+        out = []
+        for s in self.steps[i:]:
+            if s.start_ts >= t1:
+                break
+            out.append(s)
+        return out
+
+    def head(self, step: StepRecord, until: float) -> RequestLifecycle | None:
+        """The request at the front of vLLM's queue when `step` began: a preempted one waiting to resume (the
+        latest first: vLLM puts it back in front), else the first by arrival (up to `until`) not yet scheduled."""
+        stalled = [p for p in self.preemptions if p.preempted_ts <= step.start_ts + _STEP_EPS_S
+                   and (p.resumed_ts is None or p.resumed_ts > step.start_ts + _STEP_EPS_S)]
+        if stalled:
+            lc = self.lifecycles.get(max(stalled, key=lambda p: p.preempted_ts).request_id)
+            if lc is not None:
+                return lc
+        for lc in self._queue:
+            if (lc.arrival_ts or 0.0) > until:
+                return None
+            if (lc.arrival_ts or 0.0) < step.start_ts and (lc.scheduled_ts is None
+                                                           or lc.scheduled_ts > step.start_ts + _STEP_EPS_S):
+                return lc
+        return None
+
+
+@dataclass
+class VictimCauses:
+    """One victim's mechanism weights, the evidence behind each cause, and the seconds it lost to preemption."""
+
+    weights: _Weights = field(default_factory=lambda: {p: defaultdict(lambda: defaultdict(float)) for p in PHASES})
+    evidence: dict[str, str] = field(default_factory=dict)
+    preempted_s: float = 0.0
+
+    def add(self, phase: str, cause: Cause, by: Mapping[str, float], seconds: float, evidence: Evidence) -> None:
+        """`seconds` shared out by the weights `by` (any scale); nothing when either is empty."""
+        total = sum(v for v in by.values() if v > 0)
+        if seconds <= 0 or total <= 0:
+            return
+        for rid, w in by.items():
+            if w > 0:
+                self.weights[phase][rid][cause.value] += seconds * w / total
+        if cause.value not in self.evidence or evidence is Evidence.NVML_BANDWIDTH:
+            self.evidence[cause.value] = evidence.value
+
+    def split(self, culprit: str, phase: str, seconds: float) -> Mapping[str, float]:
+        """`seconds` of `culprit`'s blame in `phase`, by its own causes there (else the victim's overall; `other`
+        when no step of the phase shows a wait: blame from the counterfactual runs alone)."""
+        if seconds <= 0:
+            return NO_CAUSES
+        fractions = _normalised(self.weights[phase].get(culprit, {})) or _normalised(self._overall(phase))
+        return {c: seconds * f for c, f in sorted(fractions.items())} if fractions else {Cause.OTHER.value: seconds}
+
+    def evidence_for(self, *causes: Mapping[str, float]) -> Mapping[str, str]:
+        named = {c for cs in causes for c in cs}
+        return {c: e for c, e in sorted(self.evidence.items()) if c in named} or NO_EVIDENCE
+
+    def _overall(self, phase: str) -> dict[str, float]:
+        acc: dict[str, float] = defaultdict(float)
+        for by_cause in self.weights[phase].values():
+            for cause, secs in by_cause.items():
+                acc[cause] += secs
+        return acc
+
+
+def observed_causes(lc: RequestLifecycle, view: EngineView) -> VictimCauses | None:
+    """The victim's causes from the observed steps; None when no step covers its time in flight."""
+    arrival, first, end = lc.arrival_ts, lc.first_token_ts, lc.end_ts
+    if arrival is None or end is None:
+        return None
+    steps = view.between(arrival, end)
+    if not steps:
+        return None
+    out = VictimCauses()
+    preempted = _preempted_steps(lc, steps, view, out)
+    rid = lc.request_id
+    for step in steps:
+        phase = "ttft" if first is None or step.end_ts <= first + _STEP_EPS_S else "itl"
+        if step.iteration in preempted:
+            continue
+        mine = next((m for m in step.members if m.request_id == rid), None)
+        seconds = min(step.end_ts, end) - max(step.start_ts, arrival)
+        queued = mine is None and (lc.scheduled_ts is None or step.start_ts < lc.scheduled_ts - _STEP_EPS_S)
+        if queued and arrival <= step.start_ts:
+            _queued(out, phase, step, seconds, lc, view)
+        else:
+            _contention(out, phase, step, seconds, mine, rid, view)
+    return out
+
+
+def simulated_causes(traced: SimOutcome) -> VictimCauses:
+    """The re-simulation's trace of the victim as causes (used when no engine step was observed)."""
+    out = VictimCauses()
+    first = traced.first_token_ts
+    for w in traced.waits:
+        phase = "ttft" if first is None or w.ts is None or w.ts < first else "itl"
+        out.add(phase, Cause(w.cause), dict(w.by_request), w.seconds, Evidence.SIMULATED)
+    return out
+
+
+def _preempted_steps(lc: RequestLifecycle, steps: Sequence[StepRecord], view: EngineView,
+                     out: VictimCauses) -> set[int]:
+    """Add the stall and recompute of each preemption of the victim; returns the iterations they cover."""
+    covered: set[int] = set()
+    rid = lc.request_id
+    for p in view.preemptions:
+        if p.request_id != rid:
+            continue
+        k = next((i for i, s in enumerate(steps) if s.iteration == p.preempted_iteration), None)
+        if k is None:
+            continue
+        held = max((m.context_tokens for s in steps[:k] for m in s.members if m.request_id == rid), default=0)
+        holders = {m.request_id: float(m.blocks) for m in steps[k].members if m.request_id != rid and m.blocks > 0}
+        for s in steps[k:]:
+            mine = next((m for m in s.members if m.request_id == rid), None)
+            if mine is not None and mine.context_tokens - mine.tokens >= held:
+                break  # it has rebuilt what it held: from here on it is an ordinary member
+            phase = "ttft" if lc.first_token_ts is None or s.end_ts <= lc.first_token_ts + _STEP_EPS_S else "itl"
+            out.add(phase, Cause.PREEMPTION, holders, s.elapsed_s, Evidence.OBSERVED_PREEMPTION)
+            out.preempted_s += s.elapsed_s
+            covered.add(s.iteration)
+            if mine is not None and mine.context_tokens >= held:
+                break
+    return covered
+
+
+def _queued(out: VictimCauses, phase: str, step: StepRecord, seconds: float, lc: RequestLifecycle,
+            view: EngineView) -> None:
+    """A step the victim spent waiting to be scheduled: KV capacity, the queue's head, or the token budget."""
+    holders = {m.request_id: float(m.blocks) for m in step.members if m.blocks > 0}
+    free = view.pool_blocks - sum(m.blocks for m in step.members)
+    head = view.head(step, lc.arrival_ts or step.start_ts) or lc
+    need = -(-((head.prompt_tokens or 1) + _generated(head, step)) // view.block_size)
+    if need > free and holders:
+        out.add(phase, Cause.KV_PRESSURE, holders, seconds, Evidence.OBSERVED_STEPS)
+        if head.request_id != lc.request_id:
+            out.add(phase, Cause.HEAD_OF_LINE, {head.request_id: 1.0}, seconds, Evidence.OBSERVED_STEPS)
+        return
+    if step.context_tokens + step.generation_tokens >= view.token_budget:
+        chunks = {m.request_id: float(m.tokens) for m in step.members if m.phase != "decode"}
+        if chunks:
+            out.add(phase, Cause.PREFILL_CONTENTION, chunks, seconds, Evidence.OBSERVED_STEPS)
+            return
+    _contention(out, phase, step, seconds, None, lc.request_id, view)
+
+
+def _generated(lc: RequestLifecycle, step: StepRecord) -> int:
+    """Output tokens a waiting request must bring back with it (a preempted one recomputes them)."""
+    if lc.first_token_ts is None or lc.first_token_ts > step.start_ts or not lc.completion_tokens:
+        return 0
+    if lc.finish_ts is None or lc.finish_ts <= lc.first_token_ts:
+        return 0
+    done = (step.start_ts - lc.first_token_ts) / (lc.finish_ts - lc.first_token_ts)
+    return int(min(max(done, 0.0), 1.0) * lc.completion_tokens)
+
+
+def _contention(out: VictimCauses, phase: str, step: StepRecord, seconds: float, mine: StepMember | None,
+                rid: str, view: EngineView) -> None:
+    """The step's time beyond the victim's own cost, by the other members' marginal costs."""
+    members = [_member(m) for m in step.members]
+    others = [m for m in members if m.request_id != rid]
+    if not others or seconds <= 0:
+        return
+    prices = StepPrices(view.pricer, members)
+    if mine is not None:
+        seconds = min(seconds, step.elapsed_s) - view.pricer.seconds([_member(mine)])
+    measured = view.gpu.bandwidth(step.start_ts, step.end_ts) if view.gpu is not None else None
+    prefill: dict[str, float] = {}
+    batching: dict[str, float] = {}
+    bandwidth: dict[str, float] = {}
+    for m in others:
+        marginal, bw = prices.marginal(m)
+        if not m.decode:
+            prefill[m.request_id] = marginal
+            continue
+        if measured is not None and bw > 0:  # the GPU's own figure: the share of the step its DRAM was busy
+            bw = marginal * measured
+        batching[m.request_id] = marginal - bw
+        bandwidth[m.request_id] = bw
+    spent = sum(prefill.values()) + sum(batching.values()) + sum(bandwidth.values())
+    if spent <= 0:
+        return
+    bw_evidence = Evidence.NVML_BANDWIDTH if measured is not None else Evidence.COST_MODEL
+    for cause, by, ev in ((Cause.PREFILL_CONTENTION, prefill, Evidence.COST_MODEL),
+                          (Cause.DECODE_BATCHING, batching, Evidence.COST_MODEL),
+                          (Cause.KV_BANDWIDTH, bandwidth, bw_evidence)):
+        part = sum(by.values())
+        out.add(phase, cause, by, seconds * part / spent, ev)
+
+
+def _member(m: StepMember) -> Member:
+    return Member(m.request_id, m.tokens, max(m.context_tokens - m.tokens, 0), m.phase == "decode")
+
+
+def _normalised(d: Mapping[str, float]) -> dict[str, float]:
+    total = sum(v for v in d.values() if v > 0)
+    return {k: v / total for k, v in d.items() if v > 0} if total > 0 else {}
+
+
+def engine_view(timeline: EngineTimeline, config: SchedulerConfig, pricer: Pricer) -> EngineView:
+    """The timeline's steps, requests, preemptions and GPU readings, with the pool the attributor simulates."""
+    return EngineView(timeline.steps(), {lc.request_id: lc for lc in timeline.lifecycles()}, timeline.preemptions(),
+                      config.num_blocks, config.block_size, config.token_budget, pricer, timeline.gpu)
