@@ -53,14 +53,17 @@ def _evidence(raw: Any) -> Mapping[str, str]:
     return {str(k): str(v) for k, v in dict(raw).items()} if raw else NO_EVIDENCE
 
 
+def culprit_from_dict(c: Mapping[str, Any]) -> Culprit:
+    """Inverse of culprit_to_dict (fields a journal from before them lacks take their defaults)."""
+    return Culprit(request_id=str(c["request_id"]), ttft_s=float(c["ttft_s"]), itl_s=float(c["itl_s"]),
+                   share=float(c["share"]), causes=_causes(c.get("causes")),
+                   kv_block_seconds=float(c.get("kv_block_seconds", 0.0)), is_whale=bool(c.get("is_whale", False)),
+                   itl_causes=_causes(c.get("itl_causes")), evidence=_evidence(c.get("evidence")))
+
+
 def from_dict(d: dict[str, Any]) -> AttributionResult:
     """Inverse of to_dict; raises KeyError/TypeError/ValueError on a record that is not a result."""
-    culprits = tuple(
-        Culprit(request_id=str(c["request_id"]), ttft_s=float(c["ttft_s"]), itl_s=float(c["itl_s"]),
-                share=float(c["share"]), causes=_causes(c.get("causes")),
-                kv_block_seconds=float(c.get("kv_block_seconds", 0.0)), is_whale=bool(c.get("is_whale", False)),
-                itl_causes=_causes(c.get("itl_causes")), evidence=_evidence(c.get("evidence")))
-        for c in d.get("culprits") or [])
+    culprits = tuple(culprit_from_dict(c) for c in d.get("culprits") or [])
     return AttributionResult(
         request_id=str(d["request_id"]), finished_ts=float(d["finished_ts"]), ttft_s=_opt_float(d.get("ttft_s")),
         ttft_baseline_s=_opt_float(d.get("ttft_baseline_s")), ttft_slowdown_s=float(d["ttft_slowdown_s"]),

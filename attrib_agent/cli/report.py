@@ -7,8 +7,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from attrib_agent.attribution.result import AttributionResult
-from attrib_agent.attribution.result_codec import to_dict
+from attrib_agent.attribution.result import AttributionResult, itl_gaps
+from attrib_agent.attribution.result_codec import culprit_from_dict, to_dict
 
 
 def _ms(x: float | None) -> str:
@@ -20,13 +20,12 @@ def _ms(x: float | None) -> str:
     return f"{x * 1000:.1f} ms" if 0 < abs(x) < 0.0095 else f"{x * 1000:.0f} ms"
 
 
-def _causes_text(c: Mapping[str, Any]) -> str:
-    """TTFT seconds by cause; ITL blame is the decode steps the culprit shared with the victim (as in the
-    series: attrib_attributed_slowdown_seconds_total{phase="itl", cause="decode_batching"})."""
-    parts = [f"{k} {_ms(v)}" for k, v in sorted(c.get("causes", {}).items(), key=lambda kv: -kv[1])]
-    if c.get("itl_s", 0.0) > 0:
-        parts.append("decode_batching (ITL)")
-    return ", ".join(parts) or "-"
+def _causes_text(c: Mapping[str, Any], gaps: int) -> str:
+    """A culprit's blame in seconds of the victim's time by cause (TTFT and ITL together), with its evidence."""
+    culprit = culprit_from_dict(c)
+    by_cause = sorted(culprit.blame_by_cause(gaps).items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{k} {_ms(v)}" + (f" ({culprit.evidence[k]})" if k in culprit.evidence else "")
+                     for k, v in by_cause) or "-"
 
 
 def _short_id(rid: str, width: int = 34) -> str:
@@ -42,8 +41,8 @@ def summary_row(r: AttributionResult) -> str:
     top = r.top_culprit()
     who = "-"
     if top is not None:
-        cause = max(top.causes.items(), key=lambda kv: kv[1])[0] if top.causes else \
-            "decode_batching" if top.itl_s > 0 else "-"
+        by_cause = top.blame_by_cause(r.itl_gaps)
+        cause = max(by_cause.items(), key=lambda kv: kv[1])[0] if by_cause else "-"
         who = f"{_short_id(top.request_id)} {top.share:.0%} {cause}{' (whale)' if top.is_whale else ''}"
     quiet = "no interference" if r.no_interference else who
     return (f"{_short_id(r.request_id):<35} ttft {_ms(r.ttft_s):>9} (+{_ms(r.ttft_slowdown_s):>9})  "
@@ -62,12 +61,14 @@ def explain_table(d: Mapping[str, Any]) -> str:
         lines.append("  no interference above the noise floor" if d.get("no_interference")
                      else "  no culprit found")
     else:
-        lines.append(f"  {'culprit':<36}{'TTFT blamed':>12}{'ITL blamed':>12}{'share':>7}  causes")
+        lines.append(f"  {'culprit':<36}{'TTFT blamed':>12}{'ITL blamed':>12}{'share':>7}  causes (evidence)")
         for c in culprits:
-            causes = _causes_text(c)
+            causes = _causes_text(c, itl_gaps(d.get("completion_tokens")))
             tag = " [whale]" if c.get("is_whale") else ""
             lines.append(f"  {_short_id(str(c['request_id'])) + tag:<36}{_ms(c['ttft_s']):>12}"
                          f"{_ms(c['itl_s']):>12}{c['share']:>7.0%}  {causes}")
+    if d.get("preempted_s"):
+        lines.append(f"  preempted by vLLM: stalled and recomputed for {_ms(d['preempted_s'])} (observed)")
     lines.append(f"  unexplained: TTFT {_ms(d.get('unexplained_s'))}, ITL {_ms(d.get('unexplained_itl_s'))} per token")
     if d.get("trace_id"):
         lines.append(f"  trace {d['trace_id']}")
@@ -81,7 +82,9 @@ def write_parquet(results: Sequence[AttributionResult], path: Path) -> None:
     rows = []
     for r in results:
         d = to_dict(r)
-        d["culprits"] = [{**c, "causes": json.dumps(c["causes"], sort_keys=True)} for c in d["culprits"]]
+        d["culprits"] = [{**c, "causes": json.dumps(c["causes"], sort_keys=True),
+                          "itl_causes": json.dumps(c["itl_causes"], sort_keys=True),
+                          "evidence": json.dumps(c["evidence"], sort_keys=True)} for c in d["culprits"]]
         rows.append(d)
     path.parent.mkdir(parents=True, exist_ok=True)
     pl.DataFrame(rows, infer_schema_length=None).write_parquet(path)

@@ -112,7 +112,7 @@ def test_each_final_slowed_victim_becomes_a_child_of_its_vllm_span_linked_to_its
             decoding.add(w)
     assert len(stalled) == 1 and len(decoding) == 2 and set(causes) == stalled | decoding
     assert all(causes[w] == "head_of_line" for w in stalled)
-    assert all(causes[w] in ("kv_bandwidth", "kv_pressure", "decode_batching") for w in decoding)
+    assert all(causes[w] == "kv_pressure" for w in decoding)  # they held the pool the queue's head needed
     assert (s003.attributes or {})["attrib.top_cause"] == causes[str((s003.attributes or {})[
         "attrib.top_culprit.request_id"]).split("-")[-2]]
 
