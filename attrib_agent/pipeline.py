@@ -20,7 +20,7 @@ from attrib_agent.attribution.slo import SloConfig, SloTally
 from attrib_agent.attribution.store import ResultStore
 from attrib_agent.attribution.tally import SlowdownTally
 from attrib_agent.attribution.whales import kv_footprint, whales
-from attrib_agent.events import EngineStep, Event, MetricsSnapshot, RequestSpan
+from attrib_agent.events import EngineStep, Event, GpuSample, MetricsSnapshot, RequestSpan
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.model import RequestLifecycle
 from attrib_agent.timeline.preemption import InferredPreemption
@@ -292,6 +292,10 @@ class AttributionPipeline:
     def pool(self) -> tuple[int | None, int | None]:
         """(block size, pool blocks) as far as known."""
         return self.timeline.pool()
+
+    def gpu_samples(self, since: float | None = None) -> list[GpuSample]:
+        """The GPU's own readings (NVML) the timeline holds, oldest first."""
+        return self.timeline.gpu.samples(since)
 
     @property
     def victim_threshold_s(self) -> float:

@@ -21,6 +21,7 @@ from attrib_agent.attribution.forecast import ArrivalLoad, Candidate, EngineStat
 from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
 from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.attribution.tally import SlowdownTally
+from attrib_agent.events import GpuSample
 from attrib_agent.health import SourceHealth
 from attrib_agent.pipeline import AttributionPipeline, KvNow, PipelineStats
 from attrib_agent.timeline.model import RequestLifecycle
@@ -137,6 +138,9 @@ class AgentState:
             return None
         return now, forecast(now, candidates, forecast_cost(self.pipeline), self.forecast_settings.config)
 
+    def gpu_samples(self, since: float | None = None) -> list[GpuSample]:
+        return self.pipeline.gpu_samples(since)
+
     @property
     def victim_threshold_s(self) -> float:
         return self.pipeline.victim_threshold_s
@@ -176,3 +180,5 @@ class TimelineReads(Protocol):
     def outcomes(self) -> list[tuple[StepInput, StepOutcome]]: ...
 
     def pool(self) -> tuple[int | None, int | None]: ...
+
+    def gpu_samples(self, since: float | None = None) -> list[GpuSample]: ...

@@ -1,8 +1,8 @@
 """`/v1/timeline`: what the page draws, in one bounded JSON document built from the pipeline's timeline.
 
 Steps (with members by phase), the KV ledger per request as change points only (a request's blocks change
-every block_size tokens, not every step), request lanes and the victims with their top culprits. At most
-`max_steps` steps (and `MAX_MEMBERS` step members) go out: with `since`, the oldest ones after it (page on
+every block_size tokens, not every step), request lanes, the victims with their top culprits and the GPU's
+NVML readings. At most `max_steps` steps (and `MAX_MEMBERS` step members) go out: with `since`, the oldest ones after it (page on
 with `next_since`); without, the newest ones, which is what a live view wants. `window` keeps only the last
 that many seconds before the newest step (not before "now": an idle engine keeps its last traffic in view).
 Requests that never entered the engine (vLLM's `/tokenize` ids, rejections) get no lane: the timeline's book
@@ -19,6 +19,7 @@ from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.attribution.result_codec import culprit_to_dict
 from attrib_agent.read_model import TimelineReads
 from attrib_agent.sinks.api.top import BadQuery, parse_duration
+from attrib_agent.timeline.gpu_samples import MAX_SAMPLE_AGE_S, bandwidth_ratio
 from attrib_agent.timeline.model import RequestLifecycle
 
 DEFAULT_MAX_STEPS: Final = 2000
@@ -27,6 +28,7 @@ MAX_MEMBERS: Final = 100_000  # step members per response (~2.5 MB of JSON): a G
 MAX_REQUESTS: Final = 2000  # lanes per response; the requests overlapping the steps sent, earliest first
 CULPRITS_PER_VICTIM: Final = 3
 PHASES: Final = ("prefill", "decode", "recompute")
+MAX_GPU_SAMPLES: Final = 4096  # NVML readings per response (one a second per GPU: over an hour for one GPU)
 
 
 def parse_ts(name: str, text: str | None) -> float | None:
@@ -124,7 +126,18 @@ def timeline_json(view: TimelineReads, since: float | None, until: float | None,
         "kv": {rid: points for rid, points in kv.items() if rid in lane_ids or not lanes_truncated},
         "requests": lanes,
         "victims": [_victim(r) for r in results if r.victim_seconds() > 0 and r.culprits],
+        "gpu": _gpu(view, t0, t1),
     }
+
+
+def _gpu(view: TimelineReads, t0: float | None, t1: float | None) -> list[dict[str, Any]]:
+    """The GPU's own readings over the steps sent (NVML; none without it), for the row under the KV chart."""
+    if t0 is None or t1 is None:
+        return []
+    rows = [{"ts": g.ts, "gpu": g.gpu, "memory_used_bytes": g.memory_used_bytes,
+             "memory_total_bytes": g.memory_total_bytes, "dram_bandwidth_ratio": bandwidth_ratio(g)}
+            for g in view.gpu_samples(t0 - MAX_SAMPLE_AGE_S) if g.ts <= t1 + MAX_SAMPLE_AGE_S]
+    return rows[-MAX_GPU_SAMPLES:]
 
 
 def _whole_ties(ends: list[float], lo: int, taken: int, hi: int) -> int:

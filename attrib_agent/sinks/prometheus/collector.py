@@ -24,6 +24,7 @@ from attrib_agent.read_model import AgentState
 from attrib_agent.sinks.prometheus.engine import cost_families, kv_families, pipeline_families
 from attrib_agent.sinks.prometheus.families import SPECS, counter, empty_family
 from attrib_agent.sinks.prometheus.forecast import forecast_families
+from attrib_agent.sinks.prometheus.gpu import gpu_families
 from attrib_agent.sinks.prometheus.health import agent_families, source_families
 from attrib_agent.sinks.prometheus.slo import slo_families
 from attrib_agent.sinks.prometheus.slowdown import slowdown_families
@@ -38,6 +39,7 @@ _BUILDERS: Final[dict[str, Section]] = {
     "pipeline": pipeline_families,
     "kv": kv_families,
     "cost": cost_families,
+    "gpu": gpu_families,
     "sources": source_families,
     "forecast": forecast_families,
 }

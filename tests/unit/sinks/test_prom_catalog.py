@@ -17,6 +17,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from prometheus_client.registry import CollectorRegistry
 
+from attrib_agent.events import GpuSample
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.read_model import AgentState
 from attrib_agent.sinks.prometheus.collector import SECTIONS, AgentCollector, registry_for
@@ -52,14 +53,15 @@ def catalog_rows() -> dict[str, Row]:
 
 @pytest.fixture(scope="module")
 def state() -> AgentState:
-    """The preempt recording replayed, plus one source error and one journal error so every family has a
-    sample and its label names can be checked."""
+    """The preempt recording replayed, plus one source error, one journal error and one NVML reading (this CPU
+    recording has no GPU) so every family has a sample and its label names can be checked."""
     pipeline = AttributionPipeline()
     source = ReplaySource(RECORDINGS / "preempt")
     for ev in source.events():
         pipeline.feed(ev)
     pipeline.settle()
     assert pipeline.last_event_ts is not None
+    pipeline.feed(GpuSample(pipeline.last_event_ts, 0, "GPU-0", 70 << 30, 80 << 30, 37.0, 52.0))
     st = AgentState(pipeline, health={STREAM_SOURCE[k]: h for k, h in source.health.items()},
                     clock=lambda: pipeline.last_event_ts + 1.5 if pipeline.last_event_ts else 0.0)
     st.source("vllm_log").skip("unknown_line")
@@ -149,9 +151,10 @@ def test_a_fresh_agent_serves_every_family_and_leaves_unknowns_without_a_sample(
                        "attrib_cost_model_residual_seconds", "attrib_pipeline_lag_seconds",
                        "attrib_source_up", "attrib_source_success_total", "attrib_source_errors_total",
                        "attrib_source_skipped_total", "attrib_source_last_success_timestamp_seconds",
-                       "attrib_journal_errors_total", "attrib_forecast_reference_harm_seconds"}
+                       "attrib_journal_errors_total", "attrib_forecast_reference_harm_seconds",
+                       "attrib_gpu_memory_used_bytes", "attrib_gpu_memory_total_bytes", "attrib_gpu_dram_bandwidth_ratio"}
     errors = families["attrib_collector_errors_total"].samples
-    assert len(errors) == len(SECTIONS) == 8 and all(s.value == 0 for s in errors)
+    assert len(errors) == len(SECTIONS) == 9 and all(s.value == 0 for s in errors)
     assert families["attrib_cost_model_fitted"].samples[0].value == 0.0
 
 

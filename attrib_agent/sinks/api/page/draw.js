@@ -230,6 +230,31 @@ const AttribDraw = (function () {
          'vLLM’s KV usage');
   }
 
+  // The GPU's own row under the KV chart (NVML): DRAM bandwidth in use (0..1) per GPU as a line, memory as text.
+  function drawGpu(svg, gpu, x, top, h, xMin, xMax) {
+    const g = el('g', { class: 'gpu' }, svg);
+    const byGpu = {};
+    gpu.forEach(function (s) { (byGpu[s.gpu] = byGpu[s.gpu] || []).push(s); });
+    el('rect', { x: xMin, y: top, width: xMax - xMin, height: h, fill: 'none', stroke: '#dddddd' }, g);
+    text(g, xMin - 6, top + h / 2 + 4, 'GPU DRAM bw', { 'text-anchor': 'end', class: 'muted' });
+    Object.keys(byGpu).forEach(function (id, i) {
+      const pts = byGpu[id].filter(function (s) { return s.dram_bandwidth_ratio != null; }).map(function (s) {
+        const px = Math.min(Math.max(x(s.ts), xMin), xMax);
+        return px.toFixed(1) + ',' + (top + h - s.dram_bandwidth_ratio * h).toFixed(1);
+      });
+      if (pts.length) {
+        el('polyline', { points: pts.join(' '), fill: 'none', stroke: WHALE_COLOURS[i % WHALE_COLOURS.length],
+                         'stroke-width': 1.5, class: 'gpu-bw', 'data-gpu': id }, g);
+      }
+      const last = byGpu[id][byGpu[id].length - 1];
+      if (last.memory_used_bytes != null && last.memory_total_bytes) {
+        text(g, xMax + 6, top + 12 + i * 12, 'GPU ' + id + ' mem ' +
+             (last.memory_used_bytes / 2 ** 30).toFixed(1) + '/' + (last.memory_total_bytes / 2 ** 30).toFixed(1) +
+             ' GiB', { class: 'muted' });
+      }
+    });
+  }
+
   return { el: el, text: text, fmtS: fmtS, niceStep: niceStep, defs: defs, drawKv: drawKv, drawLane: drawLane,
-           drawLinks: drawLinks, legend: legend, WHALE_COLOURS: WHALE_COLOURS };
+           drawLinks: drawLinks, drawGpu: drawGpu, legend: legend, WHALE_COLOURS: WHALE_COLOURS };
 })();

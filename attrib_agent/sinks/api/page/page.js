@@ -3,7 +3,8 @@
 // Vanilla JS, no network access but this agent's own /v1/timeline. Ids go into the DOM as text only.
 'use strict';
 (function () {
-  const { el, text, fmtS, niceStep, defs, drawKv, drawLane, drawLinks, legend, WHALE_COLOURS } = AttribDraw;
+  const { el, text, fmtS, niceStep, defs, drawKv, drawLane, drawLinks, drawGpu, legend, WHALE_COLOURS } =
+    AttribDraw;
   const TOKEN_KEY = 'attrib-agent-token';
   const REFRESH_MS = 5000;
 
@@ -184,7 +185,8 @@
     const longest = lanes.reduce(function (m, r) { return Math.max(m, names[r.request_id].length); }, 6);
     const left = Math.min(Math.max(longest * 7.3 + 22, 125), 240), right = 200, top = 14, areaH = 230, axisH = 34,
       rowH = 20;
-    const lanesTop = top + areaH + axisH;
+    const gpuH = d.gpu && d.gpu.length ? 40 : 0;  // the GPU's own row, only when NVML reports
+    const lanesTop = top + areaH + gpuH + axisH;
     const H = lanesTop + lanes.length * rowH + 10;
     const x = function (t) { return left + (t - t0) / (t1 - t0) * (W - left - right); };
     const svg = el('svg', { width: W, height: H, viewBox: '0 0 ' + W + ' ' + H, role: 'img',
@@ -205,6 +207,7 @@
 
     // KV stacked area
     drawKv(svg, d, lanes, steps, whaleColour, x, top, areaH, t1, left, W - right);
+    if (gpuH) drawGpu(svg, d.gpu, x, top + areaH + 6, gpuH - 10, left, W - right);
 
     // Lanes
     const lanesG = el('g', { class: 'lanes' }, svg);
