@@ -8,11 +8,11 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from timeline.test_recordings import preempted_per_client
 
 from attrib_agent.attribution.result import AttributionResult, Cause, Evidence
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.sources.replay import ReplaySource
-from timeline.test_recordings import preempted_per_client
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 # The lab's preemption scenarios: the committed recordings and the truths' kept runs with every whale present

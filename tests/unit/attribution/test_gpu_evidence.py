@@ -4,7 +4,6 @@ needed) fed with a real recording reach the series, `/v1/timeline`, and the band
 from __future__ import annotations
 
 from functools import cache
-
 from pathlib import Path
 
 from prometheus_client.openmetrics.exposition import generate_latest

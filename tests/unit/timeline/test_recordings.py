@@ -90,8 +90,9 @@ def test_block_seconds_and_pool_share(name: str) -> None:
 
 def preempted_per_client(name: str | Path) -> set[str]:
     """Spec ids the client saw stall mid-stream while another request got >= 3 tokens (3 engine steps), in a
-    committed recording (`name`) or the one at a path (the truths' kept runs): a running request skips steps only when vLLM preempts it (a long prefill stalls every stream at once, 1 token at most).
-    Measured on the committed recordings: 428 (preempt's w3), 71 and 17 (whale2's s016, w2), else <= 1."""
+    committed recording (`name`) or the one at a path (the truths' kept runs): a running request skips steps only
+    when vLLM preempts it (a long prefill stalls every stream at once, 1 token at most). Measured on the committed
+    recordings: 428 (preempt's w3), 71 and 17 (whale2's s016, w2), else <= 1."""
     from attrib_agent.recording import CLIENT, Recording
 
     clients = list(Recording(name if isinstance(name, Path) else RECORDINGS / name).records(CLIENT))
