@@ -35,9 +35,10 @@ _STEP_EPS_S = 0.0005  # log times are stamped to the millisecond
 _Weights = dict[str, dict[str, dict[str, float]]]  # phase -> culprit -> cause -> seconds
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class EngineView:
-    """What the cause computation reads of one engine: its steps (sorted by end), requests, preemptions, pool."""
+    """What the cause computation reads of one engine (its steps sorted by end, requests, preemptions, pool),
+    built once per attribution pass and shared by its victims (the queue's head per step is cached)."""
 
     steps: Sequence[StepRecord]
     lifecycles: Mapping[str, RequestLifecycle]
@@ -48,12 +49,20 @@ class EngineView:
     pricer: Pricer
     gpu: GpuSamples | None = None
     _ends: list[float] = field(default_factory=list)
-    _queue: list[RequestLifecycle] = field(default_factory=list)
+    _queue: list[RequestLifecycle] = field(default_factory=list)  # by arrival
+    _arrivals: list[float] = field(default_factory=list)
+    _heads: dict[int, RequestLifecycle | None] = field(default_factory=dict)  # by step iteration, shared by victims
+    _max_wait: float = 0.0
 
     def __post_init__(self) -> None:
         self._ends.extend(s.end_ts for s in self.steps)
         self._queue.extend(sorted((lc for lc in self.lifecycles.values() if lc.arrival_ts is not None),
                                   key=lambda lc: (lc.arrival_ts or 0.0, lc.request_id)))
+        self._arrivals.extend(lc.arrival_ts or 0.0 for lc in self._queue)
+        last = self._ends[-1] if self._ends else 0.0
+        waits = [(lc.scheduled_ts if lc.scheduled_ts is not None else max(lc.end_ts or last, last))
+                 - (lc.arrival_ts or 0.0) for lc in self._queue]
+        self._max_wait = max(waits, default=0.0)
 
     def between(self, t0: float, t1: float) -> Sequence[StepRecord]:
         """Steps ending after t0 and starting before t1."""
@@ -65,20 +74,25 @@ class EngineView:
             out.append(s)
         return out
 
-    def head(self, step: StepRecord, until: float) -> RequestLifecycle | None:
+    def head(self, step: StepRecord) -> RequestLifecycle | None:
         """The request at the front of vLLM's queue when `step` began: a preempted one waiting to resume (the
-        latest first: vLLM puts it back in front), else the first by arrival (up to `until`) not yet scheduled."""
-        stalled = [p for p in self.preemptions if p.preempted_ts <= step.start_ts + _STEP_EPS_S
-                   and (p.resumed_ts is None or p.resumed_ts > step.start_ts + _STEP_EPS_S)]
+        latest first: vLLM puts it back in front), else the first by arrival not yet scheduled."""
+        if step.iteration not in self._heads:
+            self._heads[step.iteration] = self._head(step.start_ts)
+        return self._heads[step.iteration]
+
+    def _head(self, t: float) -> RequestLifecycle | None:
+        stalled = [p for p in self.preemptions if p.preempted_ts <= t + _STEP_EPS_S
+                   and (p.resumed_ts is None or p.resumed_ts > t + _STEP_EPS_S)]
         if stalled:
             lc = self.lifecycles.get(max(stalled, key=lambda p: p.preempted_ts).request_id)
             if lc is not None:
                 return lc
-        for lc in self._queue:
-            if (lc.arrival_ts or 0.0) > until:
+        # nobody waits longer than the longest wait seen: start the scan there
+        for lc in self._queue[bisect.bisect_left(self._arrivals, t - self._max_wait - 1.0):]:
+            if (lc.arrival_ts or 0.0) >= t:
                 return None
-            if (lc.arrival_ts or 0.0) < step.start_ts and (lc.scheduled_ts is None
-                                                           or lc.scheduled_ts > step.start_ts + _STEP_EPS_S):
+            if lc.scheduled_ts is None or lc.scheduled_ts > t + _STEP_EPS_S:
                 return lc
         return None
 
@@ -188,7 +202,7 @@ def _queued(out: VictimCauses, phase: str, step: StepRecord, seconds: float, lc:
     """A step the victim spent waiting to be scheduled: KV capacity, the queue's head, or the token budget."""
     holders = {m.request_id: float(m.blocks) for m in step.members if m.blocks > 0}
     free = view.pool_blocks - sum(m.blocks for m in step.members)
-    head = view.head(step, lc.arrival_ts or step.start_ts) or lc
+    head = view.head(step) or lc
     need = -(-((head.prompt_tokens or 1) + _generated(head, step)) // view.block_size)
     if need > free and holders:
         out.add(phase, Cause.KV_PRESSURE, holders, seconds, Evidence.OBSERVED_STEPS)
