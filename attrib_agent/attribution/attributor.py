@@ -353,7 +353,7 @@ class Attributor:
             culprits.append(Culprit(
                 request_id=other, ttft_s=t, itl_s=i, share=(t + n_gaps * i) / total if total > 0 else 0.0,
                 causes=ttft_causes, kv_block_seconds=kv.get(other, 0.0), is_whale=other in plan.all_whales,
-                itl_causes=itl_causes, evidence=mech.evidence_for(ttft_causes, itl_causes) if mech else NO_EVIDENCE))
+                itl_causes=itl_causes))
         culprits.sort(key=lambda c: (-(c.ttft_s + n_gaps * c.itl_s), c.request_id))
         full = runner(frozenset(whale_list)).outcomes.get(rid)
         sim_ttft = _metric(full, v.req.arrival_ts, "ttft") + base.ttft_offset_s  # the frontend's part, as learnt
@@ -365,7 +365,9 @@ class Attributor:
             no_interference=ttft_slow == 0.0 and itl_slow == 0.0, quality=max(0.0, fidelity) * membership,
             is_whale=rid in whale_set, engine=v.lc.engine, arrival_ts=v.lc.arrival_ts,
             prompt_tokens=v.lc.prompt_tokens, completion_tokens=v.lc.completion_tokens,
-            preempted_s=mech.preempted_s if mech else 0.0)
+            preempted_s=mech.preempted_s if mech else 0.0,
+            evidence=mech.evidence_for(*(c.causes for c in culprits), *(c.itl_causes for c in culprits))
+            if mech else NO_EVIDENCE)
 
     @staticmethod
     def _light_split(plan: _PeriodPlan, players: list[str], rid: str, which: str) -> dict[str, float]:

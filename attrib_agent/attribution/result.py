@@ -54,7 +54,6 @@ class Culprit:
     is_whale: bool = False
     itl_causes: Mapping[str, float] = field(default_factory=lambda: NO_CAUSES)  # ITL s/token by cause (none:
     # decode batching, as results from before ITL had causes)
-    evidence: Mapping[str, str] = field(default_factory=lambda: NO_EVIDENCE)  # cause -> what it rests on (Evidence)
 
     def seconds(self, itl_gaps: int) -> float:
         """Victim seconds this culprit cost: its TTFT blame plus its per-token ITL blame times the gaps."""
@@ -117,6 +116,9 @@ class AttributionResult:
     span_id: str | None = None  # (16 hex)
     final: bool = True  # False while requests that overlapped this one are still running (may be refined)
     preempted_s: float = 0.0  # seconds it stalled and recomputed after vLLM preempted it (observed)
+    # what each cause named in its culprits rests on (cause -> an Evidence value): one victim's causes come from
+    # one derivation, so it is said once per result rather than per culprit
+    evidence: Mapping[str, str] = field(default_factory=lambda: NO_EVIDENCE)
 
     @property
     def itl_gaps(self) -> int:

@@ -15,7 +15,7 @@ from attrib_agent.attribution.result import NO_CAUSES, NO_EVIDENCE, AttributionR
 def culprit_to_dict(c: Culprit) -> dict[str, Any]:
     return {"request_id": c.request_id, "ttft_s": c.ttft_s, "itl_s": c.itl_s, "share": c.share,
             "causes": dict(c.causes), "kv_block_seconds": c.kv_block_seconds, "is_whale": c.is_whale,
-            "itl_causes": dict(c.itl_causes), "evidence": dict(c.evidence)}
+            "itl_causes": dict(c.itl_causes)}
 
 
 def to_dict(r: AttributionResult) -> dict[str, Any]:
@@ -29,6 +29,7 @@ def to_dict(r: AttributionResult) -> dict[str, Any]:
         "itl_s": r.itl_s, "itl_baseline_s": r.itl_baseline_s, "itl_slowdown_s": r.itl_slowdown_s,
         "unexplained_s": r.unexplained_ttft_s, "unexplained_itl_s": r.unexplained_itl_s,
         "no_interference": r.no_interference, "quality": r.quality, "preempted_s": r.preempted_s,
+        "evidence": dict(r.evidence),
         "culprits": [culprit_to_dict(c) for c in r.culprits],
     }
 
@@ -58,7 +59,7 @@ def culprit_from_dict(c: Mapping[str, Any]) -> Culprit:
     return Culprit(request_id=str(c["request_id"]), ttft_s=float(c["ttft_s"]), itl_s=float(c["itl_s"]),
                    share=float(c["share"]), causes=_causes(c.get("causes")),
                    kv_block_seconds=float(c.get("kv_block_seconds", 0.0)), is_whale=bool(c.get("is_whale", False)),
-                   itl_causes=_causes(c.get("itl_causes")), evidence=_evidence(c.get("evidence")))
+                   itl_causes=_causes(c.get("itl_causes")))
 
 
 def from_dict(d: dict[str, Any]) -> AttributionResult:
@@ -75,4 +76,4 @@ def from_dict(d: dict[str, Any]) -> AttributionResult:
         arrival_ts=_opt_float(d.get("arrival_ts")), prompt_tokens=_opt_int(d.get("prompt_tokens")),
         completion_tokens=_opt_int(d.get("completion_tokens")), trace_id=_opt_str(d.get("trace_id")),
         span_id=_opt_str(d.get("span_id")), final=bool(d.get("final", True)),
-        preempted_s=float(d.get("preempted_s", 0.0)))
+        preempted_s=float(d.get("preempted_s", 0.0)), evidence=_evidence(d.get("evidence")))

@@ -20,11 +20,11 @@ def _ms(x: float | None) -> str:
     return f"{x * 1000:.1f} ms" if 0 < abs(x) < 0.0095 else f"{x * 1000:.0f} ms"
 
 
-def _causes_text(c: Mapping[str, Any], gaps: int) -> str:
+def _causes_text(c: Mapping[str, Any], gaps: int, evidence: Mapping[str, str]) -> str:
     """A culprit's blame in seconds of the victim's time by cause (TTFT and ITL together), with its evidence."""
     culprit = culprit_from_dict(c)
     by_cause = sorted(culprit.blame_by_cause(gaps).items(), key=lambda kv: -kv[1])
-    return ", ".join(f"{k} {_ms(v)}" + (f" ({culprit.evidence[k]})" if k in culprit.evidence else "")
+    return ", ".join(f"{k} {_ms(v)}" + (f" ({evidence[k]})" if k in evidence else "")
                      for k, v in by_cause) or "-"
 
 
@@ -63,7 +63,7 @@ def explain_table(d: Mapping[str, Any]) -> str:
     else:
         lines.append(f"  {'culprit':<36}{'TTFT blamed':>12}{'ITL blamed':>12}{'share':>7}  causes (evidence)")
         for c in culprits:
-            causes = _causes_text(c, itl_gaps(d.get("completion_tokens")))
+            causes = _causes_text(c, itl_gaps(d.get("completion_tokens")), d.get("evidence") or {})
             tag = " [whale]" if c.get("is_whale") else ""
             lines.append(f"  {_short_id(str(c['request_id'])) + tag:<36}{_ms(c['ttft_s']):>12}"
                          f"{_ms(c['itl_s']):>12}{c['share']:>7.0%}  {causes}")
@@ -83,8 +83,8 @@ def write_parquet(results: Sequence[AttributionResult], path: Path) -> None:
     for r in results:
         d = to_dict(r)
         d["culprits"] = [{**c, "causes": json.dumps(c["causes"], sort_keys=True),
-                          "itl_causes": json.dumps(c["itl_causes"], sort_keys=True),
-                          "evidence": json.dumps(c["evidence"], sort_keys=True)} for c in d["culprits"]]
+                          "itl_causes": json.dumps(c["itl_causes"], sort_keys=True)} for c in d["culprits"]]
+        d["evidence"] = json.dumps(d["evidence"], sort_keys=True)
         rows.append(d)
     path.parent.mkdir(parents=True, exist_ok=True)
     pl.DataFrame(rows, infer_schema_length=None).write_parquet(path)

@@ -68,8 +68,8 @@ def kv_bandwidth_seconds(p: AttributionPipeline) -> float:
 def test_measured_bandwidth_decides_the_bandwidth_part_and_says_so() -> None:
     busy, idle = with_gpu(0.9), with_gpu(0.05)
     for p in (busy, idle):
-        named = [c for r in p.store for c in r.culprits if Cause.KV_BANDWIDTH.value in c.evidence]
-        assert named and all(c.evidence[Cause.KV_BANDWIDTH.value] == Evidence.NVML_BANDWIDTH.value for c in named)
+        named = [r for r in p.store if Cause.KV_BANDWIDTH.value in r.evidence]
+        assert named and all(r.evidence[Cause.KV_BANDWIDTH.value] == Evidence.NVML_BANDWIDTH.value for r in named)
     # The same blame (Shapley amounts), labelled by what the GPU measured: an idle bus is not the mechanism.
     assert {(r.request_id, c.request_id, c.ttft_s, c.itl_s) for r in busy.store for c in r.culprits} == \
         {(r.request_id, c.request_id, c.ttft_s, c.itl_s) for r in idle.store for c in r.culprits}
@@ -83,8 +83,8 @@ def test_without_nvml_the_cost_model_is_the_bandwidth_evidence() -> None:
     p = AttributionPipeline()
     p.feed_all(events("preempt"))
     p.settle()
-    named = [c for r in p.store for c in r.culprits if Cause.KV_BANDWIDTH.value in c.evidence]
-    assert named and all(c.evidence[Cause.KV_BANDWIDTH.value] == Evidence.COST_MODEL.value for c in named)
+    named = [r for r in p.store if Cause.KV_BANDWIDTH.value in r.evidence]
+    assert named and all(r.evidence[Cause.KV_BANDWIDTH.value] == Evidence.COST_MODEL.value for r in named)
 
 
 def test_gpu_series_and_timeline_rows() -> None:
