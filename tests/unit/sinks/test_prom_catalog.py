@@ -152,7 +152,8 @@ def test_a_fresh_agent_serves_every_family_and_leaves_unknowns_without_a_sample(
                        "attrib_source_up", "attrib_source_success_total", "attrib_source_errors_total",
                        "attrib_source_skipped_total", "attrib_source_last_success_timestamp_seconds",
                        "attrib_journal_errors_total", "attrib_forecast_reference_harm_seconds",
-                       "attrib_gpu_memory_used_bytes", "attrib_gpu_memory_total_bytes", "attrib_gpu_dram_bandwidth_ratio"}
+                       "attrib_gpu_memory_used_bytes", "attrib_gpu_memory_total_bytes",
+                       "attrib_gpu_dram_bandwidth_ratio"}
     errors = families["attrib_collector_errors_total"].samples
     assert len(errors) == len(SECTIONS) == 9 and all(s.value == 0 for s in errors)
     assert families["attrib_cost_model_fitted"].samples[0].value == 0.0
