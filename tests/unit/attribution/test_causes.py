@@ -11,7 +11,9 @@ import pytest
 from timeline.test_recordings import preempted_per_client
 
 from attrib_agent.attribution.result import AttributionResult, Cause, Evidence
+from attrib_agent.lab.step_truth import truth_steps
 from attrib_agent.pipeline import AttributionPipeline
+from attrib_agent.recording import VLLM_STEPS, Recording
 from attrib_agent.sources.replay import ReplaySource
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
@@ -109,3 +111,13 @@ def test_shorts_queued_while_whales_hold_the_kv_get_kv_pressure_not_bandwidth(sp
 def test_no_preemption_named_where_vllm_preempted_nobody() -> None:
     for name in ("shorts", "whale1"):
         assert not any(named_preemption(r) for r in results(FIXTURES / "recordings" / name).values())
+
+
+def test_preempted_victims_match_vllms_own_per_step_preemptions() -> None:
+    """preempt-steps was recorded with the lab's step plugin: vLLM's scheduler itself says whom it preempted
+    (a stream the agent never reads). The requests named `preemption` are those."""
+    path = FIXTURES / "recordings" / "preempt-steps"
+    truth = {rid.split("-")[-2] for s in truth_steps(Recording(path).records(VLLM_STEPS)) for rid in s.preempted}
+    got = {sid for sid, r in results(path).items() if named_preemption(r)}
+    print(f"\npreempt-steps: vLLM preempted {sorted(truth)}, agent named {sorted(got)}")
+    assert truth and got == truth
