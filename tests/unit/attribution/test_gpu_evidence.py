@@ -16,8 +16,8 @@ from attrib_agent.events import Event, GpuSample
 from attrib_agent.health import SourceHealth
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.read_model import AgentState
-from attrib_agent.sinks.http_api import api_app
-from attrib_agent.sinks.prom_collector import registry_for
+from attrib_agent.sinks.api.app import api_app
+from attrib_agent.sinks.prometheus.collector import registry_for
 from attrib_agent.sources.replay import ReplaySource
 
 RECORDINGS = Path(__file__).resolve().parents[2] / "fixtures" / "recordings"

@@ -13,10 +13,10 @@ from prometheus_client.openmetrics.exposition import generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from attrib_agent.attribution.result import AttributionResult
-from attrib_agent.report import explain_table
-from attrib_agent.sinks.http_api import api_app
-from attrib_agent.sinks.otel_spans import SlowdownSpans
-from attrib_agent.sinks.prom_collector import registry_for
+from attrib_agent.cli.report import explain_table
+from attrib_agent.sinks.api.app import api_app
+from attrib_agent.sinks.otel.spans import SlowdownSpans
+from attrib_agent.sinks.prometheus.collector import registry_for
 
 
 @cache
