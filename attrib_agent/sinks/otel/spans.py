@@ -187,8 +187,8 @@ def victim_attributes(r: AttributionResult) -> dict[str, AttributeValue]:
 
 
 def top_cause(c: Culprit, itl_gaps: int) -> str:
-    """The cause carrying most of a culprit's blame, split as the metrics split it (ITL blame is decode
-    batching; blame with no traced mechanism is `other`)."""
+    """The cause carrying most of a culprit's blame, TTFT and ITL seconds together, split as the metrics split
+    it (e.g. `preemption` for a victim preempted mid-stream; blame with no observed mechanism is `other`)."""
     seconds = c.blame_by_cause(itl_gaps)
     return max(seconds.items(), key=lambda kv: (kv[1], kv[0]))[0] if seconds else Cause.OTHER.value
 
