@@ -245,6 +245,16 @@
       (d.live ? ' · live' : ' · replay');
   }
 
+  // A culprit's seconds by cause, TTFT and ITL together (ITL per token times the victim's gaps; a result from
+  // before ITL had causes gives its ITL blame as decode batching).
+  function blameByCause(c, gaps) {
+    const out = Object.assign({}, c.causes);
+    const itl = c.itl_causes && Object.keys(c.itl_causes).length ? c.itl_causes
+      : (c.itl_s > 0 ? { decode_batching: c.itl_s } : {});
+    Object.keys(itl).forEach(function (k) { out[k] = (out[k] || 0) + itl[k] * gaps; });
+    return out;
+  }
+
   function causesText(causes) {
     const total = Object.values(causes).reduce(function (a, b) { return a + b; }, 0);
     if (!(total > 0)) return '';
@@ -277,8 +287,7 @@
       a.title = c.request_id;
       a.addEventListener('click', function (e) { e.preventDefault(); select(c.request_id); });
       if (whaleColour[c.request_id]) a.style.color = whaleColour[c.request_id];
-      const why = causesText(Object.assign({}, c.causes, c.itl_s > 0 ? { decode_batching:
-        (c.causes.decode_batching || 0) + c.itl_s * v.itl_gaps } : {}));
+      const why = causesText(blameByCause(c, v.itl_gaps));
       add('span', (c.is_whale ? ' (whale)' : '') + ': ' + fmtS(c.seconds));
       if (why) add('span', ' via ' + why, 'causes');
       add('span', k < v.culprits.length - 1 ? '; ' : '.');
