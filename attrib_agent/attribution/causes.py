@@ -51,7 +51,9 @@ class EngineView:
     _ends: list[float] = field(default_factory=list)
     _queue: list[RequestLifecycle] = field(default_factory=list)  # by arrival
     _arrivals: list[float] = field(default_factory=list)
-    _heads: dict[int, RequestLifecycle | None] = field(default_factory=dict)  # by step iteration, shared by victims
+    # by step (iteration, end: iterations restart with vLLM), shared by the pass's victims
+    _heads: dict[tuple[int, float], RequestLifecycle | None] = field(default_factory=dict)
+    _prices: dict[tuple[int, float], tuple[StepPrices, float | None]] = field(default_factory=dict)
     _max_wait: float = 0.0
 
     def __post_init__(self) -> None:
@@ -77,9 +79,19 @@ class EngineView:
     def head(self, step: StepRecord) -> RequestLifecycle | None:
         """The request at the front of vLLM's queue when `step` began: a preempted one waiting to resume (the
         latest first: vLLM puts it back in front), else the first by arrival not yet scheduled."""
-        if step.iteration not in self._heads:
-            self._heads[step.iteration] = self._head(step.start_ts)
-        return self._heads[step.iteration]
+        key = (step.iteration, step.end_ts)
+        if key not in self._heads:
+            self._heads[key] = self._head(step.start_ts)
+        return self._heads[key]
+
+    def prices(self, step: StepRecord) -> tuple[StepPrices, float | None]:
+        """The step's members priced (marginal costs shared by every victim in it) and the GPU's bandwidth."""
+        key = (step.iteration, step.end_ts)
+        got = self._prices.get(key)
+        if got is None:
+            bw = self.gpu.bandwidth(step.start_ts, step.end_ts) if self.gpu is not None else None
+            got = self._prices[key] = (StepPrices(self.pricer, [_member(m) for m in step.members]), bw)
+        return got
 
     def _head(self, t: float) -> RequestLifecycle | None:
         stalled = [p for p in self.preemptions if p.preempted_ts <= t + _STEP_EPS_S
@@ -230,14 +242,14 @@ def _generated(lc: RequestLifecycle, step: StepRecord) -> int:
 def _contention(out: VictimCauses, phase: str, step: StepRecord, seconds: float, mine: StepMember | None,
                 rid: str, view: EngineView) -> None:
     """The step's time beyond the victim's own cost, by the other members' marginal costs."""
-    members = [_member(m) for m in step.members]
-    others = [m for m in members if m.request_id != rid]
+    if not step.members:
+        return
+    prices, measured = view.prices(step)
+    others = [m for m in prices.members if m.request_id != rid]
     if not others or seconds <= 0:
         return
-    prices = StepPrices(view.pricer, members)
     if mine is not None:
         seconds = min(seconds, step.elapsed_s) - view.pricer.seconds([_member(mine)])
-    measured = view.gpu.bandwidth(step.start_ts, step.end_ts) if view.gpu is not None else None
     prefill: dict[str, float] = {}
     batching: dict[str, float] = {}
     bandwidth: dict[str, float] = {}
