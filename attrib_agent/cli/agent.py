@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import signal
@@ -97,7 +98,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"attrib-agent: error: {e}", file=sys.stderr)
         return 2
     token = cfg.reveal_api_token()  # ATTRIB_API_TOKEN or --api-token-file, as for `run`
-    show_progress = sys.stderr.isatty() and not args.json
+    show_progress = sys.stderr.isatty() and not (args.json or args.digest)
 
     def progress(n: int) -> None:
         if show_progress:
@@ -123,7 +124,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if show_progress:
             print(file=sys.stderr)
         results = sorted(core.pipeline.store, key=lambda r: (r.finished_ts, r.request_id))
-        if args.json:
+        if args.digest:  # the --json lines hashed: an optimisation that changes nothing keeps the digest
+            h = hashlib.sha256()
+            for line in json_lines(results):
+                h.update(line.encode() + b"\n")
+            print(h.hexdigest())
+        elif args.json:
             for line in json_lines(results):
                 print(line)
         else:
@@ -180,6 +186,8 @@ def add_agent_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     rp = sub.add_parser("replay", help="a recording through the same pipeline as live: one attribution per request")
     rp.add_argument("recording", type=Path, metavar="DIR")
     rp.add_argument("--json", action="store_true", help="JSON lines (request_id, ttft_s, culprits, ...)")
+    rp.add_argument("--digest", action="store_true",
+                    help="print only the sha256 of the --json output (checks that a change kept every result)")
     rp.add_argument("--speed", type=float, default=None,
                     help="pace at this multiple of recorded speed (default: as fast as possible)")
     rp.add_argument("--serve", action="store_true",
