@@ -110,10 +110,12 @@ class AttributionPipeline:
         self._due: OrderedDict[str, None] = OrderedDict()  # spans landed, not yet attributed
         self._partial: OrderedDict[str, float] = OrderedDict()  # victim -> its finish time
         self._next_settle: float | None = None
+        self.version = 0  # bumped by every feed and settle: readers cache what they render per version
 
     # ---- input -------------------------------------------------------------------------------------------
     def feed(self, event: Event) -> list[AttributionResult]:
         """Take one event; returns the results (partial and final) of a settle pass if this event began one."""
+        self.version += 1
         self.events[type(event).__name__] += 1
         ts = event.ts
         stepped: list[AttributionResult] = []
@@ -191,6 +193,7 @@ class AttributionPipeline:
         now = self.last_event_ts
         if now is None:
             return []
+        self.version += 1
         self._next_settle = now + self.config.settle_interval_s
         lcs = {lc.request_id: lc for lc in self.timeline.lifecycles()}
         wanted = set(self._due)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -18,6 +19,7 @@ from typing import Any
 
 import uvicorn
 from prometheus_client import make_asgi_app
+from starlette.types import Message
 
 from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.config.load import AgentConfig
@@ -29,6 +31,7 @@ from attrib_agent.sinks.api.app import api_app
 from attrib_agent.sinks.journal import JournalSink
 from attrib_agent.sinks.journal import sink as journal_sink
 from attrib_agent.sinks.prometheus.collector import registry_for
+from attrib_agent.sinks.api.render_cache import CachedAsgi, RenderCache
 from attrib_agent.sinks.sink import MultiSink, Sink
 
 logger = logging.getLogger("attrib_agent")
@@ -36,6 +39,7 @@ logger = logging.getLogger("attrib_agent")
 MAX_QUEUED_EVENTS = 100_000
 SINK_FLUSH_S = 0.5  # "a restart loses at most the last second"
 IDLE_SETTLE_S = 0.5  # with no events arriving (vLLM down), still attribute what is due
+METRICS_MAX_AGE_S = 1.0  # a /metrics body is reused for at most this long (and only while the state is unchanged)
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,7 @@ class AgentCore:
         n = 0
         for r in self.journal.load(since_ts=self.state.clock() - cfg.max_result_age_s, max_results=cfg.max_results):
             self.pipeline.store.put(r)
+            self.pipeline.version += 1
             n += 1
         return n
 
@@ -168,11 +173,17 @@ class AgentCore:
         # The API's GZipMiddleware compresses /metrics like every other route; prometheus_client's own gzip
         # beneath it would encode the body twice (Starlette >= 1.0 does not skip an encoded response).
         metrics = make_asgi_app(registry_for(self.state), disable_compression=True)
-        return api_app(self.state, token=token, metrics_app=metrics)
+        # A scrape reads the clock too (lag, gap seconds): a body is reused for one state version and <= 1 s.
+        cache: RenderCache[list[Message]] = RenderCache(lambda: self.pipeline.version, max_age_s=METRICS_MAX_AGE_S)
+        return api_app(self.state, token=token, metrics_app=CachedAsgi(metrics, cache))
 
     async def serve(self, opts: ServeOptions, stop: asyncio.Event,
                     started: Callable[[int], None] | None = None) -> None:
         """Serve the API until `stop`; `started(port)` once listening (port 0 picks a free one)."""
+        # What exists now (the store restored from the journal, the parsers' tables, imported modules) lives as
+        # long as the agent: frozen, full collections no longer walk it (a ~100,000-result store: ~1M objects).
+        gc.collect()
+        gc.freeze()
         config = uvicorn.Config(self.asgi_app(opts.token), host=opts.host, port=opts.port, log_level="warning",
                                 lifespan="off", access_log=False)
         server = uvicorn.Server(config)

@@ -34,7 +34,8 @@ from attrib_agent.attribution.result_codec import to_dict
 from attrib_agent.read_model import AgentState
 from attrib_agent.sinks.api.forecast import forecast_routes
 from attrib_agent.sinks.api.ids import BadRequestId, resolve
-from attrib_agent.sinks.api.plumbing import PAGE_CSP, BearerAuth, error, error_handlers, json_response
+from attrib_agent.sinks.api.plumbing import NO_STORE, PAGE_CSP, BearerAuth, error, error_handlers, json_response
+from attrib_agent.sinks.api.render_cache import RenderCache
 from attrib_agent.sinks.api.timeline import parse_max_steps, parse_ts, parse_window, timeline_json
 from attrib_agent.sinks.api.top import BadQuery, parse_duration, parse_limit
 
@@ -87,15 +88,24 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
                               "partial_results": top.partial_results,
                               "culprits": [t.as_dict() for t in top.culprits]})
 
+    timelines: RenderCache[bytes] = RenderCache(lambda: state.pipeline.version)
+
     async def timeline(request: Request) -> Response:
         q = request.query_params
         try:
-            body = timeline_json(state, parse_ts("since", q.get("since")), parse_ts("until", q.get("until")),
-                                 max_steps=parse_max_steps(q.get("max_steps")),
-                                 window_s=parse_window(q.get("window")))
+            args = (parse_ts("since", q.get("since")), parse_ts("until", q.get("until")),
+                    parse_max_steps(q.get("max_steps")), parse_window(q.get("window")))
         except BadQuery as exc:
             return error(400, str(exc), errs, "bad_query")
-        return json_response(body | {"live": state.live, "version": state.version})
+
+        def render() -> bytes:  # built once per state version and query: pollers share it
+            body = timeline_json(state, args[0], args[1], max_steps=args[2], window_s=args[3])
+            return bytes(json_response(body | {"live": state.live, "version": state.version}).body)
+
+        try:
+            return Response(timelines.get(args, render), media_type="application/json", headers=NO_STORE)
+        except BadQuery as exc:
+            return error(400, str(exc), errs, "bad_query")
 
     async def healthz(request: Request) -> Response:
         return json_response({"status": "ok", "version": state.version, "uptime_s": state.clock() - state.started_ts})

@@ -1,0 +1,77 @@
+"""The render cache must never serve a body built at another state version, nor one older than its max age."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from attrib_agent.sinks.api.render_cache import CachedAsgi, RenderCache
+
+
+def test_reused_only_at_the_same_version() -> None:
+    version = [0]
+    builds: list[str] = []
+    cache: RenderCache[str] = RenderCache(lambda: version[0])
+
+    def build(tag: str) -> str:
+        builds.append(tag)
+        return f"{tag}@{version[0]}"
+
+    assert cache.get("q", lambda: build("q")) == "q@0"
+    assert cache.get("q", lambda: build("q")) == "q@0"
+    assert cache.get("other", lambda: build("other")) == "other@0"
+    version[0] += 1  # an event fed: every body is stale
+    assert cache.get("q", lambda: build("q")) == "q@1"
+    assert builds == ["q", "other", "q"]
+    assert (cache.hits, cache.misses) == (1, 3)
+
+
+def test_max_age_and_bounded() -> None:
+    now = [0.0]
+    cache: RenderCache[int] = RenderCache(lambda: 0, max_entries=2, max_age_s=1.0, clock=lambda: now[0])
+    n = iter(range(100))
+    first = cache.get("a", lambda: next(n))
+    now[0] = 1.0
+    assert cache.get("a", lambda: next(n)) == first
+    now[0] = 1.5
+    assert cache.get("a", lambda: next(n)) != first  # older than a second: rebuilt
+    cache.get("b", lambda: next(n))
+    cache.get("c", lambda: next(n))
+    assert len(cache) == 2
+    with pytest.raises(ValueError):
+        RenderCache(lambda: 0, max_entries=0)
+
+
+def test_cached_asgi_replays_the_inner_response_per_query_and_version() -> None:
+    version = [0]
+    calls: list[bytes] = []
+
+    async def inner(scope: Any, receive: Any, send: Any) -> None:
+        calls.append(scope["query_string"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": f"{len(calls)}".encode()})
+
+    app = CachedAsgi(inner, RenderCache(lambda: version[0]))
+
+    def get(query: bytes) -> bytes:
+        sent: list[Any] = []
+
+        async def send(msg: Any) -> None:
+            sent.append(msg)
+
+        async def receive() -> Any:
+            return {"type": "http.request", "body": b""}
+
+        scope = {"type": "http", "method": "GET", "query_string": query, "headers": [(b"accept", b"text/plain")]}
+        asyncio.run(app(scope, receive, send))
+        assert sent[0]["status"] == 200
+        return bytes(sent[1]["body"])
+
+    assert get(b"") == b"1"
+    assert get(b"") == b"1"
+    assert get(b"name[]=x") == b"2"
+    version[0] += 1
+    assert get(b"") == b"3"
+    assert calls == [b"", b"name[]=x", b""]
