@@ -28,10 +28,10 @@ from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.read_model import AgentState
 from attrib_agent.sinks import registry as sink_registry
 from attrib_agent.sinks.api.app import api_app
+from attrib_agent.sinks.api.render_cache import CachedAsgi, RenderCache
 from attrib_agent.sinks.journal import JournalSink
 from attrib_agent.sinks.journal import sink as journal_sink
 from attrib_agent.sinks.prometheus.collector import registry_for
-from attrib_agent.sinks.api.render_cache import CachedAsgi, RenderCache
 from attrib_agent.sinks.sink import MultiSink, Sink
 
 logger = logging.getLogger("attrib_agent")
