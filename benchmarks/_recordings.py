@@ -38,6 +38,10 @@ from attrib_agent.sources.replay import ReplaySource
 INPUT_STREAMS: Final = (METRICS, LOG, OTLP, NVML)  # what the agent reads; client.jsonl is the lab's own
 BUILDER_VERSION: Final = 1  # bump when the output of a build changes, to invalidate cached builds
 FIXTURES: Final = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "recordings"
+DEFAULT_SOURCES = ("shorts", "whale1", "whale2", "preempt", "canary")
+"""The lab-client recordings the published figures are made of: their ids carry the run tag the copier rewrites.
+Third-party client recordings (bench-*: `vllm bench serve`'s own ids, a `tokenize-` call) and the plugin's
+preempt-steps (a re-run of preempt) are not copied: pass them explicitly once the copier can retag them."""
 _PROTOBUF: Final = "application/x-protobuf"
 
 
@@ -66,7 +70,7 @@ class BuildInfo:
 
 def load_sources(paths: Iterable[str | os.PathLike[str]] | None = None) -> list[SourceRecording]:
     """The recordings (default: every committed one), in the order they were recorded."""
-    dirs = sorted(FIXTURES.iterdir()) if paths is None else [Path(p) for p in paths]
+    dirs = [FIXTURES / name for name in DEFAULT_SOURCES] if paths is None else [Path(p) for p in paths]
     out = []
     for d in dirs:
         rec = Recording(d)
