@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from attrib_agent.attribution.causes import EngineView, engine_view, observed_causes, simulated_causes
-from attrib_agent.attribution.cost_model import StepCostModel, StepFeatures
+from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior, StepFeatures
 from attrib_agent.attribution.result import NO_CAUSES, NO_EVIDENCE, AttributionResult, Culprit, itl_gaps
 from attrib_agent.attribution.scheduler_sim import shapley, simulate
 from attrib_agent.attribution.shapley import largest_effects, with_shortfall
@@ -42,6 +42,12 @@ class AttributionConfig:
     offset_window: int = 512  # recent requests whose observed-minus-simulated times calibrate the baseline
     default_block_size: int = 16
     default_num_blocks: int = 4096
+    # Until `prior_min_steps` engine steps are fitted, step costs come from `step_cost_prior` (docs/attribution.md).
+    step_cost_prior: StepCostPrior = StepCostPrior()
+    prior_min_steps: int = 64
+    itl_floor_ratio: float = 0.5  # the uncontended ITL is at least this x the model's solo ITL (a bad offset)
+    quality_floor_s: float = 0.05  # TTFT below this is compared at this scale in quality (timer jitter)
+    unfinished_end_s: float = 3600.0  # a request with no end yet is treated as running this long after arrival
 
 
 @dataclass(frozen=True)
@@ -183,7 +189,7 @@ class Attributor:
 
     def __init__(self, config: AttributionConfig | None = None, cost: StepCostModel | None = None) -> None:
         self.config = config or AttributionConfig()
-        self.cost = cost or StepCostModel()
+        self.cost = cost or StepCostModel(self.config.step_cost_prior, min_steps=self.config.prior_min_steps)
         # (timeline, feed position) learnt up to: iteration numbers restart with vLLM, feed positions do not
         self._learnt_to: tuple[int, int] = (0, 0)
         # observed minus re-simulated TTFT / ITL of recent requests: what the engine-step model leaves out
@@ -230,7 +236,7 @@ class Attributor:
             if req is None:
                 continue
             lcs[lc.request_id] = lc
-            end = lc.end_ts if lc.end_ts is not None else req.arrival_ts + 3600.0
+            end = lc.end_ts if lc.end_ts is not None else req.arrival_ts + self.config.unfinished_end_s
             known.append((req, end))
         kv = {r.request_id: r.block_seconds for r in timeline.ledger.requests()}
         plans = []
@@ -281,8 +287,8 @@ class Attributor:
     def _baseline(self, v: _Victim, cfg: SchedulerConfig, offsets: tuple[float, float]) -> _Baseline:
         ttft_off, itl_off = offsets
         base_ttft = self.cost.solo_ttft_s(v.req.prompt_tokens, cfg.token_budget, v.req.prefix_tokens) + ttft_off
-        base_itl = max(0.5 * self.cost.solo_itl_s(v.req.prompt_tokens + v.req.output_tokens // 2),
-                       self.cost.solo_itl_s(v.req.prompt_tokens + v.req.output_tokens // 2) + itl_off)
+        solo_itl = self.cost.solo_itl_s(v.req.prompt_tokens + v.req.output_tokens // 2)
+        base_itl = max(self.config.itl_floor_ratio * solo_itl, solo_itl + itl_off)
         ttft_slow = max(0.0, (v.lc.ttft_s or 0.0) - base_ttft)
         itl_slow = max(0.0, (v.lc.mean_itl_s or 0.0) - base_itl)
         ttft_floor = max(self.config.noise_floor_s, self.config.noise_floor_ratio * base_ttft)
@@ -357,7 +363,8 @@ class Attributor:
         culprits.sort(key=lambda c: (-(c.ttft_s + n_gaps * c.itl_s), c.request_id))
         full = runner(frozenset(whale_list)).outcomes.get(rid)
         sim_ttft = _metric(full, v.req.arrival_ts, "ttft") + base.ttft_offset_s  # the frontend's part, as learnt
-        fidelity = 1.0 - min(1.0, abs(sim_ttft - (obs_ttft or 0.0)) / max(obs_ttft or 0.0, 0.05))
+        scale = max(obs_ttft or 0.0, self.config.quality_floor_s)
+        fidelity = 1.0 - min(1.0, abs(sim_ttft - (obs_ttft or 0.0)) / scale)
         return AttributionResult(
             request_id=rid, finished_ts=v.lc.end_ts or v.req.arrival_ts, ttft_s=obs_ttft, ttft_baseline_s=base_ttft,
             ttft_slowdown_s=ttft_slow, itl_s=obs_itl, itl_baseline_s=base_itl, itl_slowdown_s=itl_slow,

@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, fields
 from itertools import combinations
 from math import isfinite
+from typing import Final
 
 import numpy as np
 
@@ -47,6 +48,9 @@ class StepCoefficients:
                 self.per_decode_context_token_s, self.per_prefill_pair_s)
 
 
+FIT_WINDOW: Final = 1024  # recent steps the fit reads; min_steps (the prior's reign) cannot exceed it
+
+
 @dataclass(frozen=True, slots=True)
 class StepCostPrior(StepCoefficients):
     """Used until enough steps are seen. The defaults approximate the lab's CPU model (tiny Qwen2, 2 cores:
@@ -65,6 +69,25 @@ class StepCostPrior(StepCoefficients):
             value = getattr(self, f.name)
             if not isfinite(value) or value < 0:
                 raise ValueError(f"prior {f.name} must be a finite non-negative number, got {value}")
+
+    def __str__(self) -> str:
+        """The six numbers in field order, as `parse` reads them back (how settings show the prior)."""
+        return ",".join(repr(getattr(self, f.name)) for f in fields(self))
+
+    @classmethod
+    def parse(cls, value: object) -> StepCostPrior:
+        """Six seconds figures in field order, from "a,b,c,d,e,f" or a list (a TOML array); ValueError else."""
+        names = [f.name for f in fields(cls)]
+        parts = value.split(",") if isinstance(value, str) else value
+        if not isinstance(parts, list | tuple) or len(parts) != len(names):
+            raise ValueError(f"expected {len(names)} numbers, comma-separated: {','.join(names)}")
+        numbers = []
+        for name, part in zip(names, parts, strict=True):
+            try:
+                numbers.append(float(part.strip() if isinstance(part, str) else part))
+            except (TypeError, ValueError):
+                raise ValueError(f"{name}: expected a number, got {part!r}") from None
+        return cls(*numbers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +124,7 @@ class StepCostModel:
     """Online robust fit of step cost; implements StepCost and PrefillAwareStepCost."""
 
     def __init__(self, prior: StepCostPrior | None = None, *, min_steps: int = 64, refit_every: int = 128,
-                 max_window: int = 1024, min_support: int = 3, max_step_gap_s: float = 0.05) -> None:
+                 max_window: int = FIT_WINDOW, min_support: int = 3, max_step_gap_s: float = 0.05) -> None:
         if min_steps < 1 or refit_every < 1 or max_window < min_steps or min_support < 1:
             raise ValueError("need min_steps >= 1, refit_every >= 1, max_window >= min_steps, min_support >= 1")
         self.prior = prior if prior is not None else StepCostPrior()

@@ -18,6 +18,7 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from attrib_agent.attribution.attributor import AttributionConfig
+from attrib_agent.attribution.cost_model import StepCostPrior
 from attrib_agent.attribution.forecast import Candidate, ForecastConfig, ForecastSettings
 from attrib_agent.attribution.slo import SloConfig
 from attrib_agent.config.file import read_config_file
@@ -71,6 +72,11 @@ class AgentConfig:
     whale_factor: float = _d("whale_factor")
     max_players: int = _d("max_players")
     noise_floor_s: float = _d("noise_floor_s")
+    step_cost_prior: StepCostPrior = _d("step_cost_prior")
+    prior_min_steps: int = _d("prior_min_steps")
+    itl_floor_ratio: float = _d("itl_floor_ratio")
+    quality_floor_s: float = _d("quality_floor_s")
+    unfinished_end_s: float = _d("unfinished_end_s")
     max_results: int = _d("max_results")
     max_result_age_s: float = _d("max_result_age_s")
     max_pending: int = _d("max_pending")
@@ -114,7 +120,9 @@ class AgentConfig:
 
     def pipeline_config(self) -> PipelineConfig:
         attribution = AttributionConfig(whale_factor=self.whale_factor, max_players=self.max_players,
-                                        noise_floor_s=self.noise_floor_s)
+                                        noise_floor_s=self.noise_floor_s, step_cost_prior=self.step_cost_prior,
+                                        prior_min_steps=self.prior_min_steps, itl_floor_ratio=self.itl_floor_ratio,
+                                        quality_floor_s=self.quality_floor_s, unfinished_end_s=self.unfinished_end_s)
         return PipelineConfig(engine=self.engine, block_size=self.block_size, num_blocks=self.num_blocks,
                               token_budget=self.token_budget, settle_interval_s=self.settle_interval_s,
                               partial_timeout_s=self.partial_timeout_s, max_results=self.max_results,

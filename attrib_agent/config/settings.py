@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from attrib_agent.attribution.attributor import AttributionConfig
+from attrib_agent.attribution.cost_model import FIT_WINDOW, StepCostPrior
 from attrib_agent.attribution.forecast import ForecastSettings
 from attrib_agent.config import values as v
 from attrib_agent.config.types import HostPort, Secret, shown
@@ -144,6 +145,18 @@ SETTINGS: Final[tuple[Setting, ...]] = (
        "whales per busy period given exact Shapley values (2^n simulations each)", "N"),
     _S("noise_floor_s", "attribution", v.seconds(0), _A.noise_floor_s,
        "TTFT slowdown below this (or half the solo TTFT) counts as no interference", "SECONDS"),
+    _S("step_cost_prior", "attribution", StepCostPrior.parse, _A.step_cost_prior,
+       "step costs used until prior_min_steps steps are fitted: intercept, per prefill token, per decoding "
+       "request, per decode context token, per prefill pair, step gap (seconds; default fitted on a 2-core CPU)",
+       "A,B,C,D,E,F"),
+    _S("prior_min_steps", "attribution", v.count(1, FIT_WINDOW), _A.prior_min_steps,
+       "engine steps seen before the step costs are fitted from them instead of taken from step_cost_prior", "N"),
+    _S("itl_floor_ratio", "attribution", v.ratio(0.0), _A.itl_floor_ratio,
+       "the uncontended ITL is at least this times the cost model's solo ITL", "FACTOR"),
+    _S("quality_floor_s", "attribution", v.seconds(0.001), _A.quality_floor_s,
+       "TTFTs shorter than this are compared at this scale in a result's quality", "SECONDS"),
+    _S("unfinished_end_s", "attribution", v.seconds(1), _A.unfinished_end_s,
+       "a request not yet finished is simulated as running this long after its arrival", "SECONDS"),
     _S("max_results", "attribution", v.count(1, 10_000_000), _P.max_results,
        "results kept in memory for the API", "N"),
     _S("max_result_age_s", "attribution", v.seconds(1), _P.max_result_age_s,

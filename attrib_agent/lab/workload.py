@@ -149,6 +149,13 @@ SCENARIOS: dict[str, Scenario] = {
             ],
         ),
         _scenario(
+            "preempt-spaced",
+            "20 shorts beside three 3,900/500 whales 0.4 s apart: the committed preempt fixture's shape",
+            # The shape tests/fixtures/recordings/preempt was recorded with. Whether it preempts depends on the
+            # machine's decode speed (the whales must overlap), which is why `preempt` now sends them together.
+            [*_shorts(), *(RequestSpec(f"w{i}", whale(3900, 500), at) for i, at in ((1, 0.2), (2, 0.6), (3, 1.0)))],
+        ),
+        _scenario(
             "decoy",
             "20 shorts beside a real whale (6,000/16) and a decoy (32/1,500): long-running but cheap, no KV pressure",
             # The decoy decodes all through the whale's prefill and the shorts (one token per step: it costs them

@@ -42,7 +42,7 @@ class MembershipQuality:
     """How well the inferred members explain the logged counts."""
 
     steps: int
-    exact_share: float  # share of steps whose members reproduce all four counts
+    exact_share: float  # share of steps whose members reproduce all four counts; 0.0 with no steps (no evidence)
     mean_error: float  # mean of |inferred - logged| summed over the four counts
     max_error: int
 
@@ -258,8 +258,8 @@ class EngineTimeline:
 
     def membership_quality(self) -> MembershipQuality:
         errors = [r.membership_error for r in self.steps()]
-        if not errors:
-            return MembershipQuality(0, 1.0, 0.0, 0)
+        if not errors:  # no iteration log, no evidence: a result built on guessed steps must not read as good
+            return MembershipQuality(0, 0.0, 0.0, 0)
         return MembershipQuality(len(errors), sum(e == 0 for e in errors) / len(errors),
                                  sum(errors) / len(errors), max(errors))
 

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from attrib_agent.timeline.lifecycle import LifecycleBook
 from attrib_agent.timeline.sched_state import Geometry, Track, blocks_for
 
-PREFER = "even"
-
 
 @dataclass(eq=False, slots=True)
 class Slot:

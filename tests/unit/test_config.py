@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from attrib_agent.attribution.cost_model import StepCostPrior
 from attrib_agent.config.load import (
     AgentConfig,
     ConfigError,
@@ -100,6 +102,12 @@ def samples(tmp_path: Path, token_file: Path) -> dict[str, tuple[object, Any]]:
         "whale_factor": (4.0, 4.0),
         "max_players": (3, 3),
         "noise_floor_s": (0.05, 0.05),
+        "step_cost_prior": ("0.004, 2e-6,1e-4,1e-8,1e-10,0.0005",
+                            StepCostPrior(0.004, 2e-6, 1e-4, 1e-8, 1e-10, 0.0005)),
+        "prior_min_steps": (200, 200),
+        "itl_floor_ratio": (0.25, 0.25),
+        "quality_floor_s": (0.01, 0.01),
+        "unfinished_end_s": (600.0, 600.0),
         "max_results": (500, 500),
         "max_result_age_s": (600.0, 600.0),
         "max_pending": (100, 100),
@@ -276,3 +284,14 @@ def test_otlp_targets_fit_the_forwarder() -> None:
         assert target is not None
         fwd = OtlpForwarder(target.endpoint, protocol=target.protocol)
         assert (fwd.endpoint, fwd.protocol) == (target.endpoint, target.protocol)
+
+
+def test_step_cost_prior_from_a_toml_array_and_bad_priors_refused(tmp_path: Path) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text("[attribution]\nstep_cost_prior = [0.004, 2e-6, 1e-4, 0, 0, 0.0005]\n")
+    assert load(["--config", str(path)]).step_cost_prior == StepCostPrior(0.004, 2e-6, 1e-4, 0.0, 0.0, 0.0005)
+    for bad, why in (("1,2,3", "6 numbers"), ("1,2,3,4,5,x", "per_prefill_pair_s|step_gap_s"),
+                     ("1,2,3,4,5,-1", "non-negative"), ("1,2,3,4,5,inf", "finite")):
+        with pytest.raises(ConfigError, match="step_cost_prior") as err:
+            load([], {"ATTRIB_STEP_COST_PRIOR": bad})
+        assert re.search(why, str(err.value)), (bad, str(err.value))

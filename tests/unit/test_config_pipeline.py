@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from test_config import load, write_toml
 
+from attrib_agent.attribution.cost_model import StepCostPrior
 from attrib_agent.attribution.result_codec import to_dict
 from attrib_agent.config import ConfigError
 from attrib_agent.events import Event
@@ -55,6 +56,19 @@ def test_slo_budgets_and_shape_thresholds_reach_the_goodput_tally(events: list[E
     assert (slo.config.ttft_s, slo.config.itl_s, slo.config.long_output_tokens) == (1.0, 0.5, 16)
     assert not any(shape == "siso" for shape, _ in slo.requests)  # 32 output tokens are now long
     assert slo.requests[("silo", "missed_ttft")] > 0  # shorts queued 1-5 s behind the whales
+
+
+def test_the_step_cost_prior_and_its_step_count_reach_the_cost_model(events: list[Event], tmp_path: Path) -> None:
+    gpu = "0.004,2e-6,1e-4,1e-8,1e-10,0.0005"
+    cfg_file = write_toml(tmp_path / "agent.toml", attribution={"step_cost_prior": gpu})
+    cfg = load(["--config", str(cfg_file), "--prior-min-steps", "1024"], {"ATTRIB_UNFINISHED_END_S": "60"})
+    p = run(AttributionPipeline(cfg.pipeline_config()), events)
+    cost = p.attributor.cost
+    assert cost.prior == StepCostPrior(0.004, 2e-6, 1e-4, 1e-8, 1e-10, 0.0005)
+    assert not cost.fitted and cost.coefficients.as_tuple() == cost.prior.as_tuple()  # never enough steps
+    plain = run(AttributionPipeline(load().pipeline_config()), events)
+    assert plain.attributor.cost.fitted  # the recording's steps replace the default prior
+    assert [r.ttft_baseline_s for r in p.store] != [r.ttft_baseline_s for r in plain.store]
 
 
 @pytest.mark.parametrize(("env", "value"), [("ATTRIB_SLO_TTFT_S", "0"), ("ATTRIB_SHAPE_LONG_PROMPT_TOKENS", "0")])

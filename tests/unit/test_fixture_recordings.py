@@ -57,3 +57,19 @@ def test_null_run_has_no_pressure_and_preempt_run_preempts(fixtures_dir):
 def test_fixtures_stay_small(fixtures_dir):
     total = sum(p.stat().st_size for p in fixtures_dir.rglob("*") if p.is_file())
     assert total <= 5 * 1024 * 1024
+
+
+def test_each_recording_can_be_remade_by_its_command(rec):
+    """The meta's command names a scenario that still sends what the recording's client stream holds."""
+    from attrib_agent.lab.record import scenario_meta
+    from attrib_agent.lab.workload import get_scenario
+
+    keys = ("spec_id", "class", "offset_s", "is_whale", "prompt_tokens", "output_tokens")
+    name = rec.meta["command"].split("--scenario ")[1].split()[0]
+    now = {r["spec_id"]: tuple(r[k] for k in keys) for r in scenario_meta(get_scenario(name))["requests"]}
+    sent = {c["spec_id"]: (c["spec_id"], c["klass"], None, c["is_whale"], c["prompt_tokens"], c["max_tokens"])
+            for c in rec.records(CLIENT)}
+    t0 = min(c["intended_send_ts"] for c in rec.records(CLIENT)) - min(r[2] for r in now.values())
+    offsets = {c["spec_id"]: c["intended_send_ts"] - t0 for c in rec.records(CLIENT)}
+    assert {k: v[:2] + v[3:] for k, v in now.items()} == {k: v[:2] + v[3:] for k, v in sent.items()}
+    assert all(abs(offsets[k] - v[2]) < 0.01 for k, v in now.items()), name
