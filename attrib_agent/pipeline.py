@@ -204,7 +204,8 @@ class AttributionPipeline:
             ids = self.span_of(r.request_id)
             timed_out = now - r.finished_ts >= self.config.partial_timeout_s
             final = timed_out or lc is None or not self._blockers(r.request_id, lcs, now)
-            r = replace(r, final=final, trace_id=ids[0] if ids else None, span_id=ids[1] if ids else None)
+            mode = self.timeline.mode(lc.arrival_ts if lc is not None else None, r.finished_ts)
+            r = replace(r, final=final, trace_id=ids[0] if ids else None, span_id=ids[1] if ids else None, mode=mode)
             self.store.put(r)
             if final:
                 self._partial.pop(r.request_id, None)

@@ -100,6 +100,7 @@ class AttributionResult:
     trace_id: str | None = None  # vLLM's `llm_request` span (32 hex), set by the pipeline when the span landed
     span_id: str | None = None  # (16 hex)
     final: bool = True  # False while requests that overlapped this one are still running (may be refined)
+    mode: str = "inferred"  # "exact": the step plugin reported every step of its life (docs/exact-mode.md)
 
     @property
     def itl_gaps(self) -> int:
