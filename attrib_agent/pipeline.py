@@ -301,6 +301,11 @@ class AttributionPipeline:
         """The step-cost model the attributor fits (its `fitted` gates readiness)."""
         return self.attributor.cost
 
+    def mode(self) -> str:
+        """Which mode answers now: `exact` while the step plugin reports the latest step held, else `inferred`."""
+        last = self.timeline.last_step_end()
+        return "inferred" if last is None else self.timeline.mode(last, None)
+
     def status(self, request_id: str) -> str:
         """`final`, `partial` (culprits still running), `running` (known, not finished), `aborted` (ended without
         finishing: aborted, failed, or lost when vLLM restarted; no result will come), or `unknown`."""
