@@ -141,7 +141,7 @@ class ScheduledRequest:
 
     request_id: str  # the frontend's (external) id, as every other event carries
     new_tokens: int  # computed in this step
-    done_tokens: int  # already in its KV before the step
+    done_tokens: int | None  # already in its KV before the step (None: vLLM had already let the request go)
     cached_tokens: int | None  # prompt tokens found in the prefix cache (on the step that admits it)
 
 

@@ -84,14 +84,14 @@ class ExactSteps:
                        prompt_of: Callable[[str], int | None]) -> StepOutcome:
         blocks = dict(step.blocks)
         members = tuple(StepMember(s.request_id, self._phase(s.request_id, s.new_tokens, s.done_tokens, prompt_of),
-                                   s.new_tokens, s.done_tokens + s.new_tokens, blocks.get(s.request_id, 0))
+                                   s.new_tokens, (s.done_tokens or 0) + s.new_tokens, blocks.get(s.request_id, 0))
                         for s in step.scheduled)
         logged_reqs = si.context_requests + si.generation_requests
         logged_tokens = si.context_tokens + si.generation_tokens
         error = abs(len(members) - logged_reqs) + abs(sum(m.tokens for m in members) - logged_tokens)
         record = replace(o.record, members=members, membership_error=error)
         had = dict(before.blocks) if before is not None else {}
-        done = {s.request_id: s.done_tokens + s.new_tokens for s in before.scheduled} if before is not None else {}
+        done = {s.request_id: (s.done_tokens or 0) + s.new_tokens for s in before.scheduled} if before else {}
         preemptions = tuple(PreemptionSighting(rid, si.seq, si.iteration, si.start_ts, True, done.get(rid, 0),
                                                had.get(rid, 0)) for rid in step.preempted)
         new = {s.request_id: s.new_tokens for s in step.scheduled}
@@ -99,8 +99,8 @@ class ExactSteps:
         return replace(o, record=record, preemptions=preemptions, resumes=resumes, holdings=step.blocks,
                        predicted_blocks=sum(blocks.values()))
 
-    def _phase(self, rid: str, new: int, done: int, prompt_of: Callable[[str], int | None]) -> str:
-        prompt = prompt_of(rid)
+    def _phase(self, rid: str, new: int, done: int | None, prompt_of: Callable[[str], int | None]) -> str:
+        prompt, done = prompt_of(rid), done or 0
         if (prompt is not None and done >= prompt) or (prompt is None and new == 1 and done > 0):
             return "decode"
         return "recompute" if rid in self._preempted else "prefill"

@@ -100,7 +100,7 @@ def _step(m: Mapping[str, Any], ts: float, engine: int) -> SchedulerStep:
 def _scheduled(s: Any) -> ScheduledRequest:
     if not isinstance(s, dict):
         raise PluginParseError("bad_field", "scheduled")
-    return ScheduledRequest(external_id(_id(s.get("id"))), _int(s, "new"), _int(s, "done"), _opt_int(s, "hit"))
+    return ScheduledRequest(external_id(_id(s.get("id"))), _int(s, "new"), _opt_int(s, "done"), _opt_int(s, "hit"))
 
 
 def _list(m: Mapping[str, Any], key: str) -> list[Any]:

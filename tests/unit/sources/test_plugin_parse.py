@@ -47,6 +47,8 @@ def test_hello_and_idle_steps() -> None:
     hello = parse_message({"v": 1, "kind": "hello", "t": 1.0, "block_size": 16, "total_blocks": 512,
                            "max_num_seqs": 256, "token_budget": 8192}, ts=2.0)
     assert hello == SchedulerHello(2.0, 0, 16, 512, 256, 8192)
+    gone = parse_message({**STEP, "scheduled": [{"id": "cmpl-a-0-897e827f", "new": 1, "done": None}]}, ts=2.0)
+    assert isinstance(gone, SchedulerStep) and gone.scheduled[0].done_tokens is None  # the plugin's "unknown"
     idle = parse_message({**STEP, "iter": None, "tokens": 0, "scheduled": []}, ts=2.0)
     assert isinstance(idle, SchedulerStep) and idle.iteration is None
 
