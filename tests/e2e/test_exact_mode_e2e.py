@@ -50,8 +50,8 @@ def exact_run(tmp_path_factory):
     messages = [json.loads(x) for x in lines if x.strip()]
     facts = truth_steps(messages)
     drops = max((m.get("drops") or 0 for m in messages), default=0)  # datagrams the agent never got
-    return {"drops": drops, "answers": answers, "ready": ready, "timeline": timeline, "metrics": metrics, "facts": facts,
-            "log": log}
+    return {"drops": drops, "answers": answers, "ready": ready, "timeline": timeline, "metrics": metrics,
+            "facts": facts, "log": log}
 
 
 def test_the_agent_says_it_is_exact(exact_run):
