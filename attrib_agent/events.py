@@ -135,6 +135,63 @@ class GpuSample:
     dram_bw_util_pct: float | None  # GPM DRAM bandwidth utilisation (Hopper and newer)
 
 
+@dataclass(frozen=True, slots=True)
+class ScheduledRequest:
+    """One request's part in a step, as vLLM's scheduler decided it (exact mode)."""
+
+    request_id: str  # the frontend's (external) id, as every other event carries
+    new_tokens: int  # computed in this step
+    done_tokens: int | None  # already in its KV before the step (None: vLLM had already let the request go)
+    cached_tokens: int | None  # prompt tokens found in the prefix cache (on the step that admits it)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueHead:
+    """The first waiting request after the step, and the first admission check it fails (docs/exact-mode.md)."""
+
+    request_id: str
+    reason: str
+    tokens: int
+    need_blocks: int
+    preemptions: int
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStep:
+    """One `Scheduler.schedule()` call reported by the step plugin inside vLLM (exact mode)."""
+
+    ts: float
+    sched_ts: float  # the engine core's clock when the step was scheduled
+    engine: int
+    step: int
+    iteration: int | None  # the `Iteration(N)` index of the step; None for a step that scheduled nothing
+    tokens: int
+    scheduled: tuple[ScheduledRequest, ...]
+    admitted: tuple[str, ...]
+    resumed: tuple[str, ...]
+    preempted: tuple[str, ...]
+    finished: tuple[str, ...]
+    running: int
+    waiting: int
+    blocks: tuple[tuple[str, int], ...]  # (request id, KV blocks in its block table after the step)
+    free_blocks: int | None
+    total_blocks: int | None
+    head: QueueHead | None
+    drops: int  # messages the plugin has dropped so far
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerHello:
+    """The step plugin's first message per scheduler: the pool's geometry as vLLM configured it."""
+
+    ts: float
+    engine: int
+    block_size: int
+    total_blocks: int
+    max_num_seqs: int | None
+    token_budget: int | None
+
+
 Event = (
     MetricsSnapshot
     | RequestReceived
@@ -145,4 +202,6 @@ Event = (
     | StatsLine
     | RequestSpan
     | GpuSample
+    | SchedulerStep
+    | SchedulerHello
 )

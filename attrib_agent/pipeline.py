@@ -209,7 +209,8 @@ class AttributionPipeline:
             ids = self.span_of(r.request_id)
             timed_out = now - r.finished_ts >= self.config.partial_timeout_s
             final = timed_out or lc is None or not self._blockers(r.request_id, lcs, now)
-            r = replace(r, final=final, trace_id=ids[0] if ids else None, span_id=ids[1] if ids else None)
+            mode = self.timeline.mode(lc.arrival_ts if lc is not None else None, r.finished_ts)
+            r = replace(r, final=final, trace_id=ids[0] if ids else None, span_id=ids[1] if ids else None, mode=mode)
             self.store.put(r)
             if final:
                 self._partial.pop(r.request_id, None)
@@ -308,6 +309,11 @@ class AttributionPipeline:
     def cost_model(self) -> StepCostModel:
         """The step-cost model the attributor fits (its `fitted` gates readiness)."""
         return self.attributor.cost
+
+    def mode(self) -> str:
+        """Which mode answers now: `exact` while the step plugin reports the latest step held, else `inferred`."""
+        last = self.timeline.last_step_end()
+        return "inferred" if last is None else self.timeline.mode(last, None)
 
     def status(self, request_id: str) -> str:
         """`final`, `partial` (culprits still running), `running` (known, not finished), `aborted` (ended without

@@ -109,6 +109,10 @@ class AgentState:
     def kv_now(self) -> KvNow:
         return self.pipeline.kv_now()
 
+    def mode(self) -> str:
+        """`exact` while vLLM's step plugin reports the steps (docs/exact-mode.md), else `inferred`."""
+        return self.pipeline.mode()
+
     def stats(self) -> PipelineStats:
         return self.pipeline.stats()
 

@@ -27,7 +27,7 @@ LOG: Final = "log"
 OTLP: Final = "otlp"
 NVML: Final = "nvml"
 CLIENT: Final = "client"
-VLLM_STEPS: Final = "vllm_steps"  # lab only: the step plugin's truth (docs/exact-mode.md); replay never reads it
+VLLM_STEPS: Final = "vllm_steps"  # the step plugin's steps: lab truth; replayed only with --exact
 STREAMS: Final = (METRICS, LOG, OTLP, NVML, CLIENT, VLLM_STEPS)
 
 

@@ -18,9 +18,10 @@ REPLAY_SOURCE_NAMES: Final = {spec.stream: spec.name for spec in source_registry
 
 
 async def replay_into(core: AgentCore, path: str | os.PathLike[str], *, speed: float | None = None,
-                      progress: Callable[[int], None] | None = None) -> int:
-    """Play a recording through the core exactly as live events would arrive (same pipeline, same sinks)."""
-    source = ReplaySource(path)
+                      progress: Callable[[int], None] | None = None, exact: bool = False) -> int:
+    """Play a recording through the core exactly as live events would arrive (same pipeline, same sinks).
+    `exact`: with the step plugin's stream, as an agent in exact mode would have read it."""
+    source = ReplaySource(path, exact=exact, engine=core.pipeline.config.engine)
     for stream, h in source.health.items():  # the live sources' names, so dashboards read a replay alike
         core.state.health[REPLAY_SOURCE_NAMES.get(stream, stream)] = h
     core.state.health["replay"] = SourceHealth("replay")

@@ -119,6 +119,7 @@ class AttributionResult:
     # what each cause named in its culprits rests on (cause -> an Evidence value): one victim's causes come from
     # one derivation, so it is said once per result rather than per culprit
     evidence: Mapping[str, str] = field(default_factory=lambda: NO_EVIDENCE)
+    mode: str = "inferred"  # "exact": the step plugin reported every step of its life (docs/exact-mode.md)
 
     @property
     def itl_gaps(self) -> int:

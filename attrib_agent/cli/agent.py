@@ -120,7 +120,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             if server.done():
                 await server  # raises why it could not listen
         consume = asyncio.create_task(core.consume(stop))  # idle settles and journal flushes, as live
-        n = await replay_into(core, args.recording, speed=args.speed, progress=progress)
+        n = await replay_into(core, args.recording, speed=args.speed, progress=progress, exact=args.exact)
         if show_progress:
             print(file=sys.stderr)
         results = sorted(core.pipeline.store, key=lambda r: (r.finished_ts, r.request_id))
@@ -194,6 +194,9 @@ def add_agent_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                     help="serve the API, /metrics and the page (on --listen) during and after the replay")
     rp.add_argument("--duration", type=float, default=0, help="with --serve: stop after this many seconds")
     rp.add_argument("--out", type=Path, help="write the results as a Parquet table")
+    rp.add_argument("--exact", action="store_true",
+                    help="exact mode: also read the step plugin's vllm_steps stream (recordings made with "
+                         "--truth-plugin); without it they replay as the sidecar alone would see them")
     add_run_arguments(rp, live=False)
     rp.set_defaults(func=cmd_replay)
     ex = sub.add_parser("explain", help="who slowed this request, by how much, through what (asks the agent's API)")

@@ -49,6 +49,7 @@ class AgentConfig:
     log_stdin: bool = _d("log_stdin")
     log_from: str = _d("log_from")
     log_poll_interval_s: float = _d("log_poll_interval_s")
+    plugin_socket: Path | None = _d("plugin_socket")
     engine: int = _d("engine")
     block_size: int | None = _d("block_size")
     num_blocks: int | None = _d("num_blocks")

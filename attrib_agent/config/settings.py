@@ -89,6 +89,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
        live=True),
     _S("log_poll_interval_s", "vllm", v.seconds(0.01), 0.1, "how often log_file is checked for new lines",
        "SECONDS", live=True),
+    _S("plugin_socket", "vllm", v.path, None, "exact mode: bind this unix datagram socket for vLLM's step plugin "
+       "(its ATTRIB_PLUGIN_SOCKET; docs/exact-mode.md)", "PATH", live=True, default_text="none (exact mode off)"),
     _S("engine", "vllm", v.count(0, 1023), _P.engine, "which vLLM engine (data-parallel rank) to attribute",
        "INDEX"),
     _S("block_size", "vllm", v.count(1, 65536), _P.block_size,

@@ -34,6 +34,7 @@ MODEL_NAME = "tiny"
 # The step plugin's settings (plugins/vllm/attrib_vllm_plugin/channel.py; the lab does not import the plugin).
 PLUGIN_SOCKET_ENV = "ATTRIB_PLUGIN_SOCKET"
 PLUGIN_FILE_ENV = "ATTRIB_PLUGIN_FILE"
+PLUGIN_STEPS_FILE = "plugin-steps.ndjson"  # with LabConfig.plugin_socket: the plugin's messages, also as lines
 
 # Millisecond timestamps with the year, in UTC (TZ=UTC is set for vLLM): the default vLLM format has
 # one-second resolution and no year. The rest of the prefix is vLLM's own, so lines stay familiar.
@@ -90,6 +91,9 @@ class LabConfig:
     extra_args: list[str] = field(default_factory=list)
     # Load the step plugin (plugins/vllm) and record its per-step truth; off, it is inert even if installed.
     truth_plugin: bool = False
+    # Exact mode: the step plugin sends to this socket (a live agent's --plugin-socket) instead of the capture's,
+    # and appends its messages to <workdir>/plugin-steps.ndjson (the facts an e2e test compares the agent with).
+    plugin_socket: str | None = None
 
 
 @dataclass
@@ -167,7 +171,10 @@ class VllmLab:
         for key in (PLUGIN_SOCKET_ENV, PLUGIN_FILE_ENV):
             env.pop(key, None)  # never inherited: only the lab's own option turns the plugin on
         capture_extra: list[str] = []
-        if cfg.truth_plugin:
+        if cfg.plugin_socket is not None:
+            env[PLUGIN_SOCKET_ENV] = cfg.plugin_socket
+            env[PLUGIN_FILE_ENV] = str(self.workdir / PLUGIN_STEPS_FILE)
+        elif cfg.truth_plugin:
             sock = self._steps_socket()
             env[PLUGIN_SOCKET_ENV] = sock
             capture_extra = ["--steps-socket", sock]

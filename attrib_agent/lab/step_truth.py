@@ -2,29 +2,25 @@
 
 The plugin reports what the scheduler decided at every step (docs/exact-mode.md); the timeline infers
 the same from logs, gauges and spans. Compared per step, by `Iteration(N)` index: which requests were in
-the step, how many KV blocks each held, and which requests were preempted. The agent never reads the stream.
+the step, how many KV blocks each held, and which requests were preempted. The agent reads it only in exact mode
+(`replay --exact`); scoring replays without it, so the inference is what is scored.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from attrib_agent.recording import VLLM_STEPS, Recording
+from attrib_agent.sources.plugin.parse import external_id
 from attrib_agent.timeline.preemption import InferredPreemption
 from attrib_agent.timeline.sched_state import StepInput
 from attrib_agent.timeline.step_outcome import StepOutcome
 
-_INTERNAL_SUFFIX = re.compile(r"-[0-9a-f]{8}$")  # vLLM's internal id is `<external id>-<8 hex>`
 PREEMPTION_TOLERANCE_STEPS = 3  # an inferred preemption this many steps from vLLM's own still names it
-
-
-def external_id(internal: str) -> str:
-    return _INTERNAL_SUFFIX.sub("", internal)
 
 
 @dataclass(frozen=True, slots=True)

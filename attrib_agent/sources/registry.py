@@ -8,6 +8,7 @@ from attrib_agent.sources.log import source as log
 from attrib_agent.sources.metrics import source as metrics
 from attrib_agent.sources.nvml import source as nvml
 from attrib_agent.sources.otlp import source as otlp
+from attrib_agent.sources.plugin import source as plugin
 from attrib_agent.sources.source import SourceSpec
 
 SOURCES: Final[tuple[SourceSpec, ...]] = (
@@ -15,4 +16,5 @@ SOURCES: Final[tuple[SourceSpec, ...]] = (
     metrics.SPEC,
     log.SPEC,
     nvml.SPEC,
+    plugin.SPEC,
 )

@@ -17,22 +17,29 @@ from typing import Any, Final
 
 from attrib_agent.events import Event, GpuSample
 from attrib_agent.health import SourceHealth
-from attrib_agent.recording import LOG, METRICS, NVML, OTLP, Recording, otlp_body
+from attrib_agent.recording import LOG, METRICS, NVML, OTLP, VLLM_STEPS, Recording, otlp_body
 from attrib_agent.sources.log.parser import LogLineParser
 from attrib_agent.sources.metrics.parser import CounterTracker, MetricsParseError, parse_metrics
 from attrib_agent.sources.otlp.decode import OtlpError, decode_export
+from attrib_agent.sources.plugin.parse import PluginParseError, PluginSkip, parse_message
 
 MAX_OTLP_DECOMPRESSED: Final = 64 * 1024 * 1024
 _INPUT_STREAMS: Final = (METRICS, LOG, OTLP, NVML)  # client.jsonl is the lab's, not an agent input
+# The step plugin's stream is an input only in exact mode (`exact=True`, `replay --exact`): without it a
+# recording made with --truth-plugin replays as the sidecar-only agent would see it, so it can score that.
 _GPU_FIELDS: Final = frozenset(f.name for f in fields(GpuSample))
 
 
 class ReplaySource:
-    """Events of one recording. `health` has one SourceHealth per stream, as the live sources keep."""
+    """Events of one recording. `health` has one SourceHealth per stream, as the live sources keep.
+    `exact`: also the step plugin's `vllm_steps` stream, through the live plugin source's parser."""
 
-    def __init__(self, path: str | os.PathLike[str], *, max_otlp_decompressed: int = MAX_OTLP_DECOMPRESSED) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, max_otlp_decompressed: int = MAX_OTLP_DECOMPRESSED,
+                 exact: bool = False, engine: int = 0) -> None:
         self.recording = Recording(path)
-        self.health: dict[str, SourceHealth] = {s: SourceHealth(s) for s in _INPUT_STREAMS}
+        self._streams = (*_INPUT_STREAMS, VLLM_STEPS) if exact else _INPUT_STREAMS
+        self._engine = engine
+        self.health: dict[str, SourceHealth] = {s: SourceHealth(s) for s in self._streams}
         self._tracker = CounterTracker()
         self._log_parser = LogLineParser(self.health[LOG])
         self._max_otlp = max_otlp_decompressed
@@ -43,10 +50,10 @@ class ReplaySource:
 
     def events(self) -> Iterator[Event]:
         """Every event, merged by receipt time (ties keep each stream's file order)."""
-        merged = heapq.merge(*(self._stream(s) for s in _INPUT_STREAMS), key=lambda x: (x[0], x[1]))
+        merged = heapq.merge(*(self._stream(s) for s in self._streams), key=lambda x: (x[0], x[1]))
         for ts, _seq, stream, rec in merged:
             yield from self._parse(stream, ts, rec)
-        for stream in _INPUT_STREAMS:
+        for stream in self._streams:
             st = self.recording.stats.get(stream)
             if st is not None and st.skipped:
                 self.health[stream].skip("malformed_record", st.skipped)
@@ -66,11 +73,17 @@ class ReplaySource:
                                        max_decompressed=self._max_otlp)
                 health.success(ts)
                 return list(result.spans)
+            if stream == VLLM_STEPS:
+                step = parse_message(rec, ts, self._engine)
+                health.success(ts)
+                return [step]
             sample = GpuSample(**{k: v for k, v in rec.items() if k in _GPU_FIELDS})
             health.success(ts)
             return [sample]
         except (MetricsParseError, OtlpError):
             health.skip("malformed")
+        except (PluginParseError, PluginSkip) as e:
+            health.skip(e.reason)
         except (KeyError, TypeError, ValueError):
             health.skip("malformed_record")
         return []

@@ -22,7 +22,10 @@ from attrib_agent.events import (
     RequestFailed,
     RequestReceived,
     RequestSpan,
+    SchedulerHello,
+    SchedulerStep,
 )
+from attrib_agent.timeline.exact import ExactSteps, certain, exact_iterations
 from attrib_agent.timeline.gpu_samples import GpuSamples
 from attrib_agent.timeline.ledger import KvBlockLedger, MetricsSample
 from attrib_agent.timeline.lifecycle import LifecycleBook
@@ -74,6 +77,8 @@ class EngineTimeline:
         self._feeds_since_bound = 0
         self._version = 0
         self._ledger: tuple[int, KvBlockLedger] | None = None
+        self._exact = ExactSteps(max_steps, max_requests)  # the step plugin's facts (exact mode), when it reports
+        self._overlaid: tuple[int, list[tuple[StepInput, StepOutcome]]] | None = None
         self.skipped: dict[str, int] = {}
 
     # ---- input -------------------------------------------------------------------------------------------
@@ -87,6 +92,11 @@ class EngineTimeline:
             self._on_request(event)
         elif isinstance(event, GpuSample):
             self.gpu.add(event)
+        elif isinstance(event, SchedulerStep | SchedulerHello):
+            if event.engine == self.engine:
+                self._exact.add(event)
+            else:
+                self._skip("other_engine_plugin_step")
         else:
             self._skip(type(event).__name__)
         self._feeds_since_bound += 1
@@ -217,7 +227,28 @@ class EngineTimeline:
     def outcomes(self) -> list[tuple[StepInput, StepOutcome]]:
         """Every step held with what was inferred for it (departures, preemptions, KV holdings)."""
         self._inference.refresh()
-        return self._window.outcomes()
+        if not len(self._exact):
+            return self._window.outcomes()
+        if self._overlaid is None or self._overlaid[0] != self._version:
+            self._overlaid = (self._version, self._exact.overlay(self._window.outcomes(), self._prompt_of))
+        return list(self._overlaid[1])
+
+    def _prompt_of(self, rid: str) -> int | None:
+        lc = self._book.get(rid)
+        return None if lc is None else lc.prompt_tokens
+
+    def mode(self, t0: float | None = None, t1: float | None = None) -> str:
+        """`exact` when the step plugin reported every held step overlapping [t0, t1] (all steps without
+        bounds), else `inferred`: which mode produced an answer about that span."""
+        if not len(self._exact):
+            return "inferred"
+        lo, hi = float("-inf") if t0 is None else t0, float("inf") if t1 is None else t1
+        steps = [si for si, _ in self._window.outcomes() if si.end_ts >= lo and si.start_ts <= hi]
+        return "exact" if steps and all(self._exact.get(si.iteration) is not None for si in steps) else "inferred"
+
+    def cached_prompt_tokens(self, request_id: str) -> int | None:
+        """Prompt tokens vLLM found in its prefix cache for the request (exact mode only; None otherwise)."""
+        return self._exact.cached_tokens(request_id)
 
     def last_step_end(self) -> float | None:
         """When the latest step held ended: how far the steps have told what happened."""
@@ -241,7 +272,8 @@ class EngineTimeline:
 
     def preemptions(self) -> list[InferredPreemption]:
         outcomes = self.outcomes()
-        return infer_preemptions(outcomes, list(self._samples), {lc.request_id: lc for lc in self._book.lifecycles()})
+        found = infer_preemptions(outcomes, list(self._samples), {lc.request_id: lc for lc in self._book.lifecycles()})
+        return certain(found, exact_iterations(outcomes, self._exact)) if len(self._exact) else found
 
     def preemption_counts(self) -> PreemptionCounts:
         return preemption_counts(self.preemptions(), list(self._samples))
@@ -267,7 +299,7 @@ class EngineTimeline:
         """How much is held, for the memory-bound tests and the agent's own metrics."""
         return {"steps": len(self._window), "requests": len(self._book), "samples": len(self._samples),
                 "departed": self._inference.departures(), "checkpoints": self._window.checkpoints(),
-                "unadmitted": self._book.unadmitted()}
+                "unadmitted": self._book.unadmitted(), "plugin_steps": len(self._exact)}
 
     def never_admitted(self) -> tuple[int, int]:
         """(calls that never use the engine, received ids that left without entering it): not requests here."""

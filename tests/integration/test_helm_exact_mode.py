@@ -50,6 +50,7 @@ def mounts_of(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_off_by_default(renderer: Path, mode: str) -> None:
     out = render(renderer, mode, "defaults")
     assert "attrib-plugin" not in out.text and "ATTRIB_PLUGIN_SOCKET" not in out.text
+    assert "--plugin-socket" not in out.text
     assert out.values["exactMode"]["enabled"] is False
 
 
@@ -75,6 +76,9 @@ def test_plugin_install_and_socket_are_wired(renderer: Path, mode: str, kube: st
     assert mounts_of(vllm)["attrib-plugin-socket"]["mountPath"] == str(Path(SOCKET).parent)
     assert mounts_of(agent)["attrib-plugin-socket"] == {"name": "attrib-plugin-socket",
                                                          "mountPath": str(Path(SOCKET).parent)}
+    # ... and the agent binds it: exact mode on both sides (docs/exact-mode.md)
+    args = agent["args"]
+    assert args[args.index("--plugin-socket") + 1] == SOCKET
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert "emptyDir" in volumes["attrib-plugin-socket"] and "emptyDir" in volumes["attrib-plugin"]
     errors, _ = chart_check.validate_manifests(out.manifests, [kube])

@@ -95,6 +95,7 @@ def samples(tmp_path: Path, token_file: Path) -> dict[str, tuple[object, Any]]:
         "api_token": ("env-token-0123", Secret("env-token-0123")),
         "api_token_file": (str(token_file), token_file),
         "journal_dir": (str(journal), journal),
+        "plugin_socket": (str(tmp_path / "plugin.sock"), tmp_path / "plugin.sock"),
         "journal_max_bytes": ("1GiB", 2**30),
         "settle_interval_s": (0.5, 0.5),
         "partial_timeout_s": (30.0, 30.0),

@@ -116,7 +116,8 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
         # vLLM's gaps (unreachable, or restarted): `vllm_gap_since` is set while one is open.
         gap = {"vllm_gaps": state.vllm_gaps, "vllm_gap_since": state.vllm_gap_since,
                "vllm_gap_s": state.vllm_gap_seconds()}
-        return json_response({"ready": ready, "missing": list(readiness.reasons)} | gap, 200 if ready else 503)
+        body = {"ready": ready, "missing": list(readiness.reasons), "mode": state.mode()} | gap
+        return json_response(body, 200 if ready else 503)
 
     page = {name: resources.files("attrib_agent.sinks.api").joinpath("page", name).read_bytes() for name in PAGE_FILES}
 

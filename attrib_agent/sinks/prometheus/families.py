@@ -52,6 +52,8 @@ def _spec(name: str, typ: str, unit: str, labels: str, help_: str) -> FamilySpec
 _SLOW = "phase, victim_class"
 SPECS: Final = (
     _spec("attrib_build_info", "gauge", "", "version", "Agent version (value 1)."),
+    _spec("attrib_mode_info", "gauge", "", "mode", "Which mode answers (value 1): exact while vLLM's step plugin "
+          "reports the latest step, else inferred."),
     _spec("attrib_start_time_seconds", "gauge", "seconds", "",
           "Unix time the agent started (its counters restart from zero when this changes)."),
     _spec("attrib_attributed_slowdown_seconds_total", "counter", "seconds", f"{_SLOW}, culprit_class, cause",

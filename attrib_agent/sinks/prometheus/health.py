@@ -14,6 +14,8 @@ from attrib_agent.sinks.prometheus.families import counter, fold_kinds, gauge
 def agent_families(state: AgentState) -> list[Metric]:
     build = gauge("attrib_build_info")
     build.add_metric([state.version], 1.0)
+    mode = gauge("attrib_mode_info")
+    mode.add_metric([state.mode()], 1.0)
     started = gauge("attrib_start_time_seconds")
     started.add_metric([], state.started_ts)
     gaps = counter("attrib_vllm_gaps_total")
@@ -25,7 +27,7 @@ def agent_families(state: AgentState) -> list[Metric]:
     errors = counter("attrib_journal_errors_total")
     for kind, n in fold_kinds(state.journal_errors).items():
         errors.add_metric([kind], n)
-    return [build, started, gaps, gap_s, written, errors]
+    return [build, mode, started, gaps, gap_s, written, errors]
 
 
 def source_families(state: AgentState) -> list[Metric]:

@@ -154,6 +154,10 @@ has) into the emptyDir vLLM gets on its PYTHONPATH. YAML list items; empty unles
 - --journal-max-bytes
 - {{ $a.journal.maxBytes | quote }}
 {{- end }}
+{{- if and .ctx.Values.exactMode.enabled $podVolumes }}
+- --plugin-socket
+- {{ include "attrib-agent.pluginSocket" .ctx | quote }}
+{{- end }}
 {{- range $a.extraArgs }}
 - {{ . | quote }}
 {{- end }}

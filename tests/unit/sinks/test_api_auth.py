@@ -81,7 +81,7 @@ def test_readyz_says_what_is_missing() -> None:
     resp = call(api_app(state_of(p, health={"vllm_metrics": down})), "/readyz")
     assert resp.status_code == 503
     assert resp.json() == {"ready": False, "missing": ["source vllm_metrics down (refused: connection refused)"],
-                           "vllm_gaps": 0, "vllm_gap_since": None, "vllm_gap_s": 0.0}
+                           "mode": "inferred", "vllm_gaps": 0, "vllm_gap_since": None, "vllm_gap_s": 0.0}
     resp = call(api_app(state_of(p, replay_done=False)), "/readyz")
     assert resp.status_code == 200  # the cost model is fitted: attribution works while the replay runs on
     fresh = AttributionPipeline()

@@ -1,0 +1,124 @@
+"""Exact mode: the step plugin's facts laid over the inferred steps (docs/exact-mode.md).
+
+vLLM's scheduler reports each step's members, tokens, blocks per request and preemptions; where a logged
+step (`Iteration(N)`) has its plugin step, those facts replace what the inference guessed for it. The
+inference still runs underneath (departures, first tokens, steps the plugin missed) and is the whole answer
+where the plugin is absent, so a timeline without plugin steps gives exactly what it gave before.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from attrib_agent.events import SchedulerHello, SchedulerStep
+from attrib_agent.timeline.model import StepMember
+from attrib_agent.timeline.preemption import InferredPreemption
+from attrib_agent.timeline.sched_state import StepInput
+from attrib_agent.timeline.step_outcome import PreemptionSighting, ResumeSighting, StepOutcome
+
+PLUGIN_EVIDENCE = "plugin"  # the evidence of a preemption vLLM itself reported
+Outcomes = list[tuple[StepInput, StepOutcome]]
+
+
+class ExactSteps:
+    """The plugin's steps held by `Iteration` index, bounded like the timeline's own steps.
+
+    The index restarts with vLLM (the pipeline starts a fresh timeline then); an index going backwards here
+    drops what was held. Steps that scheduled nothing have no index and carry nothing to lay over.
+    """
+
+    def __init__(self, max_steps: int = 50_000, max_requests: int = 10_000) -> None:
+        self._steps: OrderedDict[int, SchedulerStep] = OrderedDict()
+        self._preempted: OrderedDict[str, None] = OrderedDict()  # ever preempted: its recompute is no prefill
+        self._cached: OrderedDict[str, int] = OrderedDict()  # prompt tokens found in the prefix cache
+        self._max_steps, self._max_requests = max_steps, max_requests
+        self.hello: SchedulerHello | None = None
+        self.unindexed = 0  # steps without an Iteration index (nothing scheduled)
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def add(self, ev: SchedulerStep | SchedulerHello) -> None:
+        if isinstance(ev, SchedulerHello):
+            self.hello = ev
+            return
+        if ev.iteration is None:
+            self.unindexed += 1
+            return
+        last = next(reversed(self._steps), None)
+        if last is not None and ev.iteration < last:
+            self._steps.clear()
+        self._steps[ev.iteration] = ev
+        while len(self._steps) > self._max_steps:
+            self._steps.popitem(last=False)
+        for rid in ev.preempted:
+            _put(self._preempted, rid, None, self._max_requests)
+        for s in ev.scheduled:
+            if s.cached_tokens is not None:
+                _put(self._cached, s.request_id, s.cached_tokens, self._max_requests)
+
+    def get(self, iteration: int) -> SchedulerStep | None:
+        return self._steps.get(iteration)
+
+    def cached_tokens(self, request_id: str) -> int | None:
+        return self._cached.get(request_id)
+
+    def overlay(self, outcomes: Outcomes, prompt_of: Callable[[str], int | None]) -> Outcomes:
+        """Every held step, with the plugin's facts in place of the inferred ones where it has them."""
+        out: Outcomes = []
+        prev: SchedulerStep | None = None
+        for si, o in outcomes:
+            step = self._steps.get(si.iteration)
+            if step is None:
+                out.append((si, o))
+            else:
+                before = prev if prev is not None and prev.iteration == si.iteration - 1 else \
+                    self._steps.get(si.iteration - 1)
+                out.append((si, self._exact_outcome(si, o, step, before, prompt_of)))
+            prev = step
+        return out
+
+    def _exact_outcome(self, si: StepInput, o: StepOutcome, step: SchedulerStep, before: SchedulerStep | None,
+                       prompt_of: Callable[[str], int | None]) -> StepOutcome:
+        blocks = dict(step.blocks)
+        members = tuple(StepMember(s.request_id, self._phase(s.request_id, s.new_tokens, s.done_tokens, prompt_of),
+                                   s.new_tokens, (s.done_tokens or 0) + s.new_tokens, blocks.get(s.request_id, 0))
+                        for s in step.scheduled)
+        logged_reqs = si.context_requests + si.generation_requests
+        logged_tokens = si.context_tokens + si.generation_tokens
+        error = abs(len(members) - logged_reqs) + abs(sum(m.tokens for m in members) - logged_tokens)
+        record = replace(o.record, members=members, membership_error=error)
+        had = dict(before.blocks) if before is not None else {}
+        done = {s.request_id: (s.done_tokens or 0) + s.new_tokens for s in before.scheduled} if before else {}
+        preemptions = tuple(PreemptionSighting(rid, si.seq, si.iteration, si.start_ts, True, done.get(rid, 0),
+                                               had.get(rid, 0)) for rid in step.preempted)
+        new = {s.request_id: s.new_tokens for s in step.scheduled}
+        resumes = tuple(ResumeSighting(rid, si.seq, si.iteration, si.end_ts, new.get(rid, 0)) for rid in step.resumed)
+        return replace(o, record=record, preemptions=preemptions, resumes=resumes, holdings=step.blocks,
+                       predicted_blocks=sum(blocks.values()))
+
+    def _phase(self, rid: str, new: int, done: int | None, prompt_of: Callable[[str], int | None]) -> str:
+        prompt, done = prompt_of(rid), done or 0
+        if (prompt is not None and done >= prompt) or (prompt is None and new == 1 and done > 0):
+            return "decode"
+        return "recompute" if rid in self._preempted else "prefill"
+
+
+def exact_iterations(outcomes: Outcomes, exact: ExactSteps) -> set[int]:
+    return {si.iteration for si, _ in outcomes if exact.get(si.iteration) is not None}
+
+
+def certain(preemptions: Sequence[InferredPreemption], exact_iters: set[int]) -> list[InferredPreemption]:
+    """Preemptions vLLM reported are named with certainty; those of steps it did not report stay inferred."""
+    return [replace(p, confidence=1.0, evidence=(PLUGIN_EVIDENCE,)) if p.preempted_iteration in exact_iters else p
+            for p in preemptions]
+
+
+def _put(d: OrderedDict[str, object] | OrderedDict[str, int] | OrderedDict[str, None], key: str, value: object,
+         cap: int) -> None:
+    d[key] = value  # type: ignore[assignment]
+    d.move_to_end(key)
+    while len(d) > cap:
+        d.popitem(last=False)

@@ -1,0 +1,85 @@
+"""Exact mode on a recording made with the step plugin: `replay --exact` reads its `vllm_steps` stream, the
+results say `mode: exact`, and the timeline's steps, KV holdings and preemptions are vLLM's own; without
+--exact (or without the stream) nothing changes and results say `mode: inferred`."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from attrib_agent.agent.core import AgentCore
+from attrib_agent.agent.replay import replay_into
+from attrib_agent.config import AgentConfig
+from attrib_agent.lab.step_truth import truth_steps
+from attrib_agent.recording import VLLM_STEPS, Recording
+from attrib_agent.sources.replay import ReplaySource
+from attrib_agent.timeline.engine_timeline import EngineTimeline
+from attrib_agent.timeline.exact import PLUGIN_EVIDENCE
+
+RECORDINGS = Path(__file__).resolve().parents[1] / "fixtures" / "recordings"
+STEPS = RECORDINGS / "preempt-steps"
+
+
+def _timeline(path: Path, exact: bool) -> EngineTimeline:
+    tl = EngineTimeline()
+    tl.feed_all(ReplaySource(path, exact=exact).events())
+    return tl
+
+
+@pytest.fixture(scope="module")
+def exact_timeline() -> EngineTimeline:
+    return _timeline(STEPS, exact=True)
+
+
+def test_steps_holdings_and_preemptions_equal_the_plugins(exact_timeline: EngineTimeline) -> None:
+    truth = truth_steps(Recording(STEPS).records(VLLM_STEPS))
+    by_iter = {si.iteration: out for si, out in exact_timeline.outcomes()}
+    assert len(truth) > 1000 and all(t.iteration in by_iter for t in truth)
+    for t in truth:
+        out = by_iter[t.iteration]
+        assert frozenset(m.request_id for m in out.record.members) == t.members
+        assert dict(out.holdings) == dict(t.blocks)
+        assert {m.request_id: m.blocks for m in out.record.members} == {r: t.blocks.get(r, 0) for r in t.members}
+    true_preemptions = [(rid, t.iteration) for t in truth for rid in t.preempted]
+    named = [(p.request_id, p.preempted_iteration) for p in exact_timeline.preemptions()]
+    assert named == true_preemptions and len(named) == 3
+    assert all(p.confidence == 1.0 and p.evidence == (PLUGIN_EVIDENCE,) for p in exact_timeline.preemptions())
+    assert exact_timeline.mode() == "exact"
+
+
+def test_tokens_and_cached_prompt_tokens_are_the_plugins(exact_timeline: EngineTimeline) -> None:
+    msgs = [m for m in Recording(STEPS).records(VLLM_STEPS) if m.get("kind") == "step" and m.get("iter") is not None]
+    by_iter = {si.iteration: out for si, out in exact_timeline.outcomes()}
+    for m in msgs:
+        members = by_iter[m["iter"]].record.members
+        assert [m_.tokens for m_ in members] == [s["new"] for s in m["scheduled"]]
+        assert [m_.context_tokens for m_ in members] == [s["new"] + s["done"] for s in m["scheduled"]]
+        assert sum(m_.tokens for m_ in members) == m["tokens"]
+    first = msgs[0]["scheduled"][0]
+    assert exact_timeline.cached_prompt_tokens(first["id"].rsplit("-", 1)[0]) == first["hit"]
+
+
+def test_without_the_stream_the_timeline_is_the_inferred_one(exact_timeline: EngineTimeline) -> None:
+    inferred = _timeline(STEPS, exact=False)
+    assert inferred.mode() == "inferred" and inferred.cached_prompt_tokens("cmpl-94f57e-w1-0") is None
+    assert all(p.evidence != (PLUGIN_EVIDENCE,) for p in inferred.preemptions())
+    # the inference is not the plugin: its block counts differ somewhere (they match 99 %, not all)
+    exact_holdings = [out.holdings for _, out in exact_timeline.outcomes()]
+    assert [out.holdings for _, out in inferred.outcomes()] != exact_holdings
+
+
+def _replay_modes(path: Path, exact: bool) -> set[str]:
+    core = AgentCore.from_config(AgentConfig(), live=False)
+    asyncio.run(replay_into(core, path, exact=exact))
+    results = list(core.pipeline.store)
+    assert results
+    return {r.mode for r in results}
+
+
+@pytest.mark.timeout(120)
+def test_results_say_which_mode_produced_them() -> None:
+    assert _replay_modes(STEPS, exact=True) == {"exact"}
+    assert _replay_modes(STEPS, exact=False) == {"inferred"}
+    assert _replay_modes(RECORDINGS / "whale1", exact=True) == {"inferred"}  # no stream: nothing to be exact with
