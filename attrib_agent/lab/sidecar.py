@@ -12,13 +12,16 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
 from attrib_agent.lab.server import LabEndpoints, LabError, free_port, kill_group, stop_group
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -63,6 +66,16 @@ def forward_spans(capture_url: str, url: str | None) -> None:
     """Have the lab's capture process send every OTLP export from vLLM on to `url` too (None: stop)."""
     with httpx.Client(trust_env=False, timeout=5.0) as c:
         c.post(f"{capture_url}/lab/forward", json={"url": url}).raise_for_status()
+
+
+def poll_until(fn: Callable[[], T], timeout_s: float, every_s: float = 0.5) -> T:
+    """Call `fn` every `every_s` until it returns something truthy or `timeout_s` passes; its last answer."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = fn()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(every_s)
 
 
 def wait_healthy(proc: subprocess.Popen[bytes], api_url: str, timeout_s: float, poll_s: float = 0.1) -> bool:

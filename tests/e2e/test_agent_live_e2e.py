@@ -9,20 +9,11 @@ import httpx
 import pytest
 
 from attrib_agent.lab.record import record_run
-from attrib_agent.lab.sidecar import agent_beside
+from attrib_agent.lab.sidecar import agent_beside, poll_until
 from attrib_agent.lab.span_sink import SpanSink
 from attrib_agent.lab.summary import shorts
 from attrib_agent.lab.workload import get_scenario
 from attrib_agent.recording import CLIENT, Recording
-
-
-def _wait_for(fn, timeout_s: float = 30.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = fn()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +28,11 @@ def live_run(lab, tmp_path_factory):
             def all_final():
                 got = {rid: c.get(f"{agent.api_url}/v1/requests/{rid}/culprits") for rid in ids}
                 return got if all(r.status_code == 200 for r in got.values()) else None
-            answers = _wait_for(all_final, 60) or {rid: c.get(f"{agent.api_url}/v1/requests/{rid}/culprits")
+            answers = poll_until(all_final, 60) or {rid: c.get(f"{agent.api_url}/v1/requests/{rid}/culprits")
                                                    for rid in ids}
             metrics = c.get(f"{agent.api_url}/metrics").text
             top = c.get(f"{agent.api_url}/v1/culprits/top", params={"window": "1h"}).json()
-        _wait_for(lambda: spans.spans("attrib.slowdown"), 15)
+        poll_until(lambda: spans.spans("attrib.slowdown"), 15)
         time.sleep(1.5)  # the journal's promise: a crash loses at most the last second of results
         agent.kill()
         agent.start()  # the same journal: earlier results are served again

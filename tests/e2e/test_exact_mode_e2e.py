@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
@@ -14,19 +13,10 @@ import pytest
 
 from attrib_agent.lab.record import record_run
 from attrib_agent.lab.server import PLUGIN_STEPS_FILE, LabConfig, VllmLab
-from attrib_agent.lab.sidecar import agent_beside
+from attrib_agent.lab.sidecar import agent_beside, poll_until
 from attrib_agent.lab.step_truth import truth_steps
 from attrib_agent.lab.workload import get_scenario
 from attrib_agent.recording import CLIENT, Recording
-
-
-def _wait_for(fn, timeout_s: float):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = fn()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +31,7 @@ def exact_run(tmp_path_factory):
             def all_final():
                 got = {rid: c.get(f"{agent.api_url}/v1/requests/{rid}/culprits") for rid in ids}
                 return got if all(r.status_code == 200 for r in got.values()) else None
-            answers = _wait_for(all_final, 60)
+            answers = poll_until(all_final, 60)
             ready = c.get(f"{agent.api_url}/readyz").json()
             timeline = c.get(f"{agent.api_url}/v1/timeline", params={"since": "0", "max_steps": "10000"}).json()
             metrics = c.get(f"{agent.api_url}/metrics").text

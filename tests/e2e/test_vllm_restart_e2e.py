@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
@@ -21,22 +21,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from attrib_agent.lab.record import record_run
 from attrib_agent.lab.server import LabEndpoints, VllmLab
-from attrib_agent.lab.sidecar import AgentProcess, agent_beside
+from attrib_agent.lab.sidecar import AgentProcess, agent_beside, poll_until
 from attrib_agent.lab.summary import shorts, ttft_s
 from attrib_agent.lab.workload import get_scenario, prompt_token_ids
 
-T = TypeVar("T")
 SLOWED_S = 0.25
 Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def _wait_for(fn: Callable[[], T], timeout_s: float, every_s: float = 0.25) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = fn()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(every_s)
 
 
 def _counters(text: str) -> Series:
@@ -99,7 +89,7 @@ def _answers(c: httpx.Client, agent: AgentProcess, ids: list[str], timeout_s: fl
         got = get()
         ok = all(a["_code"] == 200 if final else a.get("status") in ("final", "partial") for a in got.values())
         return got if ok else None
-    return _wait_for(done, timeout_s, 1.0) or get()
+    return poll_until(done, timeout_s, 1.0) or get()
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +112,7 @@ def restart_run(lab: LabEndpoints, lab_state: Path,
         whale = InFlight(lab, f"inflight-{res1.meta['run_tag']}")
         out["inflight_id"] = f"cmpl-inflight-{res1.meta['run_tag']}-0"
         whale.thread.start()
-        _wait_for(lambda: whale.tokens >= 3 or not whale.thread.is_alive(), 60, 0.05)
+        poll_until(lambda: whale.tokens >= 3 or not whale.thread.is_alive(), 60, 0.05)
         out["metrics_before"] = metrics()
         out["readyz_before"] = c.get(f"{agent.api_url}/readyz").json()
         restarted = False
@@ -138,7 +128,7 @@ def restart_run(lab: LabEndpoints, lab_state: Path,
                 m = metrics()
                 marked = (_value(m, "attrib_vllm_gaps_total") or 0) > gaps_before
                 return m if marked and _value(m, "attrib_source_up", source="vllm_metrics") == 0.0 else None
-            out["metrics_down"] = _wait_for(gap_marked, 15)
+            out["metrics_down"] = poll_until(gap_marked, 15, 0.25)
             out["down_metrics_text"] = metrics()
             out["healthz_down"] = c.get(f"{agent.api_url}/healthz")
             out["readyz_down"] = c.get(f"{agent.api_url}/readyz")
@@ -162,12 +152,12 @@ def restart_run(lab: LabEndpoints, lab_state: Path,
             m = metrics()
             counted = (_value(m, "attrib_vllm_restarts_total") or 0) > restarts_before
             return m if counted and _value(m, "attrib_source_up", source="vllm_metrics") == 1.0 else None
-        out["metrics_back"] = _wait_for(back_and_counted, 30) or metrics()
+        out["metrics_back"] = poll_until(back_and_counted, 30, 0.25) or metrics()
 
         def gap_closed() -> dict[str, Any] | None:
             body: dict[str, Any] = c.get(f"{agent.api_url}/readyz").json()
             return body if body.get("vllm_gap_since") is None else None
-        out["readyz_back"] = _wait_for(gap_closed, 10) or c.get(f"{agent.api_url}/readyz").json()
+        out["readyz_back"] = poll_until(gap_closed, 10, 0.25) or c.get(f"{agent.api_url}/readyz").json()
         out["metrics_back_closed"] = metrics()
 
         # 4. Work after the restart, attributed by the same agent.
