@@ -23,6 +23,7 @@ from starlette.types import Message
 
 from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.config.load import AgentConfig
+from attrib_agent.config.types import HTTP_KEEP_ALIVE_S
 from attrib_agent.events import Event
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.read_model import AgentState
@@ -185,7 +186,7 @@ class AgentCore:
         gc.collect()
         gc.freeze()
         config = uvicorn.Config(self.asgi_app(opts.token), host=opts.host, port=opts.port, log_level="warning",
-                                lifespan="off", access_log=False)
+                                lifespan="off", access_log=False, timeout_keep_alive=HTTP_KEEP_ALIVE_S)
         server = uvicorn.Server(config)
         task = asyncio.create_task(server.serve())
         while not server.started and not task.done():

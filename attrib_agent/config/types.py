@@ -11,6 +11,12 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 from urllib.parse import urlsplit
 
+# How long the agent's HTTP servers (OTLP receiver, API) keep an idle connection. OpenTelemetry SDKs export a
+# batch every 5 s (OTEL_BSP_SCHEDULE_DELAY) on one kept-alive connection, and uvicorn's default idle limit is
+# also 5 s: the server closing just as the next batch is sent resets it ("connection reset by peer", a lost
+# batch). 75 s is nginx's default and above Prometheus' usual 15-60 s scrape interval.
+HTTP_KEEP_ALIVE_S = 75
+
 
 class ConfigError(Exception):
     """A setting that cannot be used: one line naming the setting, where it came from, and what is wrong."""

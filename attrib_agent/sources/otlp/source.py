@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
+from attrib_agent.config.types import HTTP_KEEP_ALIVE_S
 from attrib_agent.recording import OTLP
 from attrib_agent.sources.otlp.decode import DecodeResult
 from attrib_agent.sources.otlp.forward import OtlpForwarder
@@ -67,7 +68,8 @@ class OtlpSource:
         app = otlp_http_app(spans_in, health=ctx.health(NAME), forwarder=self.forwarder, clock=ctx.clock,
                             max_body=cfg.otlp_max_body_bytes)
         server = self._http = uvicorn.Server(uvicorn.Config(app, host=cfg.otlp_bind, port=cfg.otlp_http_port,
-                                                            log_level="warning", lifespan="off", access_log=False))
+                                                            log_level="warning", lifespan="off", access_log=False,
+                                                            timeout_keep_alive=HTTP_KEEP_ALIVE_S))
         task = self._http_task = asyncio.create_task(server.serve(), name="otlp_http")
         while not server.started:
             if task.done():

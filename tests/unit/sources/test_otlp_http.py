@@ -207,3 +207,41 @@ def test_real_uvicorn_round_trip_and_oversize(uvicorn_url: tuple[str, Receiver])
     ids = [[s.request_id for s in r.spans] for r in rx.results]
     assert ids == [[s.request_id for s in decode(b).spans] for b in [*ALL_BODIES, ALL_BODIES[3]]]
     assert rx.health.skipped == {"malformed": 1, "too_large": 1}
+
+
+async def test_receiver_keeps_an_idle_connection_past_the_sdk_export_interval() -> None:
+    """OTel SDKs send a batch every 5 s on one kept-alive connection: the receiver must not close it at 5 s
+    (uvicorn's default), or the next batch meets a reset connection and is lost."""
+    from attrib_agent.config.load import AgentConfig
+    from attrib_agent.sources.otlp.source import OtlpSource
+    from attrib_agent.sources.source import SourceContext
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    health = SourceHealth("otlp")
+    source = OtlpSource(AgentConfig(otlp_http_port=port, otlp_grpc_port=0),
+                        SourceContext(health=lambda _n: health, clock=time.time, adopt_health=lambda _h: None))
+    got: list[object] = []
+    stop = asyncio.Event()
+    task = asyncio.create_task(source.run(got.append, stop))
+    await asyncio.wait_for(source.started.wait(), 10)
+    body = ALL_BODIES[3]
+    request = (f"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {PB}\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for _ in range(2):  # the same connection, 6 s apart
+            writer.write(request)
+            await writer.drain()
+            status = await asyncio.wait_for(reader.readline(), 10)
+            assert status.startswith(b"HTTP/1.1 200"), status
+            while (await reader.readline()) not in (b"\r\n", b""):
+                pass
+            await asyncio.sleep(6)
+    finally:
+        writer.close()
+        stop.set()
+        await source.aclose()
+        await asyncio.wait_for(task, 10)
+    assert len(got) == 2 * len(decode(body).spans)
