@@ -19,6 +19,7 @@ from attrib_agent.attribution.forecast_sim import Run, simulate_from
 from attrib_agent.attribution.forecast_types import ArrivalLoad, Candidate, EngineState, InFlight
 from attrib_agent.attribution.sim_step import blocks_for
 from attrib_agent.attribution.sim_types import SimRequest, StepCost
+from attrib_agent.attribution.slo import SloConfig
 
 __all__ = ["ArrivalLoad", "Candidate", "EngineState", "Forecast", "ForecastConfig", "ForecastSettings", "Harm",
            "InFlight", "forecast"]
@@ -29,8 +30,8 @@ EXPECTED_PREFIX = "expected-"
 
 @dataclass(frozen=True)
 class ForecastConfig:
-    ttft_slo_s: float = 5.0  # seed 002's budgets: TTFT < 5 s, ITL p95 < 250 ms
-    itl_p95_slo_s: float = 0.25
+    ttft_slo_s: float = SloConfig().ttft_s  # the goodput budgets (seed 002's: TTFT < 5 s, ITL p95 < 250 ms)
+    itl_p95_slo_s: float = SloConfig().itl_s
     horizon_s: float = 10.0  # expected arrivals are run over this much of the future
     max_expected: int = 64  # ... at most this many (bounds the forecast's cost)
     max_steps: int = 20_000  # per simulated run

@@ -1,12 +1,12 @@
-"""The agent's settings: one table (`settings.SETTINGS`) -> flags, environment, TOML file and docs.
+"""The agent's settings: rows (`setting.Setting`) declared beside their owners -> flags, environment, TOML, docs.
 
-`load.py` builds the `AgentConfig` from the layers, `file.py` reads the TOML file, `values.py` parses each
-kind of value, `types.py` holds the small value types (Secret, HostPort, OtlpTarget).
+This face holds what the sources and sinks use to declare their rows (`Setting`, the value parsers in
+`values`, the value types); `settings.py` gathers the rows from the registrations, `agent_config.py` makes
+`AgentConfig` from them, `load.py` merges the layers, `file.py` reads the TOML file. Those sit above the
+sources and sinks (they read their registrations), so import them by module: `config.load.load_config`.
 """
 
-from attrib_agent.config.load import AgentConfig, add_run_arguments, load_config
-from attrib_agent.config.settings import SETTINGS, Setting
+from attrib_agent.config.setting import Setting
 from attrib_agent.config.types import ConfigError, HostPort, OtlpTarget, Secret
 
-__all__ = ["SETTINGS", "AgentConfig", "ConfigError", "HostPort", "OtlpTarget", "Secret", "Setting",
-           "add_run_arguments", "load_config"]
+__all__ = ["ConfigError", "HostPort", "OtlpTarget", "Secret", "Setting"]

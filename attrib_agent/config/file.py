@@ -9,19 +9,23 @@ did-you-mean), so a typo never silently leaves a default in place.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
-from attrib_agent.config.settings import BY_NAME, SECTIONS
+from attrib_agent.config.setting import Setting
+from attrib_agent.config.settings import sections
 from attrib_agent.config.types import ConfigError
 from attrib_agent.config.values import did_you_mean
 
 MAX_FILE_BYTES: Final = 1024 * 1024  # a config file is a few KB; more is the wrong file
 
 
-def read_config_file(path: Path) -> dict[str, tuple[object, str]]:
+def read_config_file(path: Path, settings: Sequence[Setting[Any]]) -> dict[str, tuple[object, str]]:
     """Setting name -> (raw TOML value, source label such as `file agent.toml [vllm]`)."""
     label = f"file {path}"
+    by_name = {s.name: s for s in settings}
+    tables = sections(tuple(settings))
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_FILE_BYTES + 1)
@@ -40,9 +44,9 @@ def read_config_file(path: Path) -> dict[str, tuple[object, str]]:
 
     def take(key: str, value: object, section: str | None) -> None:
         where = f"{label} [{section}]" if section else label
-        setting = BY_NAME.get(key)
+        setting = by_name.get(key)
         if setting is None:
-            raise ConfigError(f"{key} ({where}): unknown setting{did_you_mean(key, BY_NAME)}")
+            raise ConfigError(f"{key} ({where}): unknown setting{did_you_mean(key, by_name)}")
         if not setting.file:
             raise ConfigError(f"{key} ({where}): not accepted in a config file (it would be stored in the clear); "
                               f"set {setting.env} or {key}_file")
@@ -56,8 +60,8 @@ def read_config_file(path: Path) -> dict[str, tuple[object, str]]:
         if not isinstance(value, dict):
             take(key, value, None)
             continue
-        if key not in SECTIONS:
-            hint = did_you_mean(key, SECTIONS) or f" (tables: {', '.join(SECTIONS)})"
+        if key not in tables:
+            hint = did_you_mean(key, tables) or f" (tables: {', '.join(tables)})"
             raise ConfigError(f"[{key}] ({label}): unknown table{hint}")
         for sub, subvalue in value.items():
             if isinstance(subvalue, dict):

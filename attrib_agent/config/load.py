@@ -3,7 +3,8 @@
 `add_run_arguments` adds the flags (all defaulting to None, so an unset flag overrides nothing);
 `load_config` merges the layers into a frozen `AgentConfig`, or raises `ConfigError` with one line naming
 the setting, its source and the problem. Every value given is validated, even one a higher layer overrides,
-so a broken file is reported rather than hidden. The settings themselves are data in `settings.py`.
+so a broken file is reported rather than hidden. The settings themselves are rows, gathered by `settings.py`
+when called (so a source registered late has its flag, variable and key too).
 """
 
 from __future__ import annotations
@@ -11,139 +12,22 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any
 from urllib.parse import urlsplit
 
-from attrib_agent.attribution.attributor import AttributionConfig
-from attrib_agent.attribution.cost_model import StepCostPrior
-from attrib_agent.attribution.forecast import Candidate, ForecastConfig, ForecastSettings
-from attrib_agent.attribution.slo import SloConfig
+from attrib_agent.config.agent_config import BUILT_IN, AgentConfig
 from attrib_agent.config.file import read_config_file
-from attrib_agent.config.settings import BY_NAME, CONFIG_ENV, ENV_PREFIX, EXCLUSIVE, SETTINGS, is_chosen, parse_token
-from attrib_agent.config.types import ConfigError, HostPort, OtlpTarget, Secret, shown
+from attrib_agent.config.setting import ENV_PREFIX, Setting
+from attrib_agent.config.settings import CONFIG_ENV, EXCLUSIVE, gather, is_chosen, parse_token
+from attrib_agent.config.types import ConfigError, HostPort, OtlpTarget, Secret
 from attrib_agent.config.values import WILDCARD_HOSTS, did_you_mean, expand_user, is_loopback
-from attrib_agent.pipeline import PipelineConfig
 
 __all__ = ["AgentConfig", "ConfigError", "HostPort", "OtlpTarget", "Secret", "add_run_arguments", "load_config"]
 
 # Variables Kubernetes injects for a Service named attrib-... (service links): not settings, not typos.
 _SERVICE_LINK = re.compile(r"_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT(_\d+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)?)$")
-_KNOWN_ENV: Final = frozenset({s.env for s in SETTINGS} | {CONFIG_ENV})
-
-
-def _d(name: str) -> Any:
-    return BY_NAME[name].default
-
-
-@dataclass(frozen=True, repr=False)
-class AgentConfig:
-    """Every setting of `attrib-agent run` and `replay --serve`; see docs/configuration.md for each."""
-
-    vllm_url: str | None = _d("vllm_url")
-    metrics_interval_s: float = _d("metrics_interval_s")
-    metrics_timeout_s: float = _d("metrics_timeout_s")
-    log_file: Path | None = _d("log_file")
-    log_stdin: bool = _d("log_stdin")
-    log_from: str = _d("log_from")
-    log_poll_interval_s: float = _d("log_poll_interval_s")
-    plugin_socket: Path | None = _d("plugin_socket")
-    engine: int = _d("engine")
-    block_size: int | None = _d("block_size")
-    num_blocks: int | None = _d("num_blocks")
-    token_budget: int | None = _d("token_budget")
-    otlp_grpc_port: int = _d("otlp_grpc_port")
-    otlp_http_port: int = _d("otlp_http_port")
-    otlp_bind: str = _d("otlp_bind")
-    otlp_max_body_bytes: int = _d("otlp_max_body_bytes")
-    otlp_forward: OtlpTarget | None = _d("otlp_forward")
-    otlp_export: OtlpTarget | None = _d("otlp_export")
-    nvml: bool = _d("nvml")
-    nvml_interval_s: float = _d("nvml_interval_s")
-    listen: HostPort = _d("listen")
-    api_token: Secret | None = _d("api_token")
-    api_token_file: Path | None = _d("api_token_file")
-    journal_dir: Path | None = _d("journal_dir")
-    journal_max_bytes: int = _d("journal_max_bytes")
-    settle_interval_s: float = _d("settle_interval_s")
-    partial_timeout_s: float = _d("partial_timeout_s")
-    victim_threshold_s: float = _d("victim_threshold_s")
-    whale_factor: float = _d("whale_factor")
-    max_players: int = _d("max_players")
-    noise_floor_s: float = _d("noise_floor_s")
-    step_cost_prior: StepCostPrior = _d("step_cost_prior")
-    prior_min_steps: int = _d("prior_min_steps")
-    itl_floor_ratio: float = _d("itl_floor_ratio")
-    quality_floor_s: float = _d("quality_floor_s")
-    unfinished_end_s: float = _d("unfinished_end_s")
-    max_results: int = _d("max_results")
-    max_result_age_s: float = _d("max_result_age_s")
-    max_pending: int = _d("max_pending")
-    slo_ttft_s: float = _d("slo_ttft_s")
-    slo_itl_s: float = _d("slo_itl_s")
-    shape_long_prompt_tokens: int = _d("shape_long_prompt_tokens")
-    shape_long_output_tokens: int = _d("shape_long_output_tokens")
-    forecast_ttft_slo_s: float = _d("forecast_ttft_slo_s")
-    forecast_itl_p95_slo_s: float = _d("forecast_itl_p95_slo_s")
-    forecast_horizon_s: float = _d("forecast_horizon_s")
-    forecast_reference_prompt_tokens: int = _d("forecast_reference_prompt_tokens")
-    forecast_reference_max_tokens: int = _d("forecast_reference_max_tokens")
-    log_level: str = _d("log_level")
-    # Not settings: where each value came from, and what the agent should warn about once logging is set up.
-    origin: Mapping[str, str] = field(default_factory=dict, compare=False, metadata={"setting": False})
-    warnings: tuple[str, ...] = field(default=(), compare=False, metadata={"setting": False})
-
-    @property
-    def metrics_url(self) -> str | None:
-        """The URL the poller scrapes: vllm_url + /metrics (unless vllm_url already names it)."""
-        if self.vllm_url is None:
-            return None
-        return self.vllm_url if self.vllm_url.endswith("/metrics") else self.vllm_url + "/metrics"
-
-    @property
-    def log_from_start(self) -> bool:
-        return self.log_from == "start"
-
-    @property
-    def listen_host(self) -> str:
-        """The bare host to bind (`::1`, no brackets), as uvicorn and socket.bind take it."""
-        return self.listen.host
-
-    @property
-    def listen_port(self) -> int:
-        return self.listen.port
-
-    def reveal_api_token(self) -> str | None:
-        """The token itself, for the API's comparison only: never log or print it."""
-        return self.api_token.reveal() if self.api_token is not None else None
-
-    def pipeline_config(self) -> PipelineConfig:
-        attribution = AttributionConfig(whale_factor=self.whale_factor, max_players=self.max_players,
-                                        noise_floor_s=self.noise_floor_s, step_cost_prior=self.step_cost_prior,
-                                        prior_min_steps=self.prior_min_steps, itl_floor_ratio=self.itl_floor_ratio,
-                                        quality_floor_s=self.quality_floor_s, unfinished_end_s=self.unfinished_end_s)
-        return PipelineConfig(engine=self.engine, block_size=self.block_size, num_blocks=self.num_blocks,
-                              token_budget=self.token_budget, settle_interval_s=self.settle_interval_s,
-                              partial_timeout_s=self.partial_timeout_s, max_results=self.max_results,
-                              max_result_age_s=self.max_result_age_s, max_pending=self.max_pending,
-                              victim_threshold_s=self.victim_threshold_s, attribution=attribution,
-                              slo=SloConfig(self.slo_ttft_s, self.slo_itl_s, self.shape_long_prompt_tokens,
-                                            self.shape_long_output_tokens))
-
-    def forecast_settings(self) -> ForecastSettings:
-        return ForecastSettings(ForecastConfig(ttft_slo_s=self.forecast_ttft_slo_s,
-                                               itl_p95_slo_s=self.forecast_itl_p95_slo_s,
-                                               horizon_s=self.forecast_horizon_s),
-                                Candidate(self.forecast_reference_prompt_tokens, self.forecast_reference_max_tokens))
-
-    def describe(self) -> list[tuple[str, str, str]]:
-        """(setting, value, source) for every setting, secrets and URL passwords masked: the start-up log."""
-        return [(s.name, shown(getattr(self, s.name)), self.origin.get(s.name, "default")) for s in SETTINGS]
-
-    def __repr__(self) -> str:
-        return "AgentConfig(" + ", ".join(f"{s.name}={shown(getattr(self, s.name))}" for s in SETTINGS) + ")"
 
 
 class _RefuseSecretFlag(argparse.Action):
@@ -160,7 +44,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, live: bool = True) -> 
     group = parser.add_argument_group("agent settings (flag > env ATTRIB_* > config file > default)")
     group.add_argument("--config", metavar="FILE", default=None,
                        help=f"TOML config file (env {CONFIG_ENV}); see docs/configuration.md")
-    for s in SETTINGS:
+    for s in gather():
         if not s.flag or (s.live and not live):
             continue
         text = f"{s.help} (default: {s.shown_default}; env {s.env})".replace("%", "%%")
@@ -177,16 +61,18 @@ Layer = dict[str, tuple[object, str]]  # setting -> (raw value, source label)
 
 def load_config(args: argparse.Namespace, environ: Mapping[str, str], *, live: bool = True) -> AgentConfig:
     """Merge defaults < file < env < flags; `live=False` for `replay --serve` (vllm_url not required)."""
-    layers = [_file_layer(args, environ), _env_layer(environ), _flag_layer(args)]
+    settings = gather()
+    by_name = {s.name: s for s in settings}
+    layers = [_file_layer(args, environ, settings), _env_layer(environ, settings), _flag_layer(args, settings)]
     parsed: list[dict[str, tuple[Any, str]]] = [
-        {name: (_parse(name, raw, src), src) for name, (raw, src) in layer.items()} for layer in layers]
-    values: dict[str, Any] = {s.name: s.default for s in SETTINGS}
-    origin: dict[str, str] = {s.name: "default" for s in SETTINGS}
+        {name: (_parse(by_name[name], raw, src), src) for name, (raw, src) in layer.items()} for layer in layers]
+    values: dict[str, Any] = {s.name: s.default for s in settings}
+    origin: dict[str, str] = {s.name: "default" for s in settings}
     for layer in parsed:
         for name, (value, src) in layer.items():
             values[name], origin[name] = value, src
     for pair in EXCLUSIVE:
-        _choose_one(pair, parsed, values, origin)
+        _choose_one(pair, parsed, values, origin, by_name)
     if "otlp_export" not in {n for layer in parsed for n in layer} and values["otlp_forward"] is not None:
         values["otlp_export"] = values["otlp_forward"]
         origin["otlp_export"] = "default (otlp_forward)"
@@ -196,17 +82,20 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str], *, live: b
     _check_paths(values, origin)
     if live:
         _check_live(values, origin)
-    return AgentConfig(**values, origin=MappingProxyType(origin), warnings=tuple(_warnings(values, environ, live)))
+    warnings = tuple(_warnings(values, environ, live, settings))
+    more = MappingProxyType({n: v for n, v in values.items() if n not in BUILT_IN})
+    return AgentConfig(**{n: v for n, v in values.items() if n in BUILT_IN}, origin=MappingProxyType(origin),
+                       warnings=warnings, more=more)
 
 
-def _parse(name: str, raw: object, source: str) -> Any:
+def _parse(setting: Setting[Any], raw: object, source: str) -> Any:
     try:
-        return BY_NAME[name].parse(raw)
+        return setting.parse(raw)
     except ValueError as e:
-        raise ConfigError(f"{name} ({source}): {e}") from None
+        raise ConfigError(f"{setting.name} ({source}): {e}") from None
 
 
-def _file_layer(args: argparse.Namespace, environ: Mapping[str, str]) -> Layer:
+def _file_layer(args: argparse.Namespace, environ: Mapping[str, str], settings: Sequence[Setting[Any]]) -> Layer:
     flag_path = getattr(args, "config", None)
     path = flag_path if flag_path is not None else environ.get(CONFIG_ENV) or None
     if not path:
@@ -216,21 +105,21 @@ def _file_layer(args: argparse.Namespace, environ: Mapping[str, str]) -> Layer:
     except ValueError as e:
         source = "flag --config" if flag_path is not None else f"env {CONFIG_ENV}"
         raise ConfigError(f"config file ({source}): {e}") from None
-    return read_config_file(expanded)
+    return read_config_file(expanded, settings)
 
 
-def _env_layer(environ: Mapping[str, str]) -> Layer:
+def _env_layer(environ: Mapping[str, str], settings: Sequence[Setting[Any]]) -> Layer:
     # An empty variable counts as unset, as in OpenTelemetry's SDK configuration.
-    return {s.name: (environ[s.env], f"env {s.env}") for s in SETTINGS if environ.get(s.env, "").strip()}
+    return {s.name: (environ[s.env], f"env {s.env}") for s in settings if environ.get(s.env, "").strip()}
 
 
-def _flag_layer(args: argparse.Namespace) -> Layer:
+def _flag_layer(args: argparse.Namespace, settings: Sequence[Setting[Any]]) -> Layer:
     return {s.name: (getattr(args, s.name), f"flag {s.flag_name}")
-            for s in SETTINGS if s.flag and getattr(args, s.name, None) is not None}
+            for s in settings if s.flag and getattr(args, s.name, None) is not None}
 
 
 def _choose_one(pair: Sequence[str], parsed: list[dict[str, tuple[Any, str]]], values: dict[str, Any],
-                origin: dict[str, str]) -> None:
+                origin: dict[str, str], by_name: Mapping[str, Setting[Any]]) -> None:
     """Two settings that are one choice: a higher layer's pick replaces a lower one's; one layer may not pick both."""
     top: dict[str, int] = {}
     for i, layer in enumerate(parsed):
@@ -243,7 +132,7 @@ def _choose_one(pair: Sequence[str], parsed: list[dict[str, tuple[Any, str]]], v
         winner = max(top, key=lambda n: top[n])
         for name in pair:
             if name != winner:
-                values[name] = BY_NAME[name].default
+                values[name] = by_name[name].default
                 origin[name] = f"default (replaced by {winner} from {origin[winner]})"
 
 
@@ -310,12 +199,14 @@ def _target_host_port(target: OtlpTarget) -> HostPort:
     return HostPort(parts.hostname or "", parts.port or default)
 
 
-def _warnings(values: dict[str, Any], environ: Mapping[str, str], live: bool) -> list[str]:
+def _warnings(values: dict[str, Any], environ: Mapping[str, str], live: bool,
+              settings: Sequence[Setting[Any]]) -> list[str]:
     """Things that work but are probably not meant: unknown ATTRIB_* variables, an open API, no log source."""
     out = []
+    known = {s.env for s in settings} | {CONFIG_ENV}
     for key in sorted(environ):
-        if key.startswith(ENV_PREFIX) and key not in _KNOWN_ENV and not _SERVICE_LINK.search(key):
-            hint = did_you_mean(key, sorted(_KNOWN_ENV), prefix=ENV_PREFIX)
+        if key.startswith(ENV_PREFIX) and key not in known and not _SERVICE_LINK.search(key):
+            hint = did_you_mean(key, sorted(known), prefix=ENV_PREFIX)
             out.append(f"environment variable {key} is not a setting{hint}; ignored")
     listen: HostPort = values["listen"]
     if values["api_token"] is None and not is_loopback(listen.host):

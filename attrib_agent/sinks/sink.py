@@ -4,7 +4,7 @@ Like OpenTelemetry's `SpanProcessor`: `on_results` takes each batch the pipeline
 a sink picks what it wants) and must be cheap, `flush` pushes out what is buffered (the agent calls it every
 half second and at the end), `shutdown` flushes and releases. `MultiSink` fans out in registration order
 and keeps one failing sink from reaching the others (SynchronousMultiSpanProcessor). Adding a sink is one
-module with a `SinkSpec` plus one line in `sinks/registry.py`.
+module with a `SinkSpec` (carrying the rows of its settings) plus one line in `sinks/registry.py`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from attrib_agent.attribution.result import AttributionResult
+from attrib_agent.config.setting import Setting
 
 if TYPE_CHECKING:
     from attrib_agent.config.load import AgentConfig
@@ -35,11 +36,11 @@ class Sink(Protocol):
 
 @dataclass(frozen=True)
 class SinkSpec:
-    """A sink's registration: name, the settings rows it reads, whether a replay runs it too, and how to build
-    it (None: not configured)."""
+    """A sink's registration: name, the rows of the settings it reads, whether a replay runs it too, and how to
+    build it (None: not configured)."""
 
     name: str
-    settings: tuple[str, ...]
+    settings: tuple[Setting[Any], ...]
     build: Callable[[AgentConfig, AgentState], Sink | None]
     in_replay: bool = True
 

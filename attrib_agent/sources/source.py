@@ -3,8 +3,9 @@
 A source turns its input into typed events and hands each to `emit`; it never raises into the agent
 (I/O trouble is counted in its health). The agent runs every registered source alike: `run(emit, stop)`
 as a task, waits for `started` (listeners bound; a source that cannot start ends `run` with the error),
-and after `stop` calls `aclose()`. Adding a source is one new module with a `SourceSpec` plus one line in
-`sources/registry.py`.
+and after `stop` calls `aclose()`. Adding a source is one new module with a `SourceSpec` (carrying the rows
+of its settings) plus one line in `sources/registry.py`; its settings then have flags, ATTRIB_* variables
+and TOML keys like every other.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from attrib_agent.config.setting import Setting
 from attrib_agent.events import Event
 from attrib_agent.health import SourceHealth
 
@@ -45,11 +47,11 @@ class SourceContext:
 
 @dataclass(frozen=True)
 class SourceSpec:
-    """A source's registration: its name, the settings rows it reads (`config.settings.SETTINGS` names), and
-    how to build it from the settings (None: not configured, stays off)."""
+    """A source's registration: its name, the rows of the settings it reads (gathered into
+    `config.settings.SETTINGS`), and how to build it from the settings (None: not configured, stays off)."""
 
     name: str
-    settings: tuple[str, ...]
+    settings: tuple[Setting[Any], ...]
     build: Callable[[AgentConfig, SourceContext], Source | None]
     stream: str | None = None  # the recording stream (`recording.STREAMS`) a replay reads in its place
 

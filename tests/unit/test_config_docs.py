@@ -8,7 +8,6 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-from attrib_agent.config import settings as config_settings
 from attrib_agent.config.load import AgentConfig, add_run_arguments, load_config
 from attrib_agent.config.settings import BY_NAME, SETTINGS
 from attrib_agent.sources.log.tailer import LogFollower
@@ -70,8 +69,8 @@ def test_agent_config_defaults_are_the_settings_defaults() -> None:
 
 
 def test_defaults_match_the_sources_that_use_them() -> None:
-    assert (config_settings.DEFAULT_INTERVAL_S, config_settings.DEFAULT_TIMEOUT_S, config_settings.MIN_INTERVAL_S) == (
-        metrics_poller.DEFAULT_INTERVAL_S, metrics_poller.DEFAULT_TIMEOUT_S, metrics_poller.MIN_INTERVAL_S)
+    assert (BY_NAME["metrics_interval_s"].default, BY_NAME["metrics_timeout_s"].default) == (
+        default_of(metrics_poller.MetricsPoller, "interval_s"), default_of(metrics_poller.MetricsPoller, "timeout_s"))
     assert BY_NAME["otlp_grpc_port"].default == otlp_grpc.DEFAULT_PORT
     assert BY_NAME["otlp_max_body_bytes"].default == otlp_grpc.DEFAULT_MAX_MESSAGE == otlp_http.DEFAULT_MAX_BODY
     assert BY_NAME["log_poll_interval_s"].default == default_of(LogFollower, "poll_interval_s")

@@ -11,7 +11,7 @@ import pytest
 
 from attrib_agent.agent.core import AgentCore
 from attrib_agent.agent.replay import replay_into
-from attrib_agent.config import AgentConfig
+from attrib_agent.config.load import AgentConfig
 from attrib_agent.lab.step_truth import truth_steps
 from attrib_agent.recording import VLLM_STEPS, Recording
 from attrib_agent.sources.replay import ReplaySource

@@ -12,26 +12,27 @@ from pathlib import Path
 import attrib_agent
 
 ROOT = Path(attrib_agent.__file__).resolve().parent
-# Lowest first. A module's layer is the first entry its dotted name (under attrib_agent.) starts with.
+# Lowest first. A module's layer is that of the longest entry its dotted name (under attrib_agent.) starts with.
 LAYERS: list[tuple[str, ...]] = [
     ("__init__", "events", "recording", "health"),  # the contract
     ("timeline",),
     ("attribution",),  # pure core; lab-only helpers aside
     ("pipeline",),
     ("read_model",),
-    ("config",),
+    ("config",),  # a setting's row type, the value parsers and types: what sources and sinks declare rows with
     ("sources", "sinks"),  # the I/O wings, apart from each other
+    ("config.settings", "config.agent_config", "config.load", "config.file"),  # the table, from their rows
     ("agent",),
     ("cli", "__main__", "lab"),
 ]
 
 
 def _layer(module: str) -> int:
-    head = module.split(".")[0]
-    for i, names in enumerate(LAYERS):
-        if head in names:
-            return i
-    raise AssertionError(f"attrib_agent.{module} is in no layer: add it to LAYERS")
+    found = [(len(name), i) for i, names in enumerate(LAYERS) for name in names
+             if module == name or module.startswith(name + ".")]
+    if not found:
+        raise AssertionError(f"attrib_agent.{module} is in no layer: add it to LAYERS")
+    return max(found)[1]
 
 
 def _imports(path: Path) -> set[str]:

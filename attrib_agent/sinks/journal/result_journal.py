@@ -37,6 +37,7 @@ __all__ = ["JournalError", "ResultJournal"]
 logger = logging.getLogger(__name__)
 
 MIB: Final = 1024 * 1024
+DEFAULT_MAX_BYTES: Final = 256 * MIB
 
 
 class JournalError(Exception):
@@ -52,7 +53,7 @@ class ResultJournal:
     smaller than that. Call `load` before writing (at start): it reads the segment being written too.
     """
 
-    def __init__(self, directory: Path | str, *, segment_bytes: int = 4 * MIB, max_bytes: int = 256 * MIB,
+    def __init__(self, directory: Path | str, *, segment_bytes: int = 4 * MIB, max_bytes: int = DEFAULT_MAX_BYTES,
                  max_age_s: float | None = None, max_buffer_bytes: int = 16 * MIB,
                  clock: Callable[[], float] = time.time) -> None:
         if segment_bytes < 1 or max_bytes < 1 or max_buffer_bytes < 1:

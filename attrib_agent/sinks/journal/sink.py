@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Final
 
 from attrib_agent.attribution.result import AttributionResult
-from attrib_agent.sinks.journal.result_journal import ResultJournal
+from attrib_agent.config import values as v
+from attrib_agent.config.setting import Setting
+from attrib_agent.sinks.journal.result_journal import DEFAULT_MAX_BYTES, MIB, ResultJournal
 from attrib_agent.sinks.sink import SinkSpec
 
 if TYPE_CHECKING:
@@ -14,6 +16,12 @@ if TYPE_CHECKING:
     from attrib_agent.read_model import AgentState
 
 NAME = "journal"
+ROWS: Final[tuple[Setting[Any], ...]] = (
+    Setting("journal_dir", "journal", v.path, None, "keep every final result as JSON lines here", "DIR",
+            default_text="off"),
+    Setting("journal_max_bytes", "journal", v.size_bytes(MIB, 2**40), DEFAULT_MAX_BYTES,
+            "most disk space the journal may use", "BYTES", default_text="256MiB"),
+)
 
 
 class JournalSink:
@@ -47,4 +55,4 @@ def build(cfg: AgentConfig, state: AgentState) -> JournalSink | None:
     return None if journal is None else JournalSink(journal, state)
 
 
-SPEC = SinkSpec(NAME, ("journal_dir", "journal_max_bytes"), build)
+SPEC = SinkSpec(NAME, ROWS, build)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Final
 
 from attrib_agent.attribution.result import AttributionResult
+from attrib_agent.config import values as v
+from attrib_agent.config.setting import Setting
 from attrib_agent.sinks.otel.spans import SlowdownSpans, tracer_provider_for
 from attrib_agent.sinks.sink import SinkSpec
 
@@ -15,6 +17,10 @@ if TYPE_CHECKING:
 
 NAME = "span"
 FLUSH_ON_SHUTDOWN_MS = 5_000
+ROWS: Final[tuple[Setting[Any], ...]] = (
+    Setting("otlp_export", "otlp", v.otlp_target, None, "send the agent's attrib.slowdown spans here (`none`: off)",
+            "URL", default_text="the otlp_forward target, else off"),
+)
 
 
 class SpanSink:
@@ -42,4 +48,4 @@ def build(cfg: AgentConfig, state: AgentState) -> SpanSink | None:
     return SpanSink(SlowdownSpans(tracer_provider_for(target.endpoint, protocol=target.protocol)), state)
 
 
-SPEC = SinkSpec(NAME, ("otlp_export",), build, in_replay=False)
+SPEC = SinkSpec(NAME, ROWS, build, in_replay=False)

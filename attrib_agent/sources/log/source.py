@@ -5,17 +5,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
+from attrib_agent.config import values as v
+from attrib_agent.config.setting import Setting
 from attrib_agent.recording import LOG
 from attrib_agent.sources.log.parser import LogLineParser
-from attrib_agent.sources.log.tailer import BinaryReader, LogFollower, StdinLines
+from attrib_agent.sources.log.tailer import POLL_INTERVAL_S, BinaryReader, LogFollower, StdinLines
 from attrib_agent.sources.source import Emit, SourceContext, SourceSpec
 
 if TYPE_CHECKING:
     from attrib_agent.config.load import AgentConfig
 
 NAME = "vllm_log"
+ROWS: Final[tuple[Setting[Any], ...]] = (
+    Setting("log_file", "vllm", v.path, None, "follow vLLM's log file (like tail -F); excludes log_stdin",
+            "PATH", live=True, default_text="none"),
+    Setting("log_stdin", "vllm", v.parse_bool, False, "read vLLM's log from standard input (vLLM's output piped "
+            "in); excludes log_file", boolean=True, live=True),
+    Setting("log_from", "vllm", v.choice(("end", "start")), "end",
+            "where to start reading log_file: `end` (only new lines) or `start` (the whole file)", "end|start",
+            live=True),
+    Setting("log_poll_interval_s", "vllm", v.seconds(0.01), POLL_INTERVAL_S,
+            "how often log_file is checked for new lines", "SECONDS", live=True),
+)
 
 
 class LogSource:
@@ -57,4 +70,4 @@ def build(cfg: AgentConfig, ctx: SourceContext) -> LogSource | None:
     return None
 
 
-SPEC = SourceSpec(NAME, ("log_file", "log_stdin", "log_poll_interval_s"), build, stream=LOG)
+SPEC = SourceSpec(NAME, ROWS, build, stream=LOG)

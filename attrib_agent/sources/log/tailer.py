@@ -87,6 +87,9 @@ class LineSplitter:
         return line
 
 
+POLL_INTERVAL_S: Final = 0.1
+
+
 class LogFollower:
     """Follows one log file by path, like `tail -F`, yielding each complete line with its receipt time.
 
@@ -98,7 +101,7 @@ class LogFollower:
         self,
         path: str | os.PathLike[str],
         *,
-        poll_interval_s: float = 0.1,
+        poll_interval_s: float = POLL_INTERVAL_S,
         max_line_bytes: int = 65_536,
         clock: Callable[[], float] = time.time,
         from_start: bool = False,

@@ -18,12 +18,10 @@ import httpx
 from attrib_agent.events import MetricsSnapshot
 from attrib_agent.health import SourceHealth
 from attrib_agent.sources.metrics.parser import CounterTracker, MetricsParseError, parse_metrics
+from attrib_agent.sources.metrics.settings import DEFAULT_INTERVAL_S, DEFAULT_TIMEOUT_S, MIN_INTERVAL_S
 
 logger = logging.getLogger(__name__)
 
-MIN_INTERVAL_S: Final = 0.05
-DEFAULT_INTERVAL_S: Final = 0.25
-DEFAULT_TIMEOUT_S: Final = 1.0
 MAX_BODY_BYTES: Final = 16 * 1024 * 1024
 """A vLLM 0.32 body is ~50 KB per engine; a larger one is not a /metrics page we should hold in memory."""
 MAX_LOGGED_TYPES: Final = 32  # distinct unexpected exception types logged with a traceback

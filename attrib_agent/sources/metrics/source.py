@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from attrib_agent.recording import METRICS
 from attrib_agent.sources.metrics.poller import MetricsPoller
+from attrib_agent.sources.metrics.settings import ROWS
 from attrib_agent.sources.source import SourceContext, SourceSpec
 
 if TYPE_CHECKING:
@@ -20,4 +21,4 @@ def build(cfg: AgentConfig, ctx: SourceContext) -> MetricsPoller:
                          health=ctx.health(NAME), clock=ctx.clock, name=NAME)
 
 
-SPEC = SourceSpec(NAME, ("vllm_url", "metrics_interval_s", "metrics_timeout_s"), build, stream=METRICS)
+SPEC = SourceSpec(NAME, ROWS, build, stream=METRICS)

@@ -62,11 +62,14 @@ class _Device:
     gpm: _GpmPair | None = None
 
 
+DEFAULT_INTERVAL_S: Final = 1.0
+
+
 class NvmlSampler:
     """Reads every GPU once per `sample()`; each NVML call that fails leaves its field None and is counted."""
 
     def __init__(
-        self, *, nvml: Any | None = None, interval_s: float = 1.0, clock: Callable[[], float] = time.time
+        self, *, nvml: Any | None = None, interval_s: float = DEFAULT_INTERVAL_S, clock: Callable[[], float] = time.time
     ) -> None:
         self._nvml: Any = nvml  # the pynvml module, or a stand-in with its API
         self._interval_s = interval_s

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Final
 
+from attrib_agent.config import values as v
+from attrib_agent.config.setting import Setting
 from attrib_agent.recording import NVML
-from attrib_agent.sources.nvml.sampler import NvmlSampler
+from attrib_agent.sources.nvml.sampler import DEFAULT_INTERVAL_S, NvmlSampler
 from attrib_agent.sources.source import Emit, SourceContext, SourceSpec
 
 if TYPE_CHECKING:
@@ -15,6 +17,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("attrib_agent")
 NAME = "nvml"
+ROWS: Final[tuple[Setting[Any], ...]] = (
+    Setting("nvml", "nvml", v.parse_bool, True, "sample GPU memory and utilisation through NVML (reports "
+            "`unavailable` once where there is no GPU)", boolean=True, live=True),
+    Setting("nvml_interval_s", "nvml", v.seconds(0.1), DEFAULT_INTERVAL_S, "seconds between GPU samples", "SECONDS",
+            live=True),
+)
 
 
 class NvmlSource:
@@ -43,4 +51,4 @@ def build(cfg: AgentConfig, ctx: SourceContext) -> NvmlSource | None:
     return NvmlSource(sampler)
 
 
-SPEC = SourceSpec(NAME, ("nvml", "nvml_interval_s"), build, stream=NVML)
+SPEC = SourceSpec(NAME, ROWS, build, stream=NVML)

@@ -48,6 +48,7 @@ INT_ATTRS: Final[Mapping[str, str]] = {  # RequestSpan field -> attribute (count
 }
 _WANTED: Final = frozenset((REQUEST_ID_ATTR, *FLOAT_ATTRS.values(), *INT_ATTRS.values()))
 
+MAX_EXPORT_BYTES: Final = 8 * 1024 * 1024  # the largest export either receiver takes (HTTP body, gRPC message)
 PROTOBUF: Final = "application/x-protobuf"
 JSON: Final = "application/json"
 _MEDIA_TYPES: Final[Mapping[str, str]] = {PROTOBUF: PROTOBUF, "application/protobuf": PROTOBUF, JSON: JSON}

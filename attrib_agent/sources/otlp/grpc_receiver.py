@@ -23,14 +23,21 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceServicer
 
 from attrib_agent.health import SourceHealth
-from attrib_agent.sources.otlp.decode import PROTOBUF, DecodeResult, OtlpError, OtlpTooLarge, decode_export
+from attrib_agent.sources.otlp.decode import (
+    MAX_EXPORT_BYTES,
+    PROTOBUF,
+    DecodeResult,
+    OtlpError,
+    OtlpTooLarge,
+    decode_export,
+)
 from attrib_agent.sources.otlp.forward import OtlpForwarder
 
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME: Final = "opentelemetry.proto.collector.trace.v1.TraceService"
 DEFAULT_PORT: Final = 4317
-DEFAULT_MAX_MESSAGE: Final = 8 * 1024 * 1024
+DEFAULT_MAX_MESSAGE: Final = MAX_EXPORT_BYTES
 _EMPTY_RESPONSE: Final[bytes] = bytes(ExportTraceServiceResponse().SerializeToString())
 
 Sink = Callable[[DecodeResult], None]

@@ -24,6 +24,7 @@ from starlette.routing import Route
 from attrib_agent.health import SourceHealth
 from attrib_agent.sources.otlp.decode import (
     JSON,
+    MAX_EXPORT_BYTES,
     PROTOBUF,
     DecodeResult,
     OtlpDecodeError,
@@ -38,7 +39,7 @@ from attrib_agent.sources.otlp.forward import OtlpForwarder
 logger = logging.getLogger(__name__)
 
 TRACES_PATH: Final = "/v1/traces"
-DEFAULT_MAX_BODY: Final = 8 * 1024 * 1024
+DEFAULT_MAX_BODY: Final = MAX_EXPORT_BYTES
 # The google.rpc.Code each refusal carries (OTLP clients log it; the HTTP status is what they act on).
 _RPC_CODES: Final = {400: 3, 413: 8, 415: 3, 500: 13}  # INVALID_ARGUMENT, RESOURCE_EXHAUSTED, INTERNAL
 

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import uvicorn
 
+from attrib_agent.config import values as v
+from attrib_agent.config.setting import Setting
 from attrib_agent.config.types import HTTP_KEEP_ALIVE_S
 from attrib_agent.recording import OTLP
-from attrib_agent.sources.otlp.decode import DecodeResult
+from attrib_agent.sources.otlp.decode import MAX_EXPORT_BYTES, DecodeResult
 from attrib_agent.sources.otlp.forward import OtlpForwarder
-from attrib_agent.sources.otlp.grpc_receiver import OtlpGrpcReceiver
+from attrib_agent.sources.otlp.grpc_receiver import DEFAULT_PORT, OtlpGrpcReceiver
 from attrib_agent.sources.otlp.http_receiver import otlp_http_app
 from attrib_agent.sources.source import Emit, SourceContext, SourceSpec, wait_for_stop
 
@@ -24,6 +26,19 @@ if TYPE_CHECKING:
     from attrib_agent.config.load import AgentConfig
 
 NAME = "otlp"
+HTTP_PORT: Final = 4318  # OTLP/HTTP's registered port, as 4317 is OTLP/gRPC's
+ROWS: Final[tuple[Setting[Any], ...]] = (
+    Setting("otlp_grpc_port", "otlp", v.port, DEFAULT_PORT, "OTLP/gRPC receiver port for vLLM's spans (0: off)",
+            "PORT", live=True),
+    Setting("otlp_http_port", "otlp", v.port, HTTP_PORT, "OTLP/HTTP receiver port for vLLM's spans (0: off)",
+            "PORT", live=True),
+    Setting("otlp_bind", "otlp", v.host, "127.0.0.1", "address the OTLP receivers listen on", "HOST", live=True),
+    Setting("otlp_max_body_bytes", "otlp", v.size_bytes(1024, 2**30), MAX_EXPORT_BYTES,
+            "largest OTLP export accepted (HTTP body or gRPC message)", "BYTES", live=True, default_text="8MiB"),
+    Setting("otlp_forward", "otlp", v.otlp_target, None, "pass every received export on to this collector; the "
+            "scheme picks the protocol (http(s):// or grpc(s)://; `none`: off)", "URL", live=True,
+            default_text="off"),
+)
 
 
 class OtlpSource:
@@ -93,5 +108,4 @@ def build(cfg: AgentConfig, ctx: SourceContext) -> OtlpSource:
     return OtlpSource(cfg, ctx)
 
 
-SPEC = SourceSpec(NAME, ("otlp_grpc_port", "otlp_http_port", "otlp_bind", "otlp_max_body_bytes", "otlp_forward"),
-                  build, stream=OTLP)
+SPEC = SourceSpec(NAME, ROWS, build, stream=OTLP)

@@ -15,8 +15,10 @@ import os
 import socket
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Final
 
+from attrib_agent.config import values as v
+from attrib_agent.config.setting import Setting
 from attrib_agent.health import SourceHealth
 from attrib_agent.recording import VLLM_STEPS
 from attrib_agent.sources.plugin.parse import MAX_DATAGRAM, PluginParseError, PluginSkip, parse_datagram
@@ -25,12 +27,17 @@ from attrib_agent.sources.source import Emit, SourceContext, SourceSpec, wait_fo
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from attrib_agent.config import AgentConfig
+    from attrib_agent.config.load import AgentConfig
 
 NAME = "vllm_plugin"
 RCVBUF_BYTES = 4 * 2**20  # room for a burst of steps while the event loop is busy
 MAX_PER_WAKEUP = 512  # datagrams read per readiness callback before yielding to the loop
 logger = logging.getLogger(__name__)
+ROWS: Final[tuple[Setting[Any], ...]] = (
+    Setting("plugin_socket", "vllm", v.path, None, "exact mode: bind this unix datagram socket for vLLM's step "
+            "plugin (its ATTRIB_PLUGIN_SOCKET; docs/exact-mode.md)", "PATH", live=True,
+            default_text="none (exact mode off)"),
+)
 
 
 class PluginSource:
@@ -108,4 +115,4 @@ def build(cfg: AgentConfig, ctx: SourceContext) -> PluginSource | None:
     return PluginSource(cfg.plugin_socket, ctx.health(NAME), ctx.clock, cfg.engine)
 
 
-SPEC = SourceSpec(NAME, ("plugin_socket",), build, stream=VLLM_STEPS)
+SPEC = SourceSpec(NAME, ROWS, build, stream=VLLM_STEPS)
