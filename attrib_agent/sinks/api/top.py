@@ -1,18 +1,14 @@
-"""`/v1/culprits/top`: who caused the most slowdown lately, summed over the victims' results.
+"""`/v1/culprits/top`'s query: the window (a Prometheus-style duration) and the limit, checked.
 
-A culprit's weight is the victim seconds it cost (see `attribution/culprit_windows.py`, which keeps the
-totals per window of finish time so a query does not scan the store).
+The answer is the read model's (`AgentState.top_culprits`): a culprit's weight is the victim seconds it cost,
+kept per window of finish time by `attribution/culprit_windows.py` so a query does not scan the store.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
 from typing import Final
-
-from attrib_agent.attribution.culprit_windows import CulpritTotal, top_of
-from attrib_agent.attribution.result import AttributionResult
 
 MAX_WINDOW_S: Final = 30 * 86400.0
 MAX_LIMIT: Final = 1000
@@ -51,15 +47,3 @@ def parse_limit(text: str | None, default: int = 10) -> int:
     if not 1 <= n <= MAX_LIMIT:
         raise BadQuery(f"limit must be an integer from 1 to {MAX_LIMIT}")
     return n
-
-
-def victim_seconds(r: AttributionResult) -> float:
-    """The victim's slowdown in seconds of its own time (`AttributionResult.victim_seconds`)."""
-    return r.victim_seconds()
-
-
-def top_culprits(results: Iterable[AttributionResult], limit: int) -> tuple[list[CulpritTotal], int]:
-    """Culprits by seconds caused (largest first, ties by id), and how many results were read: a plain scan.
-    The API reads the store's `culprits` index instead; this is the reference it is checked against."""
-    top = top_of(results, limit)
-    return top.culprits, top.results
