@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 SERVICE_NAME: Final = "opentelemetry.proto.collector.trace.v1.TraceService"
 DEFAULT_PORT: Final = 4317
+DEFAULT_HOST: Final = "127.0.0.1"  # loopback: vLLM beside the agent; a pod's other containers share it
 DEFAULT_MAX_MESSAGE: Final = MAX_EXPORT_BYTES
 _EMPTY_RESPONSE: Final[bytes] = bytes(ExportTraceServiceResponse().SerializeToString())
 
@@ -77,7 +78,7 @@ class OtlpGrpcReceiver:
         self,
         sink: Sink,
         *,
-        host: str = "127.0.0.1",
+        host: str = DEFAULT_HOST,
         port: int = DEFAULT_PORT,
         health: SourceHealth,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE,

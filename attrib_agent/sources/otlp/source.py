@@ -18,7 +18,7 @@ from attrib_agent.config.types import HTTP_KEEP_ALIVE_S
 from attrib_agent.recording import OTLP
 from attrib_agent.sources.otlp.decode import MAX_EXPORT_BYTES, DecodeResult
 from attrib_agent.sources.otlp.forward import OtlpForwarder
-from attrib_agent.sources.otlp.grpc_receiver import DEFAULT_PORT, OtlpGrpcReceiver
+from attrib_agent.sources.otlp.grpc_receiver import DEFAULT_HOST, DEFAULT_PORT, OtlpGrpcReceiver
 from attrib_agent.sources.otlp.http_receiver import otlp_http_app
 from attrib_agent.sources.source import Emit, SourceContext, SourceSpec, wait_for_stop
 
@@ -32,7 +32,7 @@ ROWS: Final[tuple[Setting[Any], ...]] = (
             "PORT", live=True),
     Setting("otlp_http_port", "otlp", v.port, HTTP_PORT, "OTLP/HTTP receiver port for vLLM's spans (0: off)",
             "PORT", live=True),
-    Setting("otlp_bind", "otlp", v.host, "127.0.0.1", "address the OTLP receivers listen on", "HOST", live=True),
+    Setting("otlp_bind", "otlp", v.host, DEFAULT_HOST, "address the OTLP receivers listen on", "HOST", live=True),
     Setting("otlp_max_body_bytes", "otlp", v.size_bytes(1024, 2**30), MAX_EXPORT_BYTES,
             "largest OTLP export accepted (HTTP body or gRPC message)", "BYTES", live=True, default_text="8MiB"),
     Setting("otlp_forward", "otlp", v.otlp_target, None, "pass every received export on to this collector; the "
