@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_config import load, write_toml
+from test_config import load, samples, write_toml
 
 from attrib_agent.attribution.cost_model import StepCostPrior
 from attrib_agent.attribution.result_codec import to_dict
 from attrib_agent.config import ConfigError
+from attrib_agent.config.pipeline_rows import ATTRIBUTION, ENGINE, FORECAST
+from attrib_agent.config.setting import field_of
 from attrib_agent.events import Event
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.sources.replay import ReplaySource
@@ -73,5 +75,26 @@ def test_the_step_cost_prior_and_its_step_count_reach_the_cost_model(events: lis
 
 @pytest.mark.parametrize(("env", "value"), [("ATTRIB_SLO_TTFT_S", "0"), ("ATTRIB_SHAPE_LONG_PROMPT_TOKENS", "0")])
 def test_bad_slo_settings_are_refused(env: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=env.removeprefix("ATTRIB_").lower()):
+        load([], {env: value})
+
+
+def test_every_pipeline_row_sets_its_field(tmp_path: Path) -> None:
+    """No field-by-field copy to forget: each [attribution]/[vllm] engine row lands in PipelineConfig at its target,
+    each [forecast] row in ForecastSettings, and the forecast's SLOs are the goodput ones."""
+    given = samples(tmp_path, tmp_path / "token")
+    env = {s.env: str(given[s.name][0]) for s in ENGINE + ATTRIBUTION + FORECAST}
+    cfg = load([], env)
+    pipeline, forecast = cfg.pipeline_config(), cfg.forecast_settings()
+    for s in ENGINE + ATTRIBUTION:
+        assert s.target is not None and field_of(pipeline, s.target) == given[s.name][1] != s.default, s.name
+    for s in FORECAST:
+        assert s.target is not None and field_of(forecast, s.target) == given[s.name][1] != s.default, s.name
+    assert (forecast.config.ttft_slo_s, forecast.config.itl_p95_slo_s) == (pipeline.slo.ttft_s, pipeline.slo.itl_s)
+    assert (pipeline.settle_margin_s, pipeline.final_horizon_s) == (1.5, 20.0)
+
+
+@pytest.mark.parametrize(("env", "value"), [("ATTRIB_SETTLE_MARGIN_S", "-0.1"), ("ATTRIB_FINAL_HORIZON_S", "0")])
+def test_bad_finality_settings_are_refused(env: str, value: str) -> None:
     with pytest.raises(ConfigError, match=env.removeprefix("ATTRIB_").lower()):
         load([], {env: value})
