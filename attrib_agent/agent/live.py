@@ -16,6 +16,7 @@ from typing import Any
 
 from attrib_agent.agent.core import AgentCore, ServeOptions
 from attrib_agent.config.load import AgentConfig
+from attrib_agent.config.types import shown
 from attrib_agent.sources import registry as source_registry
 from attrib_agent.sources.metrics import source as metrics_source
 from attrib_agent.sources.otlp import source as otlp_source
@@ -106,7 +107,7 @@ class LiveAgent:
             if not up and health.errors and state.vllm_gap_since is None:
                 state.vllm_gaps += 1
                 state.vllm_gap_since = health.last_error_ts or self._clock()
-                logger.warning("vLLM unreachable at %s: %s", self.config.metrics_url, health.last_error)
+                logger.warning("vLLM unreachable at %s: %s", shown(self.config.metrics_url), health.last_error)
             elif up and state.vllm_gap_since is not None:
                 logger.info("vLLM reachable again after %.1f s", max(0.0, self._clock() - state.vllm_gap_since))
                 state.vllm_gap_since = None
