@@ -133,7 +133,7 @@ def replayed_timeline(path: Path) -> Any:
 
 
 @functools.lru_cache(maxsize=64)
-def _attributed(path: Path) -> tuple[list[Any], dict[str, Any], dict[str, str]]:
+def attributed(path: Path) -> tuple[list[Any], dict[str, Any], dict[str, str]]:
     """Replay + attribution of one recording, once: the engine and the naive baseline both read it."""
     from attrib_agent.attribution.attributor import Attributor
 
@@ -144,7 +144,7 @@ def _attributed(path: Path) -> tuple[list[Any], dict[str, Any], dict[str, str]]:
 
 def engine_blame(path: Path) -> dict[str, dict[str, float]]:
     """The engine's TTFT blame per victim and culprit, keyed by the lab's spec ids."""
-    results, _, spec = _attributed(path)
+    results, _, spec = attributed(path)
     return {spec[r.request_id]: {spec.get(c.request_id, c.request_id): c.ttft_s for c in r.culprits}
             for r in results if r.request_id in spec}
 
@@ -153,7 +153,7 @@ def naive_blame(path: Path) -> dict[str, dict[str, float]]:
     """Overlap-proportional blame of the same measured slowdown (the correlation baseline)."""
     from attrib_agent.lab.naive import overlap_blame
 
-    results, lcs, spec = _attributed(path)
+    results, lcs, spec = attributed(path)
     out: dict[str, dict[str, float]] = {}
     for r in results:
         if r.request_id not in spec:
