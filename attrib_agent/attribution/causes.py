@@ -193,7 +193,10 @@ def observed_causes(lc: RequestLifecycle, view: EngineView) -> VictimCauses | No
             continue
         mine = next((m for m in step.members if m.request_id == rid), None)
         seconds = min(step.end_ts, end) - max(step.start_ts, arrival)
-        queued = mine is None and (lc.scheduled_ts is None or step.start_ts < lc.scheduled_ts - _STEP_EPS_S)
+        # Not in a step before its first token: it waited (its span's scheduled time, arrival + vLLM's queue time,
+        # runs early by the frontend's lag when the API server is slow to hand requests to the engine)
+        queued = mine is None and (phase == "ttft" or lc.scheduled_ts is None
+                                   or step.start_ts < lc.scheduled_ts - _STEP_EPS_S)
         if queued and arrival <= step.start_ts:
             _queued(out, phase, step, seconds, lc, view)
         else:
