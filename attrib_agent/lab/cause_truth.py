@@ -8,8 +8,10 @@ head waited. Each culprit's truth label per step, in vLLM's terms (docs/attribut
 - otherwise (waiting on the budget, or running): `prefill_contention` on the step's chunks, `decode` on its decodes.
 `decode` is `decode_batching` or `kv_bandwidth`: the plugin sees a decode, not what share of it was memory traffic.
 A culprit's blamed seconds in a phase (TTFT; ITL over the victim's gaps) agree as far as its causes' split overlaps
-the split of its truth labels by step time. Preemption naming: a result names `preemption` when the victim stalled
-(`preempted_s`) or a culprit's seconds carry the cause; the truth is who the plugin saw preempted.
+the split of its truth labels by step time (and, more leniently, all of them when the main cause of each side is
+the same: in a running step the truth gives every co-member the whole step, where the slowdown it caused is its
+marginal cost, so the split over-weights `decode`). Preemption naming: a result names `preemption` when the
+victim stalled (`preempted_s`) or a culprit's seconds carry the cause; the truth is who the plugin saw preempted.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ _Labels = dict[str, dict[str, dict[str, float]]]  # phase -> culprit -> cause ->
 class CauseAgreement:
     blamed_s: float = 0.0  # blamed seconds of culprits the plugin saw in the victim's steps
     agree_s: float = 0.0  # ... whose cause matches the truth's labels
+    dominant_agree_s: float = 0.0  # ... of culprits whose main cause (by seconds) is the truth's main label
     unseen_s: float = 0.0  # blamed seconds on culprits the plugin never saw beside the victim
     preempted_true: int = 0  # victims (with a result) the plugin saw preempted
     preempted_named: int = 0  # results naming `preemption`
@@ -42,6 +45,10 @@ class CauseAgreement:
     @property
     def share(self) -> float | None:
         return self.agree_s / self.blamed_s if self.blamed_s > 0 else None
+
+    @property
+    def dominant_share(self) -> float | None:
+        return self.dominant_agree_s / self.blamed_s if self.blamed_s > 0 else None
 
     @property
     def precision(self) -> float | None:
@@ -56,7 +63,8 @@ class CauseAgreement:
             setattr(self, k, getattr(self, k) + v)
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "share": self.share, "preemption_precision": self.precision,
+        return {**asdict(self), "share": self.share, "dominant_share": self.dominant_share,
+                "preemption_precision": self.precision,
                 "preemption_recall": self.recall}
 
 
@@ -101,15 +109,17 @@ def truth_labels(victim: str, lc: RequestLifecycle, steps: Sequence[Mapping[str,
     return labels, preempted
 
 
-def _overlap(seconds: float, causes: Mapping[str, float], truth: Mapping[str, float]) -> float:
-    """Of `seconds` split by `causes`' weights, how much falls on causes the truth's split gives as much."""
+def _overlap(seconds: float, causes: Mapping[str, float], truth: Mapping[str, float]) -> tuple[float, float]:
+    """Of `seconds` split by `causes`' weights, how much falls on causes the truth's split gives as much; and all of
+    them when the main cause of each side is the same, else 0."""
     mine: dict[str, float] = defaultdict(float)
     for c, w in causes.items():
         mine[_SAME.get(c, c)] += w
     mt, tt = sum(mine.values()), sum(truth.values())
     if seconds <= 0 or mt <= 0 or tt <= 0:
-        return 0.0
-    return seconds * sum(min(w / mt, truth.get(c, 0.0) / tt) for c, w in mine.items())
+        return 0.0, 0.0
+    same = max(mine, key=lambda c: mine[c]) == max(truth, key=lambda c: truth[c])
+    return seconds * sum(min(w / mt, truth.get(c, 0.0) / tt) for c, w in mine.items()), seconds if same else 0.0
 
 
 def _names_preemption(r: AttributionResult) -> bool:
@@ -138,8 +148,10 @@ def agreement(results: Iterable[AttributionResult], lifecycles: Mapping[str, Req
                 if not truth:
                     out.unseen_s += seconds
                     continue
+                agree, dominant = _overlap(seconds, causes, truth)
                 out.blamed_s += seconds
-                out.agree_s += _overlap(seconds, causes, truth)
+                out.agree_s += agree
+                out.dominant_agree_s += dominant
     return out
 
 

@@ -167,10 +167,12 @@ def format_step_scores(rows: Sequence[tuple[str, StepTruthScore]],
                      f" {pct(s.preemption_precision):>10} {pct(s.preemption_recall):>10}"
                      f"  ({s.preempted_hits} of {s.preempted_named} named, {s.preempted_true} true)")
     if causes:
-        lines.append(f"{'causes vs vLLM (attribution)':<30} {'agree':>11} {'of blamed s':>11} {'unseen s':>13}"
+        lines.append(f"{'causes vs vLLM (attribution)':<30} {'agree':>11} {'main cause':>11} {'of blamed s':>13}"
+                     f" {'unseen s':>10}"
                      f" {'named P':>13} {'named R':>10}")
         for name, c in causes.items():
-            lines.append(f"{name:<30} {pct(c.share):>11} {c.blamed_s:>11.1f} {c.unseen_s:>13.1f}"
+            lines.append(f"{name:<30} {pct(c.share):>11} {pct(c.dominant_share):>11} {c.blamed_s:>13.1f}"
+                         f" {c.unseen_s:>10.1f}"
                          f" {pct(c.precision):>13} {pct(c.recall):>10}"
                          f"  ({c.preempted_hits} of {c.preempted_named} named `preemption`, {c.preempted_true} true)")
         lines.append("goals: causes agree on >= 90 % of blamed seconds; preempted victims named with precision and"
