@@ -1,6 +1,7 @@
 """preempt-midstream truth: two 5,600/400 whales fill the KV while 12 shorts (32/256) decode, so vLLM preempts
 shorts after their first tokens (each run with both whales: 7 preemptions, all of shorts already streaming); either
-whale alone leaves the pool half free. 3 reps of each of the 4 conditions. Recorded with the step plugin, so vLLM's own account says who was preempted.
+whale alone leaves the pool half free. 3 reps of each of the 4 conditions. Recorded with the step plugin, so
+vLLM's own account says who was preempted.
 Goals (issue 12): preempted shorts named `preemption` with precision and recall >= 90 %; per-whale error <= 20 %."""
 
 import pytest
