@@ -196,12 +196,25 @@ class Attributor:
         # (the API server's own work before and after the engine: tokenising, queues, detokenising, streaming)
         self._ttft_offsets: deque[float] = deque(maxlen=self.config.offset_window)
         self._itl_offsets: deque[float] = deque(maxlen=self.config.offset_window)
+        # ... of requests whose TTFT the steps show uncontended: the TTFT offset is learnt from these when any
+        self._clean_ttft_offsets: deque[float] = deque(maxlen=self.config.offset_window)
 
     def frontend_offsets(self) -> tuple[float, float]:
         """A low quantile of (observed - simulated): the uncontended overhead outside engine steps."""
         def q(xs: deque[float]) -> float:
             return statistics.quantiles(xs, n=4)[0] if len(xs) >= 4 else (min(xs) if xs else 0.0)
-        return max(0.0, q(self._ttft_offsets)), q(self._itl_offsets)
+        ttft = self._clean_ttft_offsets or self._ttft_offsets
+        return max(0.0, q(ttft)), q(self._itl_offsets)
+
+    def _learn_ttft_offset(self, lc: RequestLifecycle, missed: float, view: EngineView) -> None:
+        """Observed minus simulated TTFT is the frontend's time only where the steps show the request uncontended;
+        elsewhere it holds what the simulation missed of the interference, so (kept apart, for when no request
+        ran uncontended) only what the steps do not account for counts."""
+        if view.uncontended_ttft(lc):
+            self._clean_ttft_offsets.append(missed)
+            return
+        seen = view.seen_ttft(lc)
+        self._ttft_offsets.append(missed if seen is None else min(missed, (lc.ttft_s or 0.0) - seen))
 
     def learn(self, timeline: EngineTimeline) -> None:
         """Feed the cost model every step it has not seen yet, once each, in feed order (O(1) memory)."""
@@ -239,6 +252,7 @@ class Attributor:
             end = lc.end_ts if lc.end_ts is not None else req.arrival_ts + self.config.unfinished_end_s
             known.append((req, end))
         kv = {r.request_id: r.block_seconds for r in timeline.ledger.requests()}
+        view = engine_view(timeline, cfg, Pricer(self.cost))
         plans = []
         for period in self._periods(known, lcs, wanted):
             victims = [_Victim(lcs[r.request_id], r) for r in period
@@ -250,11 +264,10 @@ class Attributor:
                 for v in victims:
                     o = full.get(v.req.request_id)
                     if o is not None and v.lc.ttft_s is not None:
-                        self._ttft_offsets.append(v.lc.ttft_s - _metric(o, v.req.arrival_ts, "ttft"))
+                        self._learn_ttft_offset(v.lc, v.lc.ttft_s - _metric(o, v.req.arrival_ts, "ttft"), view)
                     if o is not None and v.lc.mean_itl_s is not None and o.mean_itl_s is not None:
                         self._itl_offsets.append(v.lc.mean_itl_s - o.mean_itl_s)
         membership = timeline.membership_quality().exact_share
-        view = engine_view(timeline, cfg, Pricer(self.cost))
         offsets = self.frontend_offsets()  # fixed from here on: only the loop above feeds them
         out: list[AttributionResult] = []
         for plan, victims in plans:

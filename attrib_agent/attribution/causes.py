@@ -76,6 +76,34 @@ class EngineView:
             out.append(s)
         return out
 
+    def uncontended_ttft(self, lc: RequestLifecycle) -> bool:
+        """Whether the steps show `lc`'s TTFT free of others' work: no other request's prefill or recompute in a
+        step overlapping it, and no wait in vLLM's queue beyond the step already running when it came. Only such a
+        request measures the frontend's own time (observed - simulated TTFT); a queued or contended one would teach
+        the baseline the interference the simulation missed (docs/attribution.md, "The frontend offset")."""
+        t0, t1 = lc.arrival_ts, lc.first_token_ts
+        if t0 is None or t1 is None:
+            return False
+        steps = self.between(t0, t1)
+        if not steps:
+            return False
+        if any(m.request_id != lc.request_id and m.phase != "decode" for s in steps for m in s.members):
+            return False
+        queued = lc.queue_s or 0.0
+        return queued <= max((s.elapsed_s for s in steps if s.start_ts <= t0 + queued), default=0.0) + _STEP_EPS_S
+
+    def seen_ttft(self, lc: RequestLifecycle) -> float | None:
+        """The part of `lc`'s TTFT the engine's steps account for: from its arrival to its first token when a step
+        was running then, else to the end of the last step before it (the rest, the engine idle, is the
+        frontend's). None without steps."""
+        t0, t1 = lc.arrival_ts, lc.first_token_ts
+        if t0 is None or t1 is None:
+            return None
+        i = bisect.bisect_left(self._ends, t1)
+        if i < len(self.steps) and self.steps[i].start_ts <= t1:
+            return max(0.0, t1 - t0)
+        return max(0.0, self._ends[i - 1] - t0) if i else None
+
     def head(self, step: StepRecord) -> RequestLifecycle | None:
         """The request at the front of vLLM's queue when `step` began: a preempted one waiting to resume (the
         latest first: vLLM puts it back in front), else the first by arrival not yet scheduled."""
@@ -165,7 +193,10 @@ def observed_causes(lc: RequestLifecycle, view: EngineView) -> VictimCauses | No
             continue
         mine = next((m for m in step.members if m.request_id == rid), None)
         seconds = min(step.end_ts, end) - max(step.start_ts, arrival)
-        queued = mine is None and (lc.scheduled_ts is None or step.start_ts < lc.scheduled_ts - _STEP_EPS_S)
+        # Not in a step before its first token: it waited (its span's scheduled time, arrival + vLLM's queue time,
+        # runs early by the frontend's lag when the API server is slow to hand requests to the engine)
+        queued = mine is None and (phase == "ttft" or lc.scheduled_ts is None
+                                   or step.start_ts < lc.scheduled_ts - _STEP_EPS_S)
         if queued and arrival <= step.start_ts:
             _queued(out, phase, step, seconds, lc, view)
         else:
@@ -213,7 +244,7 @@ def _queued(out: VictimCauses, phase: str, step: StepRecord, seconds: float, lc:
             view: EngineView) -> None:
     """A step the victim spent waiting to be scheduled: KV capacity, the queue's head, or the token budget."""
     holders = {m.request_id: float(m.blocks) for m in step.members if m.blocks > 0}
-    free = view.pool_blocks - sum(m.blocks for m in step.members)
+    free = view.pool_blocks - 1 - sum(m.blocks for m in step.members)  # vLLM keeps one block as its null block
     head = view.head(step) or lc
     need = -(-((head.prompt_tokens or 1) + _generated(head, step)) // view.block_size)
     if need > free and holders:

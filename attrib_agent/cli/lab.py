@@ -94,8 +94,9 @@ def cmd_truth(args: argparse.Namespace) -> int:
 def cmd_score(args: argparse.Namespace) -> int:
     import json
 
+    from attrib_agent.lab import cause_truth
     from attrib_agent.lab.score import format_scores, score_command
-    from attrib_agent.lab.step_truth import format_step_scores, score_dir
+    from attrib_agent.lab.step_truth import format_step_scores, recordings_of, score_dir
 
     scores = []
     for d in args.truth_dirs:
@@ -105,14 +106,16 @@ def cmd_score(args: argparse.Namespace) -> int:
             s.name = f"{s.name} [{d.name}]"
             scores.append(s)
     steps = [(d.name, st) for d in args.truth_dirs if (st := score_dir(d)) is not None]
+    causes = {d.name: c for d in args.truth_dirs if (c := cause_truth.score_dir(recordings_of(d))) is not None}
     if args.json:
         print(json.dumps({"counterfactual": [s.as_dict() for s in scores],
-                          "step_truth": {name: s.as_dict() for name, s in steps}}, indent=1))
+                          "step_truth": {name: s.as_dict() for name, s in steps},
+                          "causes": {name: c.as_dict() for name, c in causes.items()}}, indent=1))
         return 0
     if scores:
         print(format_scores(scores))
     if steps:
-        print(("\n" if scores else "") + format_step_scores(steps))
+        print(("\n" if scores else "") + format_step_scores(steps, causes))
     if not scores and not steps:
         print("nothing to score: no truth.json and no recording with the vllm_steps stream", file=sys.stderr)
         return 1

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from attrib_agent.lab.cause_truth import CauseAgreement
 from attrib_agent.recording import VLLM_STEPS, Recording
 from attrib_agent.sources.plugin.parse import external_id
 from attrib_agent.timeline.preemption import InferredPreemption
@@ -134,15 +135,18 @@ def score_recording(path: Path) -> StepTruthScore | None:
     return score_steps(truth, tl.outcomes(), tl.preemptions())
 
 
-def score_dir(path: Path) -> StepTruthScore | None:
-    """A recording, or every kept recording of a truth directory, summed (None when none has the stream)."""
+def recordings_of(path: Path) -> list[Path]:
+    """A recording, or every kept recording of a truth directory."""
     if (path / "truth.json").is_file():
         runs = json.loads((path / "truth.json").read_text()).get("runs", [])
-        recordings = [path / r["recording"] for r in runs if r.get("accepted") and r.get("recording")]
-    else:
-        recordings = [path]
+        return [path / r["recording"] for r in runs if r.get("accepted") and r.get("recording")]
+    return [path]
+
+
+def score_dir(path: Path) -> StepTruthScore | None:
+    """A recording, or every kept recording of a truth directory, summed (None when none has the stream)."""
     total: StepTruthScore | None = None
-    for rec in recordings:
+    for rec in recordings_of(path):
         s = score_recording(rec)
         if s is not None:
             total = total or StepTruthScore()
@@ -150,9 +154,9 @@ def score_dir(path: Path) -> StepTruthScore | None:
     return total
 
 
-def format_step_scores(rows: Sequence[tuple[str, StepTruthScore]]) -> str:
-    def pct(x: float | None) -> str:
-        return "-" if x is None else f"{100 * x:.0f} %"
+def format_step_scores(rows: Sequence[tuple[str, StepTruthScore]],
+                       causes: Mapping[str, CauseAgreement] | None = None) -> str:
+    """The timeline's steps against vLLM's; with `causes`, the attribution's causes and preemption naming too."""
 
     lines = [f"{'per-step truth (vLLM plugin)':<30} {'steps seen':>11} {'membership':>11} {'blocks exact':>13}"
              f" {'|blocks err|':>13} {'preempt P':>10} {'preempt R':>10}"]
@@ -162,4 +166,19 @@ def format_step_scores(rows: Sequence[tuple[str, StepTruthScore]]) -> str:
                      f" {pct(s.block_exact_share):>13} {err:>13}"
                      f" {pct(s.preemption_precision):>10} {pct(s.preemption_recall):>10}"
                      f"  ({s.preempted_hits} of {s.preempted_named} named, {s.preempted_true} true)")
+    if causes:
+        lines.append(f"{'causes vs vLLM (attribution)':<30} {'agree':>11} {'main cause':>11} {'of blamed s':>13}"
+                     f" {'unseen s':>10}"
+                     f" {'named P':>13} {'named R':>10}")
+        for name, c in causes.items():
+            lines.append(f"{name:<30} {pct(c.share):>11} {pct(c.dominant_share):>11} {c.blamed_s:>13.1f}"
+                         f" {c.unseen_s:>10.1f}"
+                         f" {pct(c.precision):>13} {pct(c.recall):>10}"
+                         f"  ({c.preempted_hits} of {c.preempted_named} named `preemption`, {c.preempted_true} true)")
+        lines.append("goals: causes agree on >= 90 % of blamed seconds; preempted victims named with precision and"
+                     " recall >= 90 %")
     return "\n".join(lines)
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f} %"

@@ -156,6 +156,15 @@ SCENARIOS: dict[str, Scenario] = {
             [*_shorts(), *(RequestSpec(f"w{i}", whale(3900, 500), at) for i, at in ((1, 0.2), (2, 0.6), (3, 1.0)))],
         ),
         _scenario(
+            "preempt-midstream",
+            "12 shorts (32/256) decoding beside two 5,600/400 whales that fill the KV: shorts preempted mid-stream",
+            # 2 x 5,600 prompt tokens take 88 of the 95 usable 128-token blocks; the shorts, admitted while the whales
+            # prefill and decode, hold the rest. When a whale needs a block vLLM preempts the most recently admitted
+            # running request: a short that already streams tokens. Either whale alone leaves the pool half free.
+            [*scripted("s", SILO, 0.6, 0.3, 12), RequestSpec("w1", whale(5600, 400), 0.2),
+             RequestSpec("w2", whale(5600, 400), 0.25)],
+        ),
+        _scenario(
             "decoy",
             "20 shorts beside a real whale (6,000/16) and a decoy (32/1,500): long-running but cheap, no KV pressure",
             # The decoy decodes all through the whale's prefill and the shorts (one token per step: it costs them

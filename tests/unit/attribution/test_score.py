@@ -3,6 +3,8 @@
 import json
 import statistics
 
+import pytest
+
 from attrib_agent.cli import main
 from attrib_agent.lab.score import Score, engine_blame, format_scores, score_command
 
@@ -94,11 +96,12 @@ def test_score_properties():
 def test_a_decoy_gets_none_of_the_whales_blame(fixtures_dir):
     """decoy truth: 20 shorts beside a real whale (6,000/16) and a decoy (32/1,500: long-running, cheap, no KV
     pressure). The truth gives the decoy nothing (its Shapley shares are noise around 0, negative in sum). The
-    re-simulation explains ~10 % of what the whale did on that loaded machine; the rest (the shortfall between the
-    observed and the simulated world) used to be split equally between the players: the decoy took 0.55 s per
-    short (median; 88 % of the whale's blame). It now goes to the players the counterfactual worlds show to matter:
-    0.3 % of the whale's blame. The whale's summed blame is still 66 % under its truth (72 % before): the frontend
-    offset learnt on this recording absorbs much of the whale's effect (docs/attribution.md)."""
+    re-simulation explains ~20 % of what the whale did on that loaded machine (its prefill chunks ran ~5x slower than
+    the cost model prices them); the rest, the shortfall between the observed and the simulated world, goes only to
+    the players the counterfactual worlds show to matter (the decoy took 88 % of the whale's blame when it was split
+    equally; now 0.2 %). The frontend offset is learnt from requests the steps show uncontended, so it no longer
+    absorbs the queueing the step log saw: the whale's summed blame is within 9 % of its truth (66 % before, when the
+    offset, 0.96 s, was learnt from every request's observed-minus-simulated TTFT)."""
     truth_dir = fixtures_dir / "truth" / "decoy"
     engine, naive = score_command(truth_dir)
     print(format_scores([engine, naive]))
@@ -112,10 +115,29 @@ def test_a_decoy_gets_none_of_the_whales_blame(fixtures_dir):
         for spec, per in engine_blame(truth_dir / run["recording"]).items():
             for w in blamed if spec in truth["shorts"] else ():
                 blamed[w] += per.get(w, 0.0) / len(all_runs)
-    assert blamed["d1"] < 0.1 * blamed["w1"], blamed  # the goal; 0.3 % today
+    assert blamed["d1"] < 0.1 * blamed["w1"], blamed  # the goal; 0.2 % today
     assert engine.whale_rel_errors.keys() == {"w1"}  # the decoy's true total is 0: no relative error
     assert engine.median_whale_error is not None
-    assert engine.median_whale_error <= error_bound(0.66, error_margin(engine, truth_dir))
+    assert engine.median_whale_error <= GOAL_WHALE_ERROR  # 9 % today (66 % before); the truth's margin is ~8 %
     ambiguous = truth_spread.ambiguous_top1(truth)
-    assert engine.top1_hits >= 15 - ambiguous and engine.top1_hits > naive.top1_hits
+    assert engine.top1_hits >= 20 - ambiguous and engine.top1_hits > naive.top1_hits  # 20/20 today
     assert engine.null_false_alarm == 0.0
+
+
+@pytest.mark.parametrize(("recording", "before_s"), [("truth/decoy/runs/d1+w1-r0", 0.96),
+                                                     ("recordings/preempt-steps", 5.56)])
+def test_the_frontend_offset_does_not_swallow_the_waits_the_steps_saw(fixtures_dir, recording, before_s):
+    """The TTFT offset (the frontend's own time, added to every baseline) was a low quantile of observed-minus-
+    simulated TTFT over all requests; where the simulation under-predicts queueing (decoy: the whale's prefill ran
+    ~5x slower than priced; preempt-steps: every request waited), it learnt the queueing as "frontend" (0.96 s and
+    5.56 s) and the shorts' slowdowns read 0. Learnt from requests the steps show uncontended (else only the TTFT
+    the steps do not account for), it is the frontend's few milliseconds."""
+    from attrib_agent.attribution.attributor import Attributor
+    from attrib_agent.lab.score import replayed_timeline
+
+    attributor = Attributor()
+    results = attributor.attribute(replayed_timeline(fixtures_dir / recording))
+    offset = attributor.frontend_offsets()[0]
+    assert offset < 0.05 < before_s
+    slowed = [r for r in results if r.ttft_s is not None and r.ttft_s > 1.0 and not r.is_whale]
+    assert slowed and all(r.ttft_slowdown_s > 0.5 * r.ttft_s for r in slowed)  # none reads "no interference"

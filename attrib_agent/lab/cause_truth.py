@@ -1,0 +1,176 @@
+"""Score the attribution's causes and preemption naming against vLLM's own per-step account (the step plugin).
+
+For every step of a victim's life the plugin says whether it ran, waited, or was preempted, and why the queue's
+head waited. Each culprit's truth label per step, in vLLM's terms (docs/attribution.md, "Causes by mechanism"):
+- the victim preempted and not yet back to where it was: `preemption`, on the requests holding blocks;
+- the victim waiting while the head did not fit (`no_free_blocks`): `kv_pressure` on the holders, plus
+  `head_of_line` on that head when it is another request;
+- otherwise (waiting on the budget, or running): `prefill_contention` on the step's chunks, `decode` on its decodes.
+`decode` is `decode_batching` or `kv_bandwidth`: the plugin sees a decode, not what share of it was memory traffic.
+A culprit's blamed seconds in a phase (TTFT; ITL over the victim's gaps) agree as far as its causes' split overlaps
+the split of its truth labels by step time (and, more leniently, all of them when the main cause of each side is
+the same: in a running step the truth gives every co-member the whole step, where the slowdown it caused is its
+marginal cost, so the split over-weights `decode`). Preemption naming: a result names `preemption` when the
+victim stalled (`preempted_s`) or a culprit's seconds carry the cause; the truth is who the plugin saw preempted.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from attrib_agent.attribution.result import AttributionResult, Cause, itl_gaps
+from attrib_agent.recording import VLLM_STEPS, Recording
+from attrib_agent.sources.plugin.parse import external_id
+from attrib_agent.timeline.model import RequestLifecycle
+
+DECODE = "decode"  # the plugin's view of decode_batching and kv_bandwidth together
+_SAME = {Cause.DECODE_BATCHING.value: DECODE, Cause.KV_BANDWIDTH.value: DECODE}
+_Labels = dict[str, dict[str, dict[str, float]]]  # phase -> culprit -> cause -> seconds of step time
+
+
+@dataclass
+class CauseAgreement:
+    blamed_s: float = 0.0  # blamed seconds of culprits the plugin saw in the victim's steps
+    agree_s: float = 0.0  # ... whose cause matches the truth's labels
+    dominant_agree_s: float = 0.0  # ... of culprits whose main cause (by seconds) is the truth's main label
+    unseen_s: float = 0.0  # blamed seconds on culprits the plugin never saw beside the victim
+    preempted_true: int = 0  # victims (with a result) the plugin saw preempted
+    preempted_named: int = 0  # results naming `preemption`
+    preempted_hits: int = 0
+
+    @property
+    def share(self) -> float | None:
+        return self.agree_s / self.blamed_s if self.blamed_s > 0 else None
+
+    @property
+    def dominant_share(self) -> float | None:
+        return self.dominant_agree_s / self.blamed_s if self.blamed_s > 0 else None
+
+    @property
+    def precision(self) -> float | None:
+        return self.preempted_hits / self.preempted_named if self.preempted_named else None
+
+    @property
+    def recall(self) -> float | None:
+        return self.preempted_hits / self.preempted_true if self.preempted_true else None
+
+    def add(self, other: CauseAgreement) -> None:
+        for k, v in asdict(other).items():
+            setattr(self, k, getattr(self, k) + v)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "share": self.share, "dominant_share": self.dominant_share,
+                "preemption_precision": self.precision,
+                "preemption_recall": self.recall}
+
+
+def step_messages(rec: Recording) -> list[Mapping[str, Any]]:
+    return [m for m in rec.records(VLLM_STEPS) if m.get("v") == 1 and m.get("kind") == "step"
+            and isinstance(m.get("t"), (int, float))]
+
+
+def truth_labels(victim: str, lc: RequestLifecycle, steps: Sequence[Mapping[str, Any]]) -> tuple[_Labels, bool]:
+    """Per phase, each other request's causes by step time over the victim's life; and whether it was preempted."""
+    labels: _Labels = {p: defaultdict(lambda: defaultdict(float)) for p in ("ttft", "itl")}
+    t0, t1 = lc.arrival_ts, lc.end_ts
+    stalled = preempted = False
+    if t0 is None or t1 is None:
+        return labels, False
+    for k, m in enumerate(steps):
+        t = float(m["t"])
+        dt = (float(steps[k + 1]["t"]) if k + 1 < len(steps) else float(m.get("ts", t))) - t
+        ran = {external_id(s["id"]): int(s.get("new", 0)) for s in m.get("scheduled", ())}
+        if any(external_id(r) == victim for r in m.get("preempted", ())):
+            stalled = preempted = True
+        elif stalled and ran.get(victim) == 1:
+            stalled = False  # decoding again: the context it held is rebuilt
+        if not t0 < t <= t1 or dt <= 0:
+            continue
+        phase = "ttft" if lc.first_token_ts is None or t < lc.first_token_ts else "itl"
+        holders = [external_id(r) for r in (m.get("blocks") or {}) if external_id(r) != victim]
+        head = m.get("head") or {}
+        by = labels[phase]
+        if stalled:
+            for h in holders:
+                by[h][Cause.PREEMPTION.value] += dt
+        elif victim not in ran and head.get("reason") == "no_free_blocks":
+            for h in holders:
+                by[h][Cause.KV_PRESSURE.value] += dt
+            if head.get("id") and external_id(head["id"]) != victim:
+                by[external_id(head["id"])][Cause.HEAD_OF_LINE.value] += dt
+        else:
+            for rid, new in ran.items():
+                if rid != victim:
+                    by[rid][Cause.PREFILL_CONTENTION.value if new > 1 else DECODE] += dt
+    return labels, preempted
+
+
+def _overlap(seconds: float, causes: Mapping[str, float], truth: Mapping[str, float]) -> tuple[float, float]:
+    """Of `seconds` split by `causes`' weights, how much falls on causes the truth's split gives as much; and all of
+    them when the main cause of each side is the same, else 0."""
+    mine: dict[str, float] = defaultdict(float)
+    for c, w in causes.items():
+        mine[_SAME.get(c, c)] += w
+    mt, tt = sum(mine.values()), sum(truth.values())
+    if seconds <= 0 or mt <= 0 or tt <= 0:
+        return 0.0, 0.0
+    same = max(mine, key=lambda c: mine[c]) == max(truth, key=lambda c: truth[c])
+    return seconds * sum(min(w / mt, truth.get(c, 0.0) / tt) for c, w in mine.items()), seconds if same else 0.0
+
+
+def _names_preemption(r: AttributionResult) -> bool:
+    return r.preempted_s > 0 or any(Cause.PREEMPTION.value in c.causes or Cause.PREEMPTION.value in c.itl_causes
+                                    for c in r.culprits)
+
+
+def agreement(results: Iterable[AttributionResult], lifecycles: Mapping[str, RequestLifecycle],
+              steps: Sequence[Mapping[str, Any]]) -> CauseAgreement:
+    out = CauseAgreement()
+    for r in results:
+        lc = lifecycles.get(r.request_id)
+        if lc is None:
+            continue
+        labels, preempted = truth_labels(r.request_id, lc, steps)
+        named = _names_preemption(r)
+        out.preempted_true += preempted
+        out.preempted_named += named
+        out.preempted_hits += preempted and named
+        gaps = itl_gaps(r.completion_tokens)
+        for c in r.culprits:
+            for phase, seconds, causes in (("ttft", c.ttft_s, c.causes), ("itl", c.itl_s * gaps, c.itl_causes)):
+                if seconds <= 0:
+                    continue
+                truth = labels[phase].get(c.request_id)
+                if not truth:
+                    out.unseen_s += seconds
+                    continue
+                agree, dominant = _overlap(seconds, causes, truth)
+                out.blamed_s += seconds
+                out.agree_s += agree
+                out.dominant_agree_s += dominant
+    return out
+
+
+def score_recording(path: Path) -> CauseAgreement | None:
+    """The attribution of one recording (as `lab score` makes it) against its plugin stream; None without one."""
+    from attrib_agent.lab.score import attributed
+
+    rec = Recording(path)
+    if not rec.has(VLLM_STEPS):
+        return None
+    results, lcs, _ = attributed(path)
+    return agreement(results, lcs, sorted(step_messages(rec), key=lambda m: float(m["t"])))
+
+
+def score_dir(recordings: Iterable[Path]) -> CauseAgreement | None:
+    total: CauseAgreement | None = None
+    for path in recordings:
+        s = score_recording(path)
+        if s is not None:
+            total = total or CauseAgreement()
+            total.add(s)
+    return total

@@ -1,0 +1,77 @@
+"""`lab score` scores the attribution's causes and preemption naming against vLLM's own per-step account.
+
+The truth labels come from the step plugin's stream (who ran, who waited and why the queue's head did, who was
+preempted); the agent never reads it when attributing. Goals (issue 12): causes agree with the in-lab truth on
+>= 90 % of blamed seconds; preempted victims named `preemption` with precision and recall >= 90 %.
+"""
+
+import json
+
+import pytest
+
+from attrib_agent.attribution.result import AttributionResult, Culprit
+from attrib_agent.cli import main
+from attrib_agent.lab import cause_truth
+from attrib_agent.timeline.model import RequestLifecycle
+
+
+def _step(t, scheduled, blocks, head=None, preempted=()):
+    return {"v": 1, "kind": "step", "t": t, "iter": int(t * 10), "scheduled": [{"id": f"{r}-0abc1234", "new": n}
+            for r, n in scheduled.items()], "blocks": {f"{r}-0abc1234": b for r, b in blocks.items()},
+            "head": head, "preempted": [f"{r}-0abc1234" for r in preempted]}
+
+
+def test_truth_labels_follow_vllms_reasons_per_step():
+    """v waits while w's blocks fill the pool (kv_pressure), runs beside w's decode (decode), then is preempted
+    (preemption, on the holders) until it decodes again."""
+    lc = RequestLifecycle("v", arrival_ts=0.05, first_token_ts=0.25, finish_ts=0.75)
+    steps = [
+        _step(0.1, {"w": 1}, {"w": 10}, head={"id": "v-0abc1234", "reason": "no_free_blocks"}),
+        _step(0.2, {"w": 1, "v": 32}, {"w": 10, "v": 1}),
+        _step(0.3, {"w": 1, "v": 1}, {"w": 10, "v": 1}),
+        _step(0.4, {"w": 1}, {"w": 11}, preempted=("v",)),
+        _step(0.5, {"w": 1, "v": 33}, {"w": 11, "v": 1}),
+        _step(0.6, {"w": 1, "v": 1}, {"w": 11, "v": 1}),
+        _step(0.7, {"w": 1, "v": 1}, {"w": 11, "v": 1}),
+    ]
+    labels, preempted = cause_truth.truth_labels("v", lc, steps)
+    assert preempted
+    assert dict(labels["ttft"]["w"]) == pytest.approx({"kv_pressure": 0.1, "decode": 0.1})
+    assert dict(labels["itl"]["w"]) == pytest.approx({"decode": 0.2, "preemption": 0.2})
+
+
+def test_agreement_is_the_overlap_of_the_two_splits_of_each_culprits_seconds():
+    lc = RequestLifecycle("v", arrival_ts=0.05, first_token_ts=0.25, finish_ts=0.45, completion_tokens=1)
+    wait = {"id": "v-0abc1234", "reason": "no_free_blocks"}
+    steps = [_step(0.1, {"w": 1}, {"w": 10}, head=wait), _step(0.2, {"w": 1}, {"w": 10}, head=wait),
+             _step(0.22, {"w": 1, "v": 32}, {"w": 10, "v": 1}), _step(0.3, {"w": 1}, {"w": 10})]
+    # the truth of w's TTFT seconds: kv_pressure 0.12 s (v waited), decode 0.08 s (v ran beside its decode)
+
+    def result(causes):
+        return AttributionResult(request_id="v", finished_ts=0.45, ttft_s=0.2, ttft_baseline_s=0.0,
+                                 ttft_slowdown_s=0.2, itl_s=None, itl_baseline_s=0.0, itl_slowdown_s=0.0,
+                                 culprits=(Culprit("w", ttft_s=0.2, itl_s=0.0, share=1.0, causes=causes),),
+                                 unexplained_ttft_s=0.0, unexplained_itl_s=0.0, no_interference=False, quality=1.0)
+
+    half = cause_truth.agreement([result({"kv_pressure": 0.1, "kv_bandwidth": 0.1})], {"v": lc}, steps)
+    assert half.blamed_s == pytest.approx(0.2) and half.share == pytest.approx(0.9)  # bandwidth is a decode
+    wrong = cause_truth.agreement([result({"head_of_line": 0.2})], {"v": lc}, steps)
+    assert wrong.share == 0.0 == wrong.dominant_share
+    split = cause_truth.agreement([result({"kv_pressure": 0.15, "head_of_line": 0.05})], {"v": lc}, steps)
+    assert split.share == pytest.approx(0.6) and split.dominant_share == 1.0  # the main cause is right
+    assert wrong.preempted_true == wrong.preempted_named == 0 and wrong.precision is None
+
+
+def test_lab_score_prints_cause_agreement_beside_the_step_truth(fixtures_dir, capsys):
+    """preempt-steps (three whales, 20 shorts; vLLM preempted w3, s004, s005): the three are named `preemption`
+    and nobody else is. Causes agree on 84 % of the blamed seconds (89 % by each culprit's main cause), short of the
+    90 % goal (docs/attribution.md says where the rest goes); the bounds are today's figures less a few points."""
+    path = fixtures_dir / "recordings" / "preempt-steps"
+    assert main(["lab", "score", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "causes vs vLLM" in out and "3 of 3 named `preemption`, 3 true" in out
+    assert main(["lab", "score", str(path), "--json"]) == 0
+    c = json.loads(capsys.readouterr().out)["causes"]["preempt-steps"]
+    assert c["preemption_precision"] == c["preemption_recall"] == 1.0
+    assert c["share"] >= 0.80 and c["dominant_share"] >= 0.85
+    assert c["blamed_s"] > 100 and c["unseen_s"] < 0.05 * c["blamed_s"]
