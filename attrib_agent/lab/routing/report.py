@@ -26,11 +26,13 @@ class RunResult:
     served_on: Mapping[str, tuple[int, ...]]  # request id -> the instances that served it (exactly one each)
     unfinished: tuple[str, ...]
     api_calls: int
+    fallbacks: int
     preemptions: int
 
     @classmethod
     def collect(cls, policy: str, rate: float, seed: int, reqs: Sequence[OracleRequest], placed: Mapping[str, int],
-                served: Sequence[Mapping[str, Served]], api_calls: int, preemptions: int) -> RunResult:
+                served: Sequence[Mapping[str, Served]], api_calls: int, fallbacks: int, preemptions: int
+                ) -> RunResult:
         on: dict[str, list[int]] = {r.request_id: [] for r in reqs}
         unfinished = []
         for i, by_id in enumerate(served):
@@ -46,7 +48,7 @@ class RunResult:
         return cls(policy, rate, seed,
                    tuple(ttft(r) for r in reqs if not is_long(r)), tuple(ttft(r) for r in reqs if is_long(r)),
                    tuple(placed[r.request_id] for r in reqs if is_long(r)),
-                   {rid: tuple(v) for rid, v in on.items()}, tuple(unfinished), api_calls, preemptions)
+                   {rid: tuple(v) for rid, v in on.items()}, tuple(unfinished), api_calls, fallbacks, preemptions)
 
     @property
     def p50(self) -> float:
@@ -60,12 +62,19 @@ class RunResult:
     def misses(self) -> int:
         return sum(t > TTFT_SLO_S for t in self.short_ttfts)
 
+    def as_dict(self) -> dict[str, object]:
+        return {"policy": self.policy, "rate": self.rate, "seed": self.seed, "shorts_ttft_p50_s": self.p50,
+                "shorts_ttft_p95_s": self.p95, "shorts_over_slo": self.misses, "short_ttfts_s": self.short_ttfts,
+                "whale_ttfts_s": self.whale_ttfts, "whale_instances": self.whale_instances,
+                "served_on": dict(self.served_on), "unfinished": self.unfinished, "api_calls": self.api_calls,
+                "fallbacks": self.fallbacks, "preemptions": self.preemptions}
+
     def line(self) -> str:
         return (f"rate={self.rate:g}/s seed={self.seed} {self.policy:>12}: shorts {len(self.short_ttfts)} "
                 f"TTFT p50 {self.p50:.2f} s p95 {self.p95:.2f} s, > {TTFT_SLO_S:g} s: {self.misses}; "
                 f"whales on {''.join('AB'[i] for i in self.whale_instances)}, TTFT p50 "
                 f"{percentile(self.whale_ttfts, 50):.2f} s; preemptions {self.preemptions}; "
-                f"API calls {self.api_calls}")
+                f"API calls {self.api_calls} (fallbacks {self.fallbacks})")
 
 
 def _cell(values: Sequence[float], fmt: str) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ class Router:
 
     policy: str
     api_calls: int = 0
+    fallbacks: int = 0  # long requests routed round-robin because an agent could not forecast yet
     _next: int = 0
     _choose: Any = field(default=None, repr=False)
 
@@ -73,7 +75,13 @@ class Router:
             inst.feed_agent(now)
         clients = [inst.client for inst in instances]
         assert all(c is not None for c in clients), "forecast routing needs an agent per instance"
-        best, _ = await self._choose(clients, r.prompt_tokens, r.output_tokens)
+        try:
+            best, _ = await self._choose(clients, r.prompt_tokens, r.output_tokens)
+        except httpx.HTTPStatusError as e:
+            if e.response.status_code != 503:  # 503: an agent has seen no event from its vLLM yet
+                raise
+            self.fallbacks += 1
+            return self._round_robin(n)
         return int(best)
 
 
@@ -102,7 +110,7 @@ async def run_once(shape: StudyShape, seed: int, policy: str) -> RunResult:
         for inst in instances:
             await inst.close()
     return RunResult.collect(policy, shape.short_rate, seed, reqs, placed, [i.served for i in instances],
-                             router.api_calls, sum(i.preemptions for i in instances))
+                             router.api_calls, router.fallbacks, sum(i.preemptions for i in instances))
 
 
 async def study(shape: StudyShape, seeds: Sequence[int], rates: Sequence[float], policies: Sequence[str],
@@ -123,21 +131,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = StudyShape()
     parser.add_argument("--seeds", type=int, default=5, help="seeds per load level (default 5)")
     parser.add_argument("--rate", type=float, action="append",
-                        help="short requests per second over both instances (repeatable; default 4 and 8)")
+                        help="short requests per second over both instances (repeatable; default 6 and 10)")
     parser.add_argument("--duration", type=float, default=d.duration_s, help="seconds of arrivals per run")
     parser.add_argument("--whales", type=int, default=d.whales, help="long requests per run")
     parser.add_argument("--policy", action="append", choices=POLICIES, help="only these policies (repeatable)")
     parser.add_argument("--verbose", action="store_true", help="a line per run as it finishes")
+    parser.add_argument("--json", action="store_true", help="every run's figures and placements, as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
     shape = StudyShape(duration_s=args.duration, whales=args.whales)
-    rates = args.rate or [4.0, 8.0]
-    started = time.perf_counter()
+    rates = args.rate or [6.0, 10.0]
+    started, cpu = time.perf_counter(), time.process_time()
     results = asyncio.run(study(shape, range(args.seeds), rates, args.policy or POLICIES,
                                 progress=(lambda s: print(s, flush=True)) if args.verbose else None))
+    if args.json:
+        print(json.dumps([r.as_dict() for r in results], indent=1))
+        return 0
     print(format_table(results))
-    print(f"({len(results)} runs, {time.perf_counter() - started:.0f} s)")
+    print(f"({len(results)} runs, {time.perf_counter() - started:.0f} s wall, {time.process_time() - cpu:.0f} s CPU)")
     return 0
 
 

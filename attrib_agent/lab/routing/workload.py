@@ -22,7 +22,7 @@ LONG_PROMPT = 2_048  # what the router calls a long request (routed by forecast 
 class StudyShape:
     """The size of one run: how long shorts arrive, at what rate (both instances together), how many whales."""
 
-    duration_s: float = 40.0
+    duration_s: float = 30.0
     short_rate: float = 4.0
     whales: int = 6
     block_size: int = 16
@@ -33,7 +33,7 @@ class StudyShape:
 
 def arrivals(shape: StudyShape, seed: int) -> list[OracleRequest]:
     """Every request of one run in arrival order; ids say the kind (`s…` short, `w…` whale)."""
-    rng = random.Random(f"routing:{seed}:{shape.short_rate}")
+    rng = random.Random(f"routing:{seed}:{float(shape.short_rate)}")
     reqs: list[OracleRequest] = []
     t, i = rng.expovariate(shape.short_rate), 0
     classes, weights = [c for c, _ in SHORTS], [w for _, w in SHORTS]
