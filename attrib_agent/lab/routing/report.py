@@ -97,4 +97,4 @@ def format_table(results: Sequence[RunResult]) -> str:
     return "\n".join(rows)
 
 
-_ORDER = {"round-robin": 0, "least-loaded": 1, "forecast": 2}
+_ORDER = {"round-robin": 0, "least-loaded": 1, "forecast": 2, "forecast+least-loaded": 3}

@@ -7,7 +7,8 @@ clock; at each arrival the router picks an instance by its policy:
 - `least-loaded`: fewest running + waiting (production-stack's and vLLM's DP balancer's signal, read exactly);
 - `forecast`: long requests where each instance's attrib-agent forecasts the least harm (the example's `choose`
   over the real `POST /v1/forecast`, each agent fed only the events its vLLM would have produced by then, with
-  the load it learnt); short requests round-robin.
+  the load it learnt); short requests round-robin;
+- `forecast+least-loaded` (not in the default set): long requests by forecast, short ones least-loaded.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from attrib_agent.lab.routing.instance import Instance
 from attrib_agent.lab.routing.report import RunResult, format_table
 from attrib_agent.lab.routing.workload import StudyShape, arrivals, instance_workload, is_long
 
-POLICIES = ("round-robin", "least-loaded", "forecast")
+POLICIES = ("round-robin", "least-loaded", "forecast", "forecast+least-loaded")
+DEFAULT_POLICIES = POLICIES[:3]
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "route_by_forecast.py"
 
 Route = Callable[[OracleRequest, Sequence[Instance], float], Awaitable[int]]
@@ -66,7 +68,7 @@ class Router:
         n = len(instances)
         if self.policy == "round-robin" or (self.policy == "forecast" and not is_long(r)):
             return self._round_robin(n)
-        if self.policy == "least-loaded":
+        if self.policy == "least-loaded" or not is_long(r):
             start = self._round_robin(n)  # ties go round-robin, not always to the first instance
             return min(range(n), key=lambda i: (instances[i].load, (i - start) % n))
         if self._choose is None:
@@ -96,7 +98,7 @@ async def run_once(shape: StudyShape, seed: int, policy: str) -> RunResult:
         router.api_calls += 1
 
     workload, cost = instance_workload(shape, reqs), default_cost()
-    instances = [Instance(workload, cost, agent=policy == "forecast", on_request=count) for _ in range(2)]
+    instances = [Instance(workload, cost, agent=policy.startswith("forecast"), on_request=count) for _ in range(2)]
     placed: dict[str, int] = {}
     try:
         for r in reqs:
@@ -134,7 +136,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="short requests per second over both instances (repeatable; default 6 and 10)")
     parser.add_argument("--duration", type=float, default=d.duration_s, help="seconds of arrivals per run")
     parser.add_argument("--whales", type=int, default=d.whales, help="long requests per run")
-    parser.add_argument("--policy", action="append", choices=POLICIES, help="only these policies (repeatable)")
+    parser.add_argument("--policy", action="append", choices=POLICIES,
+                        help="these policies (repeatable; default: the first three)")
     parser.add_argument("--verbose", action="store_true", help="a line per run as it finishes")
     parser.add_argument("--json", action="store_true", help="every run's figures and placements, as JSON")
 
@@ -143,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     shape = StudyShape(duration_s=args.duration, whales=args.whales)
     rates = args.rate or [6.0, 10.0]
     started, cpu = time.perf_counter(), time.process_time()
-    results = asyncio.run(study(shape, range(args.seeds), rates, args.policy or POLICIES,
+    results = asyncio.run(study(shape, range(args.seeds), rates, args.policy or DEFAULT_POLICIES,
                                 progress=(lambda s: print(s, flush=True)) if args.verbose else None))
     if args.json:
         print(json.dumps([r.as_dict() for r in results], indent=1))

@@ -28,7 +28,7 @@ def _runs(capsys: pytest.CaptureFixture[str]) -> list[dict[str, object]]:
 def test_tiny_study_serves_every_request_once_and_the_forecast_policy_asks_the_api(
         capsys: pytest.CaptureFixture[str]) -> None:
     runs = _runs(capsys)
-    assert sorted(str(r["policy"]) for r in runs) == sorted(study.POLICIES)
+    assert sorted(str(r["policy"]) for r in runs) == sorted(study.DEFAULT_POLICIES)
     reqs = arrivals(StudyShape(duration_s=5, short_rate=6, whales=2), 0)
     longs = sum(is_long(r) for r in reqs)
     assert longs == 2 and len(reqs) > 10
