@@ -12,6 +12,10 @@ Against running agents (one per vLLM instance):
 Without any (the default): two agents replayed in-process from the committed recordings to a moment, served by
 the real API (instance A: the `whale2` recording as its second whale arrives, one whale decoding and shorts
 arriving; instance B: the `shorts` recording midway, short requests only), and a few candidate sizes routed.
+
+What this rule does to the short requests' TTFT, against round-robin and least-loaded routing, over two
+instances of vLLM's own scheduler: `attrib-agent lab routing-study` (docs/forecast.md, "Routing example"),
+which calls this file's `choose`.
 """
 
 from __future__ import annotations

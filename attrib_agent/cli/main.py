@@ -78,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     orc = lsub.add_parser("oracle", help="vLLM's own scheduler vs the re-simulation: step agreement report")
     oracle.add_arguments(orc)
     orc.set_defaults(func=oracle.run)
+    from attrib_agent.lab.routing import study as routing  # no vLLM import until it runs
+
+    rs = lsub.add_parser("routing-study", help="shorts' TTFT under round-robin, least-loaded and forecast routing "
+                         "of two vLLM scheduler instances (the lab's cost model, not a GPU)")
+    routing.add_arguments(rs)
+    rs.set_defaults(func=routing.run)
     fs = lsub.add_parser("forecast-score", help="score the admission forecast against counterfactual truth")
     fs.add_argument("truth_dirs", type=Path, nargs="+", metavar="TRUTH_DIR")
     fs.add_argument("--warm", action="store_true", help="cost model fitted on the truth's null run first")

@@ -14,6 +14,7 @@ import json
 import logging
 import tempfile
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -92,58 +93,119 @@ class _InFlight:
     sampling: list[str]  # requests that sample a token at the end of this step
     index: int
     end: float
+    start: float
+
+
+@dataclass(slots=True)
+class StepDone:
+    """One model step whose output vLLM's scheduler has processed: what it scheduled, when it ran, and which
+    requests it finished (the stepper's `on_step` hook gets these, in order)."""
+
+    output: Any  # vLLM's SchedulerOutput
+    index: int
+    start: float
+    end: float
+    sampling: list[str]
+    finished: list[str]
+
+
+class VllmStepper:
+    """vLLM's scheduler advanced step by step on the cost model's clock, with requests submitted as they arrive
+    (in arrival order): `advance(t)` runs every iteration that begins before t, so a caller can submit the
+    arrivals at t after seeing the state then. Submitting everything and `advance()` is `run_vllm`."""
+
+    def __init__(self, workload: Workload, cost: StepCost, *, max_steps: int = 20_000, views: bool = True,
+                 on_step: Callable[[StepDone], None] | None = None) -> None:
+        self.sched = build_scheduler(workload)
+        self._pricer = Pricer(cost)
+        self._depth = 2 if workload.async_scheduling else 1
+        self._block_size = workload.config.block_size
+        self._max_steps, self._views, self._on_step = max_steps, views, on_step
+        self.by_id: dict[str, Any] = {}
+        self.pending: deque[OracleRequest] = deque()
+        self.inflight: deque[_InFlight] = deque()
+        self.trace = RunTrace()
+        self.now: float | None = None
+        self._model_free = 0.0
+        self._idle_rounds = 0
+        self.stopped = False  # the step limit was hit, or vLLM spun with nothing runnable
+
+    def submit(self, r: OracleRequest, index: int | None = None) -> None:
+        """Queue a request arriving at `r.arrival_ts`; `index` makes its prompt ids unique (default: the count
+        so far)."""
+        if self.pending and r.arrival_ts < self.pending[-1].arrival_ts:
+            raise ValueError(f"{r.request_id} arrives before the request submitted last")
+        self.by_id[r.request_id] = _make_request(r, len(self.by_id) if index is None else index,
+                                                self._block_size)
+        self.pending.append(r)
+        if self.now is None:
+            self.now = self._model_free = r.arrival_ts
+
+    def advance(self, until: float | None = None) -> None:
+        """Run iterations while the scheduling moment is before `until` (None: until nothing is left to do)."""
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        sched, by_id, pending, inflight, trace = self.sched, self.by_id, self.pending, self.inflight, self.trace
+        while self.now is not None and not self.stopped and (until is None or self.now < until):
+            if len(trace.steps) >= self._max_steps:
+                self.stopped = True
+                break
+            now = self.now
+            while pending and pending[0].arrival_ts <= now:
+                sched.add_request(by_id[pending.popleft().request_id])
+            scheduled = False
+            if sched.has_requests():
+                before = {r.request_id for r in sched.running}
+                out = sched.schedule()
+                if out.total_num_scheduled_tokens > 0:
+                    scheduled = True
+                    start = max(now, self._model_free)
+                    self._model_free = start + self._pricer.seconds(_members(out, by_id))
+                    inflight.append(_InFlight(out, [rid for rid in out.num_scheduled_tokens
+                                                    if not by_id[rid].is_prefill_chunk], len(trace.steps),
+                                              self._model_free, start))
+                    trace.steps.append(_view(sched, out, before, start) if self._views else _EMPTY)
+            if inflight and (len(inflight) >= self._depth or not scheduled):
+                done = inflight.popleft()
+                rids = list(done.output.num_scheduled_tokens)
+                sampled = [[_SAMPLED_TOKEN] if rid in done.sampling else [] for rid in rids]
+                outputs = sched.update_from_output(done.output, ModelRunnerOutput(
+                    req_ids=rids, req_id_to_index={rid: i for i, rid in enumerate(rids)},
+                    sampled_token_ids=sampled))
+                for rid in done.sampling:
+                    if rid not in trace.first_token_step and by_id[rid].num_output_tokens > 0:
+                        trace.first_token_step[rid], trace.first_token_ts[rid] = done.index, done.end
+                self.now = max(now, done.end)
+                self._idle_rounds = 0
+                if self._on_step is not None:
+                    finished = [o.request_id for eco in outputs.values() for o in eco.outputs
+                                if o.finish_reason is not None]
+                    self._on_step(StepDone(done.output, done.index, done.start, done.end, done.sampling,
+                                           finished))
+            elif not scheduled:
+                if sched.has_requests():  # nothing runnable and nothing in flight: vLLM would spin
+                    self._idle_rounds += 1
+                    if self._idle_rounds > len(by_id) + 1:
+                        self.stopped = True
+                    continue
+                if not pending:
+                    break
+                self.now = max(now, pending[0].arrival_ts)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.pending) or self.sched.has_requests() or bool(self.inflight)
 
 
 def run_vllm(workload: Workload, cost: StepCost, *, max_steps: int = 20_000, views: bool = True) -> RunTrace:
     """Run vLLM's scheduler over the workload; one StepView per step that scheduled tokens (with `views`
     False, empty ones: what a simulator would pay without the comparison)."""
-    from vllm.v1.outputs import ModelRunnerOutput
-
-    sched = build_scheduler(workload)
-    pricer = Pricer(cost)
-    depth = 2 if workload.async_scheduling else 1
-    by_id = {r.request_id: _make_request(r, i, workload.config.block_size) for i, r in enumerate(workload.requests)}
-    pending = deque(sorted(workload.requests, key=lambda r: r.arrival_ts))
-    inflight: deque[_InFlight] = deque()
-    trace = RunTrace()
-    now = model_free = pending[0].arrival_ts if pending else 0.0
-    idle_rounds = 0
-    while len(trace.steps) < max_steps:
-        while pending and pending[0].arrival_ts <= now:
-            sched.add_request(by_id[pending.popleft().request_id])
-        scheduled = False
-        if sched.has_requests():
-            before = {r.request_id for r in sched.running}
-            out = sched.schedule()
-            if out.total_num_scheduled_tokens > 0:
-                scheduled = True
-                start = max(now, model_free)
-                model_free = start + pricer.seconds(_members(out, by_id))
-                inflight.append(_InFlight(out, [rid for rid in out.num_scheduled_tokens
-                                                if not by_id[rid].is_prefill_chunk], len(trace.steps), model_free))
-                trace.steps.append(_view(sched, out, before, start) if views else _EMPTY)
-        if inflight and (len(inflight) >= depth or not scheduled):
-            done = inflight.popleft()
-            rids = list(done.output.num_scheduled_tokens)
-            sampled = [[_SAMPLED_TOKEN] if rid in done.sampling else [] for rid in rids]
-            sched.update_from_output(done.output, ModelRunnerOutput(
-                req_ids=rids, req_id_to_index={rid: i for i, rid in enumerate(rids)}, sampled_token_ids=sampled))
-            for rid in done.sampling:
-                if rid not in trace.first_token_step and by_id[rid].num_output_tokens > 0:
-                    trace.first_token_step[rid], trace.first_token_ts[rid] = done.index, done.end
-            now = max(now, done.end)
-            idle_rounds = 0
-        elif not scheduled:
-            if sched.has_requests():  # nothing runnable and nothing in flight: vLLM would spin
-                idle_rounds += 1
-                if idle_rounds > len(by_id) + 1:
-                    break
-                continue
-            if not pending:
-                break
-            now = max(now, pending[0].arrival_ts)
-    trace.truncated = bool(pending) or sched.has_requests() or bool(inflight)
-    return trace
+    stepper = VllmStepper(workload, cost, max_steps=max_steps, views=views)
+    for i, r in sorted(enumerate(workload.requests), key=lambda ir: ir[1].arrival_ts):
+        stepper.submit(r, i)
+    stepper.advance()
+    stepper.trace.truncated = stepper.busy
+    return stepper.trace
 
 
 def _members(out: Any, by_id: dict[str, Any]) -> list[Member]:
