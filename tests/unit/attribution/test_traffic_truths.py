@@ -10,6 +10,7 @@ from pathlib import Path
 
 from attrib_agent.lab.score import Score, engine_blame, format_scores, score_command
 
+from . import truth_spread
 from .test_score import GOAL_NULL_ALARMS, GOAL_TOP1, error_bound, error_margin
 
 
@@ -50,3 +51,26 @@ def test_shared_prefix_truth_meets_the_goals(fixtures_dir: Path) -> None:
     assert engine.null_false_alarm is not None and engine.null_false_alarm <= GOAL_NULL_ALARMS
     on_whale, on_crowd = blame_split(truth_dir, "w1")
     assert on_crowd <= 0.1 * on_whale, (on_whale, on_crowd)
+
+
+def test_continuous_truth_holds_todays_figures_within_the_truths_spread(fixtures_dir: Path) -> None:
+    """`continuous`: 40 Poisson requests of seed 002's shapes at 1 req/s (~47 s, never idle) beside a 3,900/300 whale
+    at 15 s and a 2,500/300 one at 27 s; 4 conditions x 3 reps while the machine's load average was 11-16. The
+    goals are missed (docs/attribution.md): the whales' effect is small beside the truth's own noise. w1's true total
+    is 7.2 s with one standard error of 1.3 s (18 %), w2's 1.6 s with 1.3 s (81 %: noise), and 3 of the 6 shorts
+    slowed >= 2x have their true top two within two standard errors. Measured: w1 43 %, w2 99 % (blamed ~0),
+    median 71 % (naive 88 %); top-1 4 of 6 (naive 3); null false alarms 2 of 120 (naive 36); the crowd 0.02 s per
+    run beside the whales' 4.1 s. Bounds: today's figures plus the truth's margin, better than naive."""
+    truth_dir = fixtures_dir / "truth" / "continuous"
+    engine, naive = scores(truth_dir)
+    assert set(engine.whale_rel_errors) == {"w1", "w2"} and engine.top1_total == 6
+    assert engine.median_whale_error is not None and naive.median_whale_error is not None
+    w1_t, w1_se = truth_spread.whale_totals(truth_spread.load(truth_dir))["w1"]
+    assert 0.1 <= w1_se / w1_t <= 0.3  # the truth's own spread: if it changes, so must this test's reasoning
+    assert engine.whale_rel_errors["w1"] <= 0.43 + (1 + 0.43) * w1_se / w1_t
+    assert engine.median_whale_error < naive.median_whale_error
+    ambiguous = truth_spread.ambiguous_top1(truth_spread.load(truth_dir))
+    assert ambiguous == 3 and engine.top1_hits >= max(4 - ambiguous, naive.top1_hits)
+    assert engine.null_false_alarm is not None and engine.null_false_alarm <= GOAL_NULL_ALARMS
+    on_whales, on_crowd = blame_split(truth_dir, "w1+w2")
+    assert on_whales > 0.3 * w1_t and on_crowd <= 0.1 * on_whales, (on_whales, on_crowd)
