@@ -19,7 +19,7 @@ from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.attribution.slo import SloConfig, SloTally
 from attrib_agent.attribution.store import ResultStore
 from attrib_agent.attribution.tally import SlowdownTally
-from attrib_agent.attribution.whales import kv_footprint, whales
+from attrib_agent.attribution.whales import KvUse, footprints, whales
 from attrib_agent.events import EngineStep, Event, GpuSample, MetricsSnapshot, RequestSpan
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.model import RequestLifecycle
@@ -335,10 +335,9 @@ class AttributionPipeline:
         block_size, pool = self.timeline.pool()
         last_ts = steps[-1].ts if steps else None
         held = {k: v for k, v in ledger.held_at(last_ts).items() if v > 0} if last_ts is not None else {}
-        footprints = {lc.request_id: f for lc in self.timeline.lifecycles()
-                      if (f := _footprint(lc, self.timeline.cached_tokens(lc.request_id))) > 0}
+        weights = {rid: f for rid, f in footprints(self._kv_uses()).items() if f > 0}
         pool_tokens = block_size * pool if block_size and pool else None
-        in_flight = set(whales(footprints, self.config.attribution.whale_factor, pool_tokens)) & held.keys()
+        in_flight = set(whales(weights, self.config.attribution.whale_factor, pool_tokens)) & held.keys()
         whale_ids = tuple(sorted(in_flight))
         top = max(held.items(), key=lambda kv: (kv[1], kv[0]), default=None)
         last_rec = recs[-1] if recs else None
@@ -347,6 +346,11 @@ class AttributionPipeline:
                      residual_blocks=last_rec.residual if last_rec else None, held=held, whales=whale_ids,
                      top_request_id=top[0] if top else None,
                      top_share=(top[1] / pool) if top and pool else 0.0)
+
+    def _kv_uses(self) -> list[KvUse]:
+        """The held requests' token counts in arrival order (unknown arrivals last), for the whale rule."""
+        lcs = sorted(self.timeline.lifecycles(), key=lambda lc: (lc.arrival_ts is None, lc.arrival_ts or 0.0))
+        return [_kv_use(lc, self.timeline.cached_tokens(lc.request_id)) for lc in lcs]
 
     def span_of(self, request_id: str) -> tuple[str, str] | None:
         """(trace id, span id) of the request's `llm_request` span, if it landed: from its stored result, or
@@ -359,6 +363,6 @@ class AttributionPipeline:
         return ids
 
 
-def _footprint(lc: RequestLifecycle, cached: int) -> int:
+def _kv_use(lc: RequestLifecycle, cached: int) -> KvUse:
     out = lc.completion_tokens if lc.completion_tokens is not None else (lc.max_tokens or 0)
-    return kv_footprint(lc.prompt_tokens or 0, out, cached)
+    return KvUse(lc.request_id, lc.prompt_tokens or 0, out, cached)

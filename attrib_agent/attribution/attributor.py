@@ -22,7 +22,7 @@ from attrib_agent.attribution.scheduler_sim import shapley, simulate
 from attrib_agent.attribution.shapley import largest_effects, with_shortfall
 from attrib_agent.attribution.sim_trace import Pricer
 from attrib_agent.attribution.sim_types import SchedulerConfig, SimOutcome, SimRequest, SimResult
-from attrib_agent.attribution.whales import kv_footprint, whales
+from attrib_agent.attribution.whales import KvUse, footprints, whales
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.model import RequestLifecycle
 
@@ -397,10 +397,10 @@ class Attributor:
 
 
 def _footprints(period: list[SimRequest]) -> dict[str, int]:
-    """KV footprints in uncached tokens: a shared prefix (`prefix_tokens`, where the re-simulation knows one) is
-    held in common, so it does not count towards any one request's weight."""
-    return {r.request_id: kv_footprint(r.prompt_tokens, r.output_tokens, r.prefix_tokens)
-            for r in period}
+    """KV footprints (whales.py): a shared prefix (`prefix_tokens`, where the re-simulation knows one) is held in
+    common, so it does not count towards any one request's weight, nor towards the first of its group's."""
+    ordered = sorted(period, key=lambda r: (r.arrival_ts, r.request_id))
+    return footprints(KvUse(r.request_id, r.prompt_tokens, r.output_tokens, r.prefix_tokens) for r in ordered)
 
 
 def _sim_request(lc: RequestLifecycle, cached: int = 0) -> SimRequest | None:

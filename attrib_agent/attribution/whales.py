@@ -1,27 +1,55 @@
 """The whale rule, once: a request whose KV footprint is a large share of the pool, or at least `factor` times the
 median footprint of the recent requests it is compared with. The attributor compares a busy period's window (at
 most `max_period_requests` requests, so never the median of a period that has not ended), the live KV view the
-requests the timeline holds; each passes its own footprints and the pool.
+requests the timeline holds; each passes its requests (`footprints`) and the pool.
 
-A footprint is what a request really holds and computes: its uncached prompt tokens plus its outputs. A prompt
-whose first tokens come from the prefix cache (a shared system prompt or document) holds those blocks in common
-with the others that read them, so a short behind a long shared prefix is not a whale, and a long request among
-them is, by what it adds."""
+A footprint is what a request alone holds and computes: its prompt and outputs less the prompt tokens it has in
+common with others through vLLM's prefix cache. That is both the tokens it read from the cache (a shared system
+prompt or document) and the tokens later requests read from it: the first of a prefix group computes the prefix,
+but without it the next of the group would compute the same blocks, and while it runs it holds them in common with
+the group. So neither the leader nor its peers of a shared-prefix group weigh more than their own suffixes and
+outputs, and a request a few times longer than their prompts, whose tokens nobody else reads, is a whale."""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 POOL_SHARE = 0.125
 """A request whose footprint is at least this share of the KV pool is a whale whatever the traffic around it: eight
 of them fill the pool, so it is among the few that can exhaust it (and hold others out of it)."""
 
 
+@dataclass(frozen=True, slots=True)
+class KvUse:
+    """A request's token counts as far as the KV goes (cached: prompt tokens it read from the prefix cache)."""
+
+    request_id: str
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int = 0
+
+
 def kv_footprint(prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> int:
-    """Tokens a request holds in the KV and computes: uncached prompt plus output (all of the prompt when the
-    cached count is unknown)."""
+    """Tokens a request holds in the KV and computes with no later request reading its prefix: uncached prompt plus
+    output (all of the prompt when the cached count is unknown)."""
     return max(0, prompt_tokens - max(0, cached_tokens)) + max(0, output_tokens)
+
+
+def footprints(uses: Iterable[KvUse]) -> dict[str, int]:
+    """Each request's footprint (request id -> tokens), `uses` in arrival order. The prompt tokens a request has in
+    common with others are the more of what it read from the cache and the longest hit of a later request (at most
+    its own prompt: an observer sees hits, not which prefix they hit, so a later hit is taken to be on this
+    request's leading tokens when it could be; that under-weighs a long request by at most one later hit)."""
+    ordered = list(uses)
+    out: dict[str, int] = {}
+    later_hit = 0
+    for u in reversed(ordered):
+        common = max(u.cached_tokens, min(later_hit, u.prompt_tokens))
+        out[u.request_id] = kv_footprint(u.prompt_tokens, u.output_tokens, common)
+        later_hit = max(later_hit, u.cached_tokens)
+    return out
 
 
 def whales(footprints: Mapping[str, int], factor: float, pool_tokens: int | None = None,

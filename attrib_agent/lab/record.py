@@ -28,7 +28,7 @@ from attrib_agent.lab.cpus import client_cpus
 from attrib_agent.lab.metrics_peek import MetricsPeek, peek
 from attrib_agent.lab.server import LabEndpoints, LabError
 from attrib_agent.lab.spans import span_request_ids
-from attrib_agent.lab.workload import Scenario, prompt_token_ids
+from attrib_agent.lab.workload import Scenario, prefixed_token_ids
 from attrib_agent.recording import CLIENT, Recording, RecordingWriter, compress_streams
 
 DEFAULT_MAX_LATENESS_S = 0.020
@@ -64,7 +64,7 @@ def make_plan(scenario: Scenario, tag: str, canary: str) -> list[PlannedRequest]
         if r.api != "completions":
             text = f"{canary} please summarise request {r.spec_id} in one line"
         plan.append(PlannedRequest(r.spec_id, r.klass.name, r.is_whale, rid, r.offset_s,
-                                   prompt_token_ids(r.klass.prompt_tokens, seed), r.klass.output_tokens,
+                                   prefixed_token_ids(r, tag, seed), r.klass.output_tokens,
                                    api=r.api, prompt_text=text, canary=canary if text else None))
     return plan
 
@@ -195,7 +195,8 @@ def scenario_meta(s: Scenario) -> dict[str, Any]:
         "name": s.name, "description": s.description,
         "requests": [{"spec_id": r.spec_id, "class": r.klass.name, "offset_s": r.offset_s, "is_whale": r.is_whale,
                       "api": r.api,
-                      "prompt_tokens": r.klass.prompt_tokens, "output_tokens": r.klass.output_tokens}
+                      "prompt_tokens": r.klass.prompt_tokens, "output_tokens": r.klass.output_tokens,
+                      **({"prefix": [list(seg) for seg in r.prefix]} if r.prefix else {})}
                      for r in s.requests],
     }
 

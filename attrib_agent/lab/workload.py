@@ -47,6 +47,9 @@ class RequestSpec:
     # "completions": random token ids (exact lengths, no text); "text": a text prompt to /v1/completions;
     # "chat": a text message to /v1/chat/completions. Text prompts carry the run's privacy canary.
     api: str = "completions"
+    # Shared leading segments (name, tokens), e.g. a system prompt then a document: requests naming the same
+    # segments start with the same token ids in a run (vLLM's prefix cache hits them); the rest is the request's own.
+    prefix: tuple[tuple[str, int], ...] = ()
 
     @property
     def is_whale(self) -> bool:
@@ -107,6 +110,28 @@ def poisson(
         klass = rng.choices(classes, weights)[0]
         out.append(RequestSpec(f"{prefix}{i:03d}", klass, round(t, 6)))
     return out
+
+
+def shared_prefix(
+    prefix: str, klass: RequestClass, segments: Sequence[Sequence[tuple[str, int]]], rate_per_s: float, count: int,
+    seed: int, start_s: float = 0.0,
+) -> list[RequestSpec]:
+    """Poisson arrivals of one class, each request carrying one of `segments` (drawn uniformly, seeded): RAG-style
+    traffic where every prompt is a shared system prompt and document plus its own question."""
+    rng = random.Random(seed)
+    out = []
+    for spec in poisson(prefix, [(klass, 1.0)], rate_per_s, count, seed, start_s):
+        segs = tuple(rng.choice(segments))
+        if sum(n for _, n in segs) >= klass.prompt_tokens:
+            raise ValueError(f"the prefix {segs} leaves nothing of {klass.name}'s own prompt")
+        out.append(replace(spec, prefix=segs))
+    return out
+
+
+# Seed 002's four shapes as `lab bench --dataset mixed` draws them (tests/fixtures/recordings/bench-mixed).
+SEED2_MIX: tuple[tuple[RequestClass, float], ...] = ((SISO, 0.5), (SILO, 0.125), (LISO, 0.22), (LILO, 0.145))
+RAG = RequestClass("rag", prompt_tokens=1_856, output_tokens=32)  # 256 system + 1,536 document + 64 question
+RAG_PREFIXES = tuple((("system", 256), (f"doc{i}", 1_536)) for i in range(3))
 
 
 def _scenario(name: str, description: str, reqs: Iterable[RequestSpec], **kw: object) -> Scenario:
@@ -182,6 +207,20 @@ SCENARIOS: dict[str, Scenario] = {
             ],
         ),
         _scenario(
+            "continuous",
+            "Poisson traffic of seed 002's four shapes at 1 req/s for ~45 s (never idle), two whales mid-stream",
+            [*poisson("c", SEED2_MIX, 1.0, 40, seed=2), RequestSpec("w1", whale(3900, 300), 15.0),
+             RequestSpec("w2", whale(2500, 300), 27.0)],
+        ),
+        _scenario(
+            "prefix",
+            "40 RAG requests (256-token system prompt + one of 3 1,536-token documents + 64 own tokens) at 1.5 req/s "
+            "beside a real whale 3x their prompts (5,568 tokens, the system prompt its only shared part)",
+            # Prefix hits are ~90 % of the shorts' prompt tokens; the whale's own 5,312 tokens nobody reads.
+            [*shared_prefix("r", RAG, RAG_PREFIXES, 1.5, 40, seed=2),
+             RequestSpec("w1", whale(3 * RAG.prompt_tokens, 64), 9.0, prefix=(("system", 256),))],
+        ),
+        _scenario(
             "canary",
             "4 text prompts (2 completions, 2 chat) carrying a unique canary string, for privacy tests",
             [RequestSpec(f"t{i:03d}", SISO, 0.5 + 0.4 * i, api=("text", "chat")[i % 2]) for i in range(4)],
@@ -207,6 +246,15 @@ def get_scenario(name: str) -> Scenario:
         return SCENARIOS[name]
     except KeyError:
         raise ValueError(f"unknown scenario {name!r}; known: {', '.join(sorted(SCENARIOS))}") from None
+
+
+def prefixed_token_ids(spec: RequestSpec, run_tag: str, seed: int) -> list[int]:
+    """A request's prompt: its shared segments (ids seeded by the run and the segment's name, so the same in one
+    run and new in the next: every run starts with a cold cache) then its own random ids to the class's length."""
+    ids: list[int] = []
+    for name, n in spec.prefix:
+        ids += prompt_token_ids(n, int.from_bytes(f"{run_tag}/{name}".encode(), "big") % 2**63)
+    return ids + prompt_token_ids(spec.klass.prompt_tokens - len(ids), seed)
 
 
 def prompt_token_ids(length: int, seed: int, low: int = 100, high: int = 8000) -> list[int]:

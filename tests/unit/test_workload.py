@@ -57,3 +57,23 @@ def test_prompt_ids_deterministic_distinct_and_in_range():
     a, b = prompt_token_ids(64, seed=1), prompt_token_ids(64, seed=2)
     assert a == prompt_token_ids(64, seed=1) and a != b
     assert len(a) == 64 and all(100 <= t < 8000 for t in a)
+
+
+def test_shared_prefix_plans_share_segments_within_a_run_only():
+    from attrib_agent.lab.record import make_plan
+
+    sc = get_scenario("prefix")
+    plan = make_plan(sc, "run1", "canary")
+    assert all(len(p.prompt_token_ids) == r.klass.prompt_tokens for p, r in zip(plan, sc.requests, strict=True))
+    by_doc = {}
+    for p, r in zip(plan, sc.requests, strict=True):
+        if not r.is_whale:
+            by_doc.setdefault(r.prefix, []).append(p.prompt_token_ids)
+    assert len(by_doc) == 3
+    for segs, prompts in by_doc.items():
+        n = sum(k for _, k in segs)
+        assert len({tuple(x[:n]) for x in prompts}) == 1 and len({tuple(x[n:]) for x in prompts}) == len(prompts)
+    system = {tuple(p.prompt_token_ids[:256]) for p in plan}
+    assert len(system) == 1  # the whale shares the system prompt too
+    again = make_plan(sc, "run2", "canary")
+    assert again[0].prompt_token_ids[:256] != plan[0].prompt_token_ids[:256]  # every run starts with a cold cache

@@ -26,6 +26,7 @@ import uvicorn
 from api_replayed import replayed, state_of
 from test_api_timeline import PHANTOM, with_tokenize_call
 
+from attrib_agent.read_model import AgentState
 from attrib_agent.sinks.api.app import api_app
 
 TOKEN = "page-test-token"
@@ -42,9 +43,13 @@ def chromium() -> str:
 
 @pytest.fixture(scope="module")
 def base_url() -> Iterator[str]:
+    yield from serve(state_of(with_tokenize_call("preempt")))
+
+
+def serve(state: AgentState) -> Iterator[str]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    app = api_app(state_of(with_tokenize_call("preempt")), token=TOKEN)
+    app = api_app(state, token=TOKEN)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -84,6 +89,7 @@ def test_page_draws_lanes_and_kv_without_console_errors(tmp_path: Path, base_url
     assert dom.count('class="wait"') >= 10  # the shorts queued behind the whales
     assert dom.count('class="culprit-link"') >= 1 and "Slowed by" in dom
     assert dom.count('class="preempted"') == len(pipeline.timeline.preemptions())
+    assert 'data-clipped-labels="0"' in dom
 
 
 def test_lanes_cap_keeps_whales_and_the_most_slowed(tmp_path: Path, base_url: str) -> None:
@@ -165,3 +171,24 @@ def test_lane_labels_carry_the_full_id(tmp_path: Path, base_url: str) -> None:
     ids = {lc.request_id for lc in replayed("preempt").timeline.lifecycles()}
     assert {html.unescape(full) for _, full in labels} == ids
     assert all(len(short) <= 24 for short, _ in labels)
+
+
+@pytest.fixture(scope="module")
+def bench_url() -> Iterator[str]:
+    yield from serve(state_of(replayed("bench-mixed")))
+
+
+def test_blame_labels_fit_and_carry_the_full_culprit_id(tmp_path: Path, bench_url: str) -> None:
+    """`vllm bench serve` ids (`cmpl-bench-<tag>-<n>-0`), and culprits with no lane of their own: the label
+    right of a slowed request's lane (`+18.5 s <- culprit`) ran past the chart's edge. It is cut to its column, with
+    the full id on hover; the page counts the labels drawn outside their column (getBBox in Chromium)."""
+    dom, console = run_chromium(tmp_path, f"{bench_url}/?token={TOKEN}&window=5m", "--dump-dom")
+    assert console == []
+    assert 'data-clipped-labels="0"' in dom
+    labels = re.findall(r'<text [^>]*class="victim-label"[^>]*>([^<]*)<title>([^<]*)</title></text>', dom)
+    assert labels
+    culprits = {c.request_id for r in replayed("bench-mixed").store for c in r.culprits}
+    for shown, full in labels:
+        head, _, culprit = html.unescape(full).partition(" ← ")
+        assert culprit in culprits and html.unescape(shown).startswith(head + " ← "), (shown, full)
+        assert len(html.unescape(shown)) < len(head) + 3 + len(culprit)  # the bench ids are cut

@@ -175,10 +175,33 @@ const AttribDraw = (function () {
                      'clip-path': 'url(#plot)' }, lane);
       }
       const top = victim.culprits[0];
-      const label = '+' + fmtS(victim.slowdown_s) + (top ? ' ← ' + (names[top.request_id] || top.request_id) : '');
-      text(lane, W - right + 8, y0 + rowH / 2 + 4, label, { class: 'victim-label' });
+      const head = '+' + fmtS(victim.slowdown_s) + (top ? ' ← ' : '');
+      const label = text(lane, W - right + 8, y0 + rowH / 2 + 4, '', { class: 'victim-label' });
+      fitText(label, head, top ? (names[top.request_id] || top.request_id) : '', right - 12);
+      el('title', {}, label).textContent = head + (top ? top.request_id : '');  // the full id on hover
     }
     return lane;
+  }
+
+  // `head` then as much of `name` as fits in `maxPx` (cut in the middle, '…'): ids differ at both ends.
+  function fitText(t, head, name, maxPx) {
+    t.textContent = head + name;
+    const width = function () { return t.getComputedTextLength ? t.getComputedTextLength() : 0; };
+    for (let keep = name.length - 1; keep >= 2 && width() > maxPx; keep--) {
+      const tail = Math.floor(keep / 2);
+      t.textContent = head + name.slice(0, keep - tail) + '…' + name.slice(name.length - tail);
+    }
+  }
+
+  // Labels drawn outside their column (the left ones past the chart's edge, the right ones past its width):
+  // the page says how many on its chart (`data-clipped-labels`), so a browser test can hold it at 0.
+  function clippedLabels(svg, W) {
+    let n = 0;
+    svg.querySelectorAll('text.lane-label, text.victim-label').forEach(function (t) {
+      const b = t.getBBox();
+      if (b.x < 0 || b.x + b.width > W) n++;
+    });
+    return n;
   }
 
   function drawLinks(g, v, laneIndex, lanes, lanesTop, rowH, x) {
@@ -255,6 +278,6 @@ const AttribDraw = (function () {
     });
   }
 
-  return { el: el, text: text, fmtS: fmtS, niceStep: niceStep, defs: defs, drawKv: drawKv, drawLane: drawLane,
+  return { el: el, text: text, fmtS: fmtS, clippedLabels: clippedLabels, niceStep: niceStep, defs: defs, drawKv: drawKv, drawLane: drawLane,
            drawLinks: drawLinks, drawGpu: drawGpu, legend: legend, WHALE_COLOURS: WHALE_COLOURS };
 })();

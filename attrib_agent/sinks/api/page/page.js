@@ -3,7 +3,7 @@
 // Vanilla JS, no network access but this agent's own /v1/timeline. Ids go into the DOM as text only.
 'use strict';
 (function () {
-  const { el, text, fmtS, niceStep, defs, drawKv, drawLane, drawLinks, drawGpu, legend, WHALE_COLOURS } =
+  const { el, text, fmtS, clippedLabels, niceStep, defs, drawKv, drawLane, drawLinks, drawGpu, legend, WHALE_COLOURS } =
     AttribDraw;
   const TOKEN_KEY = 'attrib-agent-token';
   const REFRESH_MS = 5000;
@@ -138,7 +138,12 @@
   function draw(d) {
     let lanes = pickLanes(d);
     const steps = d.steps;
-    const names = shortNames(lanes.map(function (r) { return r.request_id; }).concat(Object.keys(d.kv)));
+    // Names for the lanes, the KV areas and every culprit (a culprit without a lane is named beside its victims).
+    const culpritIds = [].concat.apply([], d.victims.map(function (v) {
+      return v.culprits.map(function (c) { return c.request_id; });
+    }));
+    const names = shortNames(Array.from(new Set(lanes.map(function (r) { return r.request_id; })
+      .concat(Object.keys(d.kv), culpritIds))));
     const whaleColour = {};
     lanes.filter(function (r) { return r.is_whale; }).forEach(function (r, i) {
       whaleColour[r.request_id] = WHALE_COLOURS[i % WHALE_COLOURS.length];
@@ -235,6 +240,7 @@
       });
     }
 
+    svg.setAttribute('data-clipped-labels', String(clippedLabels(svg, W)));
     legend(whaleColour, names);
     details(sel, names, whaleColour);
     const wh = Object.keys(whaleColour).length;
