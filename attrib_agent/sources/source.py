@@ -10,9 +10,9 @@ and after `stop` calls `aclose()`. Adding a source is one new module with a `Sou
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from attrib_agent.events import Event
 from attrib_agent.health import SourceHealth
@@ -21,6 +21,9 @@ if TYPE_CHECKING:  # the settings are read at build time only; no import of the 
     from attrib_agent.config.load import AgentConfig
 
 Emit = Callable[[Event], None]
+RecordParse = Callable[[Mapping[str, Any], float], Sequence[Event]]
+"""One recorded record (`recording.py`'s line for the source's stream) and its receipt time -> its events; a bad
+record is counted in the source's health and yields none, never raises."""
 
 
 class Source(Protocol):
@@ -44,6 +47,15 @@ class SourceContext:
 
 
 @dataclass(frozen=True)
+class ReplayContext:
+    """What a replay lends a source's record parser: the stream's health record and the agent's settings it reads."""
+
+    health: SourceHealth
+    engine: int = 0
+    max_otlp_decompressed: int = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
 class SourceSpec:
     """A source's registration: its name, the settings rows it reads (`config.settings.SETTINGS` names), and
     how to build it from the settings (None: not configured, stays off)."""
@@ -52,6 +64,8 @@ class SourceSpec:
     settings: tuple[str, ...]
     build: Callable[[AgentConfig, SourceContext], Source | None]
     stream: str | None = None  # the recording stream (`recording.STREAMS`) a replay reads in its place
+    # How a replay parses that stream's records: the live source's own parse, so replay runs the live code.
+    parser: Callable[[ReplayContext], RecordParse] | None = None
 
 
 async def wait_for_stop(stop: asyncio.Event) -> None:
