@@ -47,7 +47,7 @@ from attrib_agent.recording import FORMAT_NAME, FORMAT_VERSION, LOG, METRICS, OT
 from attrib_agent.sources.log.patterns import PREFIX
 from attrib_agent.sources.otlp.decode import FLOAT_ATTRS
 from attrib_agent.sources.replay import ReplaySource
-from benchmarks._recordings import FIXTURES, default_cache_dir
+from benchmarks._recordings import FIXTURES, build_dir, default_cache_dir
 
 GPU_RATE_SOURCES: Final = ("bench-mixed", "bench-prefix")
 BUILDER_VERSION: Final = 1
@@ -331,14 +331,8 @@ def build_gpu_rate(out: str | Path, *, duration_s: float = 600.0, finished_per_s
     """Write the GPU-rate recording to `out` (an empty directory or an earlier build): copies until `duration_s`
     of event time are filled."""
     srcs = list(sources) if sources is not None else [load_source(FIXTURES / n) for n in GPU_RATE_SOURCES]
-    path = Path(out)
+    path = build_dir(out)
     meta_path = path / "meta.json"
-    if path.is_dir() and any(path.iterdir()):
-        if not meta_path.is_file() or "synthetic" not in json.loads(meta_path.read_text()):
-            raise ValueError(f"{path} is not empty and holds no earlier build; refusing to overwrite it")
-        for old in path.iterdir():
-            old.unlink()
-    path.mkdir(parents=True, exist_ok=True)
     t0 = float(math.ceil(srcs[0].steps[0][0]))
     copies = list(_plan(srcs, duration_s, finished_per_s, max_idle_s, t0))
     first = Recording(srcs[0].path).meta
