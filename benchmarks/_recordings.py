@@ -164,10 +164,8 @@ def endless_replay(sources: Sequence[SourceRecording], gap_s: float = 5.0) -> Re
     return rs
 
 
-def build_concatenated(out: str | os.PathLike[str], sources: Sequence[SourceRecording], *, min_events: int,
-                       gap_s: float = 5.0, preset: int = 0) -> BuildInfo:
-    """Write the concatenation to `out`, streams as .jsonl.xz (xz -0 writes and reads ~10x faster than -6,
-    and consecutive /metrics bodies still shrink ~150x). `out` must be empty or an earlier build."""
+def build_dir(out: str | os.PathLike[str]) -> Path:
+    """`out`, made ready for a build: created, or emptied when it holds an earlier build (never anything else)."""
     path = Path(out)
     meta_path = path / "meta.json"
     if path.is_dir() and any(path.iterdir()):
@@ -176,6 +174,15 @@ def build_concatenated(out: str | os.PathLike[str], sources: Sequence[SourceReco
         for old in path.iterdir():
             old.unlink()
     path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def build_concatenated(out: str | os.PathLike[str], sources: Sequence[SourceRecording], *, min_events: int,
+                       gap_s: float = 5.0, preset: int = 0) -> BuildInfo:
+    """Write the concatenation to `out`, streams as .jsonl.xz (xz -0 writes and reads ~10x faster than -6,
+    and consecutive /metrics bodies still shrink ~150x). `out` must be empty or an earlier build."""
+    path = build_dir(out)
+    meta_path = path / "meta.json"
     plan = plan_copies(sources, min_events, gap_s)
     first = sources[plan[0][0]]
     meta = {"format": FORMAT_NAME, "version": FORMAT_VERSION,

@@ -32,6 +32,8 @@ from typing import Any
 from attrib_agent.attribution.result_codec import to_dict
 from attrib_agent.events import EngineStep, Event, MetricsSnapshot, RequestAdded, RequestReceived
 from attrib_agent.pipeline import AttributionPipeline, PipelineConfig
+from attrib_agent.recording import LOG
+from attrib_agent.sources.log.source import LogRecordParser
 from attrib_agent.sources.replay import ReplaySource
 from benchmarks._measure import machine, peak_rss_mb, pin_one_core, pipeline_sizes, rss_mb, timed
 from benchmarks._recordings import SourceRecording, copy_tag, endless_replay, load_sources, round_rate
@@ -126,7 +128,9 @@ def part_active(n: int) -> dict[str, Any]:
 def bounded_fills(p: AttributionPipeline, replay: ReplaySource) -> dict[str, tuple[int, int]]:
     """(held, bound) of the maps that fill with traffic up to a bound: until all are full RSS rises by design
     (at 50 requests/s the log parser's id maps take ~22 minutes), so only after that can a slope show a leak."""
-    ids = replay._log_parser.ids
+    log = replay.parsers[LOG]
+    assert isinstance(log, LogRecordParser)
+    ids = log.line_parser.ids
     return {"log_parser_ids": (len(ids), 2 * ids.limit), "span_ids": (len(p._spans), p.config.max_pending),
             "results": (len(p.store), len(p.store) if p.store.evicted else p.config.max_results)}  # (by age)
 

@@ -39,7 +39,7 @@ logger = logging.getLogger("attrib_agent")
 
 MAX_QUEUED_EVENTS = 100_000
 SINK_FLUSH_S = 0.5  # "a restart loses at most the last second"
-IDLE_SETTLE_S = 0.5  # with no events arriving (vLLM down), still attribute what is due
+IDLE_SETTLE_S = 0.5  # live, with no events arriving (vLLM down), still attribute what is due
 METRICS_MAX_AGE_S = 1.0  # a /metrics body is reused for at most this long (and only while the state is unchanged)
 
 
@@ -65,6 +65,10 @@ class AgentCore:
         self._queue: asyncio.Queue[Event] | None = None
         self._max_queued = max_queued
         self.results_out = 0
+        # Live: a wall-clock idle settle attributes what is due while vLLM is down. A replay settles on event time
+        # only (`replay_into` turns this off): a wall-clock settle would land at a different event on a busy machine
+        # and change the results from run to run.
+        self.settle_when_idle = True
 
     @classmethod
     def from_config(cls, cfg: AgentConfig, *, live: bool, clock: Callable[[], float] = time.time) -> AgentCore:
@@ -146,7 +150,8 @@ class AgentCore:
             try:
                 ev = await asyncio.wait_for(queue.get(), timeout=IDLE_SETTLE_S)
             except TimeoutError:
-                self.settle()
+                if self.settle_when_idle:
+                    self.settle()
                 ev = None
             if ev is not None:
                 self.process(ev)

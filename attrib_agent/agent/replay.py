@@ -26,6 +26,7 @@ async def replay_into(core: AgentCore, path: str | os.PathLike[str], *, speed: f
         core.state.health[REPLAY_SOURCE_NAMES.get(stream, stream)] = h
     core.state.health["replay"] = SourceHealth("replay")
     core.state.replay_done = False
+    core.settle_when_idle = False  # event time only: the same results however busy the machine is
     n = 0
 
     def emit(ev: Event) -> None:

@@ -11,7 +11,7 @@ and TOML keys like every other.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -23,6 +23,9 @@ if TYPE_CHECKING:  # the settings are read at build time only; no import of the 
     from attrib_agent.config.load import AgentConfig
 
 Emit = Callable[[Event], None]
+RecordParse = Callable[[Mapping[str, Any], float], Sequence[Event]]
+"""One recorded record (`recording.py`'s line for the source's stream) and its receipt time -> its events; a bad
+record is counted in the source's health and yields none, never raises."""
 
 
 class Source(Protocol):
@@ -46,6 +49,15 @@ class SourceContext:
 
 
 @dataclass(frozen=True)
+class ReplayContext:
+    """What a replay lends a source's record parser: the stream's health record and the agent's settings it reads."""
+
+    health: SourceHealth
+    engine: int = 0
+    max_otlp_decompressed: int = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
 class SourceSpec:
     """A source's registration: its name, the rows of the settings it reads (gathered into
     `config.settings.SETTINGS`), and how to build it from the settings (None: not configured, stays off)."""
@@ -54,6 +66,8 @@ class SourceSpec:
     settings: tuple[Setting[Any], ...]
     build: Callable[[AgentConfig, SourceContext], Source | None]
     stream: str | None = None  # the recording stream (`recording.STREAMS`) a replay reads in its place
+    # How a replay parses that stream's records: the live source's own parse, so replay runs the live code.
+    parser: Callable[[ReplayContext], RecordParse] | None = None
 
 
 async def wait_for_stop(stop: asyncio.Event) -> None:

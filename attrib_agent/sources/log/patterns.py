@@ -7,6 +7,7 @@ returns request content: helpers take a message and return only ids, numbers or 
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import UTC, datetime
 from typing import Final
@@ -122,25 +123,30 @@ def failure_reason(tail: str) -> str:
     return "failed" if tail == "." else "other"
 
 
+_PARAMS_SPECIAL: Final = re.compile(r"[\\'\"()\[\]{},]")  # the only characters top_level_int acts on
+
+
 def top_level_int(params: str, name: str, limit: int = 65_536) -> int | None:
     """`name=<int>` among the top-level fields of a `Params(...)` repr, skipping quoted strings.
 
     A stop word such as `'max_tokens=5'` sits inside quotes and nested brackets, so it is never mistaken
     for the field. Returns None when the field is absent, `None`, or not an integer; scans at most `limit`
-    characters (the tailer's line limit).
+    characters (the tailer's line limit). Only quotes, brackets, commas and backslashes matter, so the scan
+    jumps from one to the next (a regex) rather than stepping through every character.
     """
     depth = 0
     quote = ""
-    i = 0
-    n = min(len(params), limit)
+    escaped_until = -1
     key = name + "="
-    while i < n:
+    for hit in _PARAMS_SPECIAL.finditer(params, 0, min(len(params), limit)):
+        i = hit.start()
+        if i < escaped_until:
+            continue
         c = params[i]
         if quote:
             if c == "\\":
-                i += 2
-                continue
-            if c == quote:
+                escaped_until = i + 2  # the next character is escaped, whatever it is
+            elif c == quote:
                 quote = ""
         elif c in "'\"":
             quote = c
@@ -154,7 +160,6 @@ def top_level_int(params: str, name: str, limit: int = 65_536) -> int | None:
                 return None
         elif depth == 1 and c == "," and params.startswith(" " + key, i + 1):
             return _int_at(params, i + 2 + len(key))
-        i += 1
     return None
 
 
@@ -192,11 +197,16 @@ def prefix_log_ts(m: re.Match[str], receipt_ts: float) -> float | None:
 
 
 def _utc(year: int, m: re.Match[str]) -> float | None:
+    return _utc_stamp(year, m.string[m.start("month"):m.end("second")])
+
+
+@functools.lru_cache(maxsize=4096)
+def _utc_stamp(year: int, stamp: str) -> float | None:
+    """`MM-DD HH:MM:SS` of `year` as unix time (UTC). A log repeats each second's stamp on every line of that
+    second (hundreds at GPU rates): remembered, not rebuilt through datetime each time."""
     try:
-        d = datetime(
-            year, int(m.group("month")), int(m.group("day")),
-            int(m.group("hour")), int(m.group("minute")), int(m.group("second")), tzinfo=UTC,
-        )
+        d = datetime(year, int(stamp[0:2]), int(stamp[3:5]), int(stamp[6:8]), int(stamp[9:11]), int(stamp[12:14]),
+                     tzinfo=UTC)
     except ValueError:
         return None
     return d.timestamp()

@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from attrib_agent.config import values as v
 from attrib_agent.config.setting import Setting
+from attrib_agent.events import Event
 from attrib_agent.recording import LOG
 from attrib_agent.sources.log.parser import LogLineParser
 from attrib_agent.sources.log.tailer import POLL_INTERVAL_S, BinaryReader, LogFollower, StdinLines
-from attrib_agent.sources.source import Emit, SourceContext, SourceSpec
+from attrib_agent.sources.source import Emit, ReplayContext, SourceContext, SourceSpec
 
 if TYPE_CHECKING:
     from attrib_agent.config.load import AgentConfig
@@ -70,4 +72,21 @@ def build(cfg: AgentConfig, ctx: SourceContext) -> LogSource | None:
     return None
 
 
-SPEC = SourceSpec(NAME, ROWS, build, stream=LOG)
+class LogRecordParser:
+    """A recorded line (`{"ts", "line"}`) through the live source's line parser (`line_parser`: its id maps)."""
+
+    def __init__(self, ctx: ReplayContext) -> None:
+        self.line_parser = LogLineParser(ctx.health)
+        self._health = ctx.health
+
+    def __call__(self, rec: Mapping[str, Any], ts: float) -> Sequence[Event]:
+        try:
+            line = rec["line"]
+        except KeyError:
+            self._health.skip("malformed_record")
+            return ()
+        return self.line_parser.parse_all(str(line), ts)
+
+
+SPEC = SourceSpec(NAME, ROWS, build, stream=LOG,
+                  parser=LogRecordParser)

@@ -31,6 +31,16 @@ class _BodyTooLarge(Exception):
     pass
 
 
+def observe_body(text: str, ts: float, health: SourceHealth, tracker: CounterTracker) -> list[MetricsSnapshot]:
+    """One /metrics body received at `ts`: its snapshots (counter resets flagged), counted in `health`. Live and
+    replay both read bodies through here. Raises MetricsParseError for a body that is not Prometheus text."""
+    snapshots = parse_metrics(text, ts)
+    health.success(ts)
+    if not snapshots:
+        health.skip("no_vllm_series")  # e.g. vLLM started with --disable-log-stats
+    return tracker.observe(snapshots)
+
+
 class MetricsPoller:
     """Scrapes one vLLM server; its dependencies (HTTP client, clocks, sleep) are injected, so tests fake them.
 
@@ -128,16 +138,14 @@ class MetricsPoller:
                 except Exception as e:
                     self._log_unexpected(e, "on_raw callback failed; scrape at %.3f not journaled", ts)
                     self.health.skip("on_raw_failed")
+            was_up = self.health.up
             try:
-                snapshots = parse_metrics(text, ts)
+                snapshots = observe_body(text, ts, self.health, self.tracker)
             except MetricsParseError as e:
                 return self._failed("malformed", str(e), ts)
-            if not self.health.up:
+            if not was_up:
                 logger.info("vLLM /metrics at %s answering again", self._url_for_logs)
-            self.health.success(ts)
-            if not snapshots:
-                self.health.skip("no_vllm_series")  # e.g. vLLM started with --disable-log-stats
-            return self.tracker.observe(snapshots)
+            return snapshots
 
     def _failed(self, kind: str, message: str, ts: float | None = None) -> list[MetricsSnapshot]:
         # Warn when the source goes down, not at every poll of an outage (that is what `health` counts).

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
+from attrib_agent.events import Event
 from attrib_agent.recording import METRICS
-from attrib_agent.sources.metrics.poller import MetricsPoller
+from attrib_agent.sources.metrics.parser import CounterTracker, MetricsParseError
+from attrib_agent.sources.metrics.poller import MetricsPoller, observe_body
 from attrib_agent.sources.metrics.settings import ROWS
-from attrib_agent.sources.source import SourceContext, SourceSpec
+from attrib_agent.sources.source import RecordParse, ReplayContext, SourceContext, SourceSpec
 
 if TYPE_CHECKING:
     from attrib_agent.config.load import AgentConfig
@@ -21,4 +24,21 @@ def build(cfg: AgentConfig, ctx: SourceContext) -> MetricsPoller:
                          health=ctx.health(NAME), clock=ctx.clock, name=NAME)
 
 
-SPEC = SourceSpec(NAME, ROWS, build, stream=METRICS)
+def record_parser(ctx: ReplayContext) -> RecordParse:
+    """A recorded scrape (`{"ts", "text"}`) through the poller's own parse and restart tracker."""
+    tracker = CounterTracker()
+
+    def parse(rec: Mapping[str, Any], ts: float) -> Sequence[Event]:
+        try:
+            return observe_body(str(rec["text"]), ts, ctx.health, tracker)
+        except MetricsParseError:
+            ctx.health.skip("malformed")
+        except KeyError:
+            ctx.health.skip("malformed_record")
+        return ()
+
+    return parse
+
+
+SPEC = SourceSpec(NAME, ROWS, build, stream=METRICS,
+                  parser=record_parser)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Final
 
 from attrib_agent.config import values as v
 from attrib_agent.config.setting import Setting
+from attrib_agent.events import Event, GpuSample
 from attrib_agent.recording import NVML
 from attrib_agent.sources.nvml.sampler import DEFAULT_INTERVAL_S, NvmlSampler
-from attrib_agent.sources.source import Emit, SourceContext, SourceSpec
+from attrib_agent.sources.source import Emit, RecordParse, ReplayContext, SourceContext, SourceSpec
 
 if TYPE_CHECKING:
     from attrib_agent.config.load import AgentConfig
@@ -51,4 +54,22 @@ def build(cfg: AgentConfig, ctx: SourceContext) -> NvmlSource | None:
     return NvmlSource(sampler)
 
 
-SPEC = SourceSpec(NAME, ROWS, build, stream=NVML)
+_GPU_FIELDS: Final = frozenset(f.name for f in fields(GpuSample))
+
+
+def record_parser(ctx: ReplayContext) -> RecordParse:
+    """A recorded sample: the sampler's own `GpuSample`, stored field by field (`recording.nvml_record`)."""
+
+    def parse(rec: Mapping[str, Any], ts: float) -> Sequence[Event]:
+        try:
+            sample = GpuSample(**{k: v for k, v in rec.items() if k in _GPU_FIELDS})
+        except (TypeError, ValueError):
+            ctx.health.skip("malformed_record")
+            return ()
+        ctx.health.success(ts)
+        return (sample,)
+
+    return parse
+
+
+SPEC = SourceSpec(NAME, ROWS, build, stream=NVML, parser=record_parser)

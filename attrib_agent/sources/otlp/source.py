@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import uvicorn
@@ -15,12 +16,13 @@ import uvicorn
 from attrib_agent.config import values as v
 from attrib_agent.config.setting import Setting
 from attrib_agent.config.types import HTTP_KEEP_ALIVE_S
-from attrib_agent.recording import OTLP
-from attrib_agent.sources.otlp.decode import MAX_EXPORT_BYTES, DecodeResult
+from attrib_agent.events import Event
+from attrib_agent.recording import OTLP, otlp_body
+from attrib_agent.sources.otlp.decode import MAX_EXPORT_BYTES, DecodeResult, OtlpError, decode_export
 from attrib_agent.sources.otlp.forward import OtlpForwarder
 from attrib_agent.sources.otlp.grpc_receiver import DEFAULT_HOST, DEFAULT_PORT, OtlpGrpcReceiver
 from attrib_agent.sources.otlp.http_receiver import otlp_http_app
-from attrib_agent.sources.source import Emit, SourceContext, SourceSpec, wait_for_stop
+from attrib_agent.sources.source import Emit, RecordParse, ReplayContext, SourceContext, SourceSpec, wait_for_stop
 
 if TYPE_CHECKING:
     from attrib_agent.config.load import AgentConfig
@@ -108,4 +110,24 @@ def build(cfg: AgentConfig, ctx: SourceContext) -> OtlpSource:
     return OtlpSource(cfg, ctx)
 
 
-SPEC = SourceSpec(NAME, ROWS, build, stream=OTLP)
+def record_parser(ctx: ReplayContext) -> RecordParse:
+    """A recorded export (`{"ts", "content_type", "body_b64", "content_encoding"}`) through the receivers' decoder."""
+
+    def parse(rec: Mapping[str, Any], ts: float) -> Sequence[Event]:
+        try:
+            result = decode_export(otlp_body(rec), content_type=rec.get("content_type"),
+                                   content_encoding=rec.get("content_encoding"), ts=ts,
+                                   max_decompressed=ctx.max_otlp_decompressed)
+        except OtlpError:
+            ctx.health.skip("malformed")
+            return ()
+        except (KeyError, TypeError, ValueError):  # no body_b64, or not base64
+            ctx.health.skip("malformed_record")
+            return ()
+        ctx.health.success(ts)
+        return result.spans
+
+    return parse
+
+
+SPEC = SourceSpec(NAME, ROWS, build, stream=OTLP, parser=record_parser)

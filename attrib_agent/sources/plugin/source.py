@@ -14,15 +14,23 @@ import logging
 import os
 import socket
 import stat
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from attrib_agent.config import values as v
 from attrib_agent.config.setting import Setting
+from attrib_agent.events import Event
 from attrib_agent.health import SourceHealth
 from attrib_agent.recording import VLLM_STEPS
-from attrib_agent.sources.plugin.parse import MAX_DATAGRAM, PluginParseError, PluginSkip, parse_datagram
-from attrib_agent.sources.source import Emit, SourceContext, SourceSpec, wait_for_stop
+from attrib_agent.sources.plugin.parse import (
+    MAX_DATAGRAM,
+    PluginParseError,
+    PluginSkip,
+    parse_datagram,
+    parse_message,
+)
+from attrib_agent.sources.source import Emit, RecordParse, ReplayContext, SourceContext, SourceSpec, wait_for_stop
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -115,4 +123,22 @@ def build(cfg: AgentConfig, ctx: SourceContext) -> PluginSource | None:
     return PluginSource(cfg.plugin_socket, ctx.health(NAME), ctx.clock, cfg.engine)
 
 
-SPEC = SourceSpec(NAME, ROWS, build, stream=VLLM_STEPS)
+def record_parser(ctx: ReplayContext) -> RecordParse:
+    """A recorded message (the datagram's object plus `ts`) through the live source's message parser."""
+
+    def parse(rec: Mapping[str, Any], ts: float) -> Sequence[Event]:
+        try:
+            step = parse_message(rec, ts, ctx.engine)
+        except (PluginParseError, PluginSkip) as e:
+            ctx.health.skip(e.reason)
+            return ()
+        except (KeyError, TypeError, ValueError):
+            ctx.health.skip("malformed_record")
+            return ()
+        ctx.health.success(ts)
+        return (step,)
+
+    return parse
+
+
+SPEC = SourceSpec(NAME, ROWS, build, stream=VLLM_STEPS, parser=record_parser)
