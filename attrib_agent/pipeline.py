@@ -111,6 +111,7 @@ class AttributionPipeline:
         self._partial: OrderedDict[str, float] = OrderedDict()  # victim -> its finish time
         self._next_settle: float | None = None
         self.version = 0  # bumped by every feed and settle: readers cache what they render per version
+        self.settles = 0  # settle passes run: readers keep what changes slowly (the forecast's state) per settle
 
     # ---- input -------------------------------------------------------------------------------------------
     def feed(self, event: Event) -> list[AttributionResult]:
@@ -194,6 +195,7 @@ class AttributionPipeline:
         if now is None:
             return []
         self.version += 1
+        self.settles += 1
         self._next_settle = now + self.config.settle_interval_s
         lcs = {lc.request_id: lc for lc in self.timeline.lifecycles()}
         wanted = set(self._due)

@@ -17,8 +17,8 @@ from typing import Protocol
 from attrib_agent import __version__
 from attrib_agent.attribution.cost_model import StepCostModel
 from attrib_agent.attribution.culprit_windows import TopCulprits
-from attrib_agent.attribution.forecast import ArrivalLoad, Candidate, EngineState, Forecast, ForecastSettings, forecast
-from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
+from attrib_agent.attribution.forecast import ArrivalLoad, Candidate, EngineState, Forecast, ForecastSettings
+from attrib_agent.attribution.forecast_cache import ForecastCache
 from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.attribution.tally import SlowdownTally
 from attrib_agent.events import GpuSample
@@ -54,6 +54,7 @@ class AgentState:
     vllm_gap_since: float | None = None  # set while vLLM is unreachable now
     replay_done: bool = True  # False while a replay is still feeding events (readyz waits for it)
     forecast_settings: ForecastSettings = field(default_factory=ForecastSettings)  # the forecast's SLOs, whale
+    forecasts: ForecastCache = field(default_factory=ForecastCache)  # the forecast's state, once per settle
 
     def source(self, name: str) -> SourceHealth:
         """The health record of a source, created on first use."""
@@ -136,11 +137,10 @@ class AgentState:
 
     def forecast(self, candidates: Sequence[Candidate], load: ArrivalLoad | None = None,
                  prompts: Mapping[str, int] | None = None) -> tuple[EngineState, list[Forecast]] | None:
-        """The admission forecast of `candidates` from the engine's state now (None before any event)."""
-        now = engine_state(self.pipeline, load=load, prompts=prompts)
-        if now is None:
-            return None
-        return now, forecast(now, candidates, forecast_cost(self.pipeline), self.forecast_settings.config)
+        """The admission forecast of `candidates` from the engine's state as of the first forecast since the last
+        settle (None before any event): the gauge and repeated requests read it from the cache."""
+        return self.forecasts.forecast(self.pipeline, self.pipeline.settles, candidates,
+                                       self.forecast_settings.config, load, prompts)
 
     def gpu_samples(self, since: float | None = None) -> list[GpuSample]:
         return self.pipeline.gpu_samples(since)

@@ -1,7 +1,8 @@
 """The forecast series: the harm a reference whale admitted now would do, for a router to scrape.
 
-One forecast per scrape (in-flight requests plus the expected arrivals, summed extra TTFT); before any event
-the family has no sample (unknown, not 0).
+The reference whale's forecast (in-flight requests plus the expected arrivals, summed extra TTFT), computed at
+most once per pipeline settle and read from the agent's forecast cache by every scrape after it (a scrape no
+longer re-simulates on the event loop); before any event the family has no sample (unknown, not 0).
 """
 
 from __future__ import annotations
