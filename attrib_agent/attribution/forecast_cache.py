@@ -15,8 +15,16 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from attrib_agent.attribution.forecast import (ArrivalLoad, Candidate, EngineState, Forecast, ForecastConfig, Run,
-                                               base_run, forecast)
+from attrib_agent.attribution.forecast import (
+    ArrivalLoad,
+    Candidate,
+    EngineState,
+    Forecast,
+    ForecastConfig,
+    base_run,
+    forecast,
+)
+from attrib_agent.attribution.forecast_sim import Run
 from attrib_agent.attribution.forecast_state import PipelineParts, engine_state, forecast_cost
 from attrib_agent.attribution.sim_types import StepCost
 
