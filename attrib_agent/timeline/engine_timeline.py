@@ -77,6 +77,7 @@ class EngineTimeline:
         self._feeds_since_bound = 0
         self._version = 0
         self._ledger: tuple[int, KvBlockLedger] | None = None
+        self._preempted: tuple[int, list[InferredPreemption]] | None = None
         self._exact = ExactSteps(max_steps, max_requests)  # the step plugin's facts (exact mode), when it reports
         self._overlaid: tuple[int, list[tuple[StepInput, StepOutcome]]] | None = None
         self.skipped: dict[str, int] = {}
@@ -275,9 +276,15 @@ class EngineTimeline:
         return kv_latest(self._inference.geometry, self.outcomes(), self._samples)
 
     def preemptions(self) -> list[InferredPreemption]:
+        """Inferred once per timeline version (like the ledger): the timeline view, the counters and each settle
+        read them, and the inference walks every step held."""
         outcomes = self.outcomes()
-        found = infer_preemptions(outcomes, list(self._samples), {lc.request_id: lc for lc in self._book.lifecycles()})
-        return certain(found, exact_iterations(outcomes, self._exact)) if len(self._exact) else found
+        if self._preempted is None or self._preempted[0] != self._version:
+            found = infer_preemptions(outcomes, list(self._samples),
+                                      {lc.request_id: lc for lc in self._book.lifecycles()})
+            found = certain(found, exact_iterations(outcomes, self._exact)) if len(self._exact) else found
+            self._preempted = (self._version, found)
+        return list(self._preempted[1])
 
     def preemption_counts(self) -> PreemptionCounts:
         return preemption_counts(self.preemptions(), list(self._samples))
