@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from attrib_agent.attribution.cost_model import StepCostModel
@@ -104,7 +104,8 @@ def stream(cfg: StreamConfig) -> list[Event]:
     return sorted(events, key=lambda e: e.ts)
 
 
-def measure(events: Sequence[Event], cfg: StreamConfig, marks: Sequence[float]
+def measure(events: Sequence[Event], cfg: StreamConfig, marks: Sequence[float],
+            on_mark: Callable[[tuple[float, float, int, dict[str, int]]], None] = lambda row: None
             ) -> list[tuple[float, float, int, dict[str, int]]]:
     """(mark minutes, CPU seconds in the minute before it, results made final in it, what the timeline holds at
     the mark) for each mark."""
@@ -117,6 +118,7 @@ def measure(events: Sequence[Event], cfg: StreamConfig, marks: Sequence[float]
         while k < len(windows) and ev.ts >= windows[k][1]:
             out.append((windows[k][2], time.process_time() - cpu0 if cpu0 is not None else 0.0, finals,
                         dict(p.timeline.sizes())))
+            on_mark(out[-1])
             k, cpu0, finals = k + 1, None, 0
         if k == len(windows):
             break
@@ -147,13 +149,18 @@ def main(argv: list[str] | None = None) -> int:
           f"{steps / (cfg.minutes * 60):.0f} steps/s; {len(spans):,} requests finished, "
           f"{len(spans) / (cfg.minutes * 60):.1f}/s); generated in {time.process_time() - t:.1f} CPU s")
     idle = [b.start_ts - a for a, b in zip(_ends(spans), spans[1:], strict=False) if b.start_ts > a]
-    print(f"never idle: {'yes' if not idle else f'no ({len(idle)} gaps, longest {max(idle):.2f} s)'}")
-    rows = measure(events, cfg, marks)
-    first = rows[0][1] / max(rows[0][2], 1)
-    for m, cpu, n, held in rows:
+    print(f"never idle: {'yes' if not idle else f'no ({len(idle)} gaps, longest {max(idle):.2f} s)'}", flush=True)
+    firsts: list[float] = []
+
+    def show(row: tuple[float, float, int, dict[str, int]]) -> None:
+        m, cpu, n, held = row
         per = cpu / max(n, 1)
+        firsts.append(per)
         print(f"busy {m:>4g} min: {n:5d} results final in the minute before, CPU {cpu:6.2f} s, "
-              f"{per * 1000:7.2f} ms/request ({per / first:.2f}x the first); timeline holds {held}")
+              f"{per * 1000:7.2f} ms/request ({per / firsts[0]:.2f}x the first); timeline holds {held}", flush=True)
+
+    rows = measure(events, cfg, marks, show)
+    first = firsts[0]
     ratio = rows[-1][1] / max(rows[-1][2], 1) / first
     print(f"ratio {rows[-1][0]:g} min / {rows[0][0]:g} min: {ratio:.2f} (goal <= {GOAL_RATIO}: "
           f"{'met' if ratio <= GOAL_RATIO else 'MISSED'}); RSS {rss_mb():.0f} MB")
