@@ -111,6 +111,8 @@ class AttributionPipeline:
         self._partial: OrderedDict[str, float] = OrderedDict()  # victim -> its finish time
         self._next_settle: float | None = None
         self.version = 0  # bumped by every feed and settle: readers cache what they render per version
+        self.settles = 0  # settle passes run: readers keep what changes slowly (the forecast's state) per settle
+        self._kv_now: tuple[int, KvNow] | None = None
 
     # ---- input -------------------------------------------------------------------------------------------
     def feed(self, event: Event) -> list[AttributionResult]:
@@ -194,6 +196,7 @@ class AttributionPipeline:
         if now is None:
             return []
         self.version += 1
+        self.settles += 1
         self._next_settle = now + self.config.settle_interval_s
         lcs = {lc.request_id: lc for lc in self.timeline.lifecycles()}
         wanted = set(self._due)
@@ -329,18 +332,23 @@ class AttributionPipeline:
         return "aborted" if (lc.aborted_ts is not None and not lc.complete) or self._lost(lc) else "running"
 
     def kv_now(self) -> KvNow:
-        ledger = self.timeline.ledger
-        steps = ledger.step_reconciliations()
-        recs = ledger.reconciliations()
+        """The KV picture at the latest step, kept per state version: it reads the ledger's last reconciliation
+        (a few steps from the end, `EngineTimeline.kv_latest`), not the whole ledger rebuilt per scrape."""
+        if self._kv_now is None or self._kv_now[0] != self.version:
+            self._kv_now = (self.version, self._kv_at_latest())
+        return self._kv_now[1]
+
+    def _kv_at_latest(self) -> KvNow:
+        latest = self.timeline.kv_latest()
         block_size, pool = self.timeline.pool()
-        last_ts = steps[-1].ts if steps else None
-        held = {k: v for k, v in ledger.held_at(last_ts).items() if v > 0} if last_ts is not None else {}
+        last_ts = latest.step.ts if latest.step is not None else None
+        held = {k: v for k, v in latest.held.items() if v > 0}
         weights = {rid: f for rid, f in footprints(self._kv_uses()).items() if f > 0}
         pool_tokens = block_size * pool if block_size and pool else None
         in_flight = set(whales(weights, self.config.attribution.whale_factor, pool_tokens)) & held.keys()
         whale_ids = tuple(sorted(in_flight))
         top = max(held.items(), key=lambda kv: (kv[1], kv[0]), default=None)
-        last_rec = recs[-1] if recs else None
+        last_rec = latest.sample
         return KvNow(ts=last_ts, pool_blocks=pool, ledger_blocks=sum(held.values()),
                      vllm_blocks=last_rec.observed_blocks if last_rec else None,
                      residual_blocks=last_rec.residual if last_rec else None, held=held, whales=whale_ids,

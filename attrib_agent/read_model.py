@@ -17,8 +17,8 @@ from typing import Protocol
 from attrib_agent import __version__
 from attrib_agent.attribution.cost_model import StepCostModel
 from attrib_agent.attribution.culprit_windows import TopCulprits
-from attrib_agent.attribution.forecast import ArrivalLoad, Candidate, EngineState, Forecast, ForecastSettings, forecast
-from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
+from attrib_agent.attribution.forecast import ArrivalLoad, Candidate, EngineState, Forecast, ForecastSettings
+from attrib_agent.attribution.forecast_cache import ForecastCache
 from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.attribution.tally import SlowdownTally
 from attrib_agent.events import GpuSample
@@ -29,6 +29,8 @@ from attrib_agent.timeline.preemption import InferredPreemption
 from attrib_agent.timeline.sched_state import StepInput
 from attrib_agent.timeline.step_outcome import StepOutcome
 
+REFERENCE_MAX_AGE_S = 2.0
+"""Event time the reference whale's gauge may lag the state (the agent refreshes it every SINK_FLUSH_S)."""
 OPTIONAL_SOURCES = frozenset({"nvml", "otlp_forward"})  # down or absent, attribution still works: never unready
 SOURCES = ("vllm_metrics", "vllm_log", "otlp", "otlp_forward", "nvml", "replay", "pipeline", "journal")
 
@@ -54,6 +56,9 @@ class AgentState:
     vllm_gap_since: float | None = None  # set while vLLM is unreachable now
     replay_done: bool = True  # False while a replay is still feeding events (readyz waits for it)
     forecast_settings: ForecastSettings = field(default_factory=ForecastSettings)  # the forecast's SLOs, whale
+    forecasts: ForecastCache = field(default_factory=ForecastCache)  # the forecast's state, once per settle
+    _reference: tuple[int, float, int, float] | None = field(default=None, init=False, repr=False)  # the gauge's
+    # (settles, event ts, engine, harm)
 
     def source(self, name: str) -> SourceHealth:
         """The health record of a source, created on first use."""
@@ -136,11 +141,32 @@ class AgentState:
 
     def forecast(self, candidates: Sequence[Candidate], load: ArrivalLoad | None = None,
                  prompts: Mapping[str, int] | None = None) -> tuple[EngineState, list[Forecast]] | None:
-        """The admission forecast of `candidates` from the engine's state now (None before any event)."""
-        now = engine_state(self.pipeline, load=load, prompts=prompts)
-        if now is None:
+        """The admission forecast of `candidates` from the engine's state as of the first forecast since the last
+        settle (None before any event): the gauge and repeated requests read it from the cache."""
+        return self.forecasts.forecast(self.pipeline, self.pipeline.settles, candidates,
+                                       self.forecast_settings.config, load, prompts)
+
+    def reference_harm(self, max_age_s: float = REFERENCE_MAX_AGE_S) -> tuple[int, float] | None:
+        """(engine, summed extra TTFT) of the reference whale admitted now, for the gauge: the value computed at
+        most `max_age_s` of event time ago (or at the current settle), else computed now. The agent refreshes
+        it off the scrape path (`refresh_reference`), so a scrape reads a number instead of re-simulating."""
+        ref, now = self._reference, self.pipeline.last_event_ts
+        if ref is not None and now is not None and (ref[0] == self.pipeline.settles or now - ref[1] < max_age_s):
+            return ref[2], ref[3]
+        return self.refresh_reference()
+
+    def refresh_reference(self) -> tuple[int, float] | None:
+        """Compute the reference whale's forecast from the state now (once per settle: a no-op when no settle
+        ran since the last one) and keep it for the gauge."""
+        settles, now = self.pipeline.settles, self.pipeline.last_event_ts
+        if self._reference is not None and self._reference[0] == settles:
+            return self._reference[2], self._reference[3]
+        answer = self.forecast([self.forecast_settings.reference])
+        if answer is None or now is None:
             return None
-        return now, forecast(now, candidates, forecast_cost(self.pipeline), self.forecast_settings.config)
+        state, [f] = answer
+        self._reference = (settles, now, state.engine, f.ttft_extra_sum_s)
+        return state.engine, f.ttft_extra_sum_s
 
     def gpu_samples(self, since: float | None = None) -> list[GpuSample]:
         return self.pipeline.gpu_samples(since)

@@ -4,7 +4,9 @@ Each committed recording (and each kept truth run) is replayed through the pipel
 and every 50th engine step, the reference whale's forecast is timed as the endpoint does it (state read off the
 timeline, cost model, both simulated futures): `--reps` times at each moment, on one pinned core. Printed: the
 moments, p50/p99/max over all timings, the p99 of each rep round (its spread), and the same through the real
-API (in-process ASGI, JSON in and out) for the arrival moments.
+API (in-process ASGI, JSON in and out) for the arrival moments. Then the path the endpoint and gauge take, the
+agent's per-settle snapshot (`attribution/forecast_cache.py`): the first request after a settle (it builds the
+snapshot), the same candidate again, and a new candidate (one simulated run), CPU time.
 
     .venv/bin/python -m benchmarks.forecast_latency [--reps 5] [--cpu 1] [--horizon-s 10]
 """
@@ -64,6 +66,9 @@ def main() -> None:
     rounds: list[list[float]] = [[] for _ in range(args.reps)]
     cpu: list[float] = []  # thread CPU seconds of the same timings: what other jobs on the core do not inflate
     api: list[float] = []
+    snap_miss: list[float] = []  # CPU of the first request after a settle: state, base run, candidate run
+    snap_hit: list[float] = []  # a candidate already answered from this settle's snapshot
+    snap_other: list[float] = []  # a new candidate on the snapshot: its own run only
     moments = 0
     for rec in recordings():
         p = AttributionPipeline()
@@ -82,6 +87,16 @@ def main() -> None:
                     forecast(now, [ref], forecast_cost(p), cfg)
                     r.append(time.perf_counter() - t)
                     cpu.append(time.thread_time() - c)
+                built = state.forecasts.built
+                c = time.thread_time()
+                state.forecast([ref])  # the endpoint's path: the snapshot of this settle, built at its first request
+                (snap_miss if state.forecasts.built > built else snap_hit).append(time.thread_time() - c)
+                c = time.thread_time()
+                state.forecast([ref])
+                snap_hit.append(time.thread_time() - c)
+                c = time.thread_time()
+                state.forecast([Candidate(ref.prompt_tokens // 2 + len(snap_other) % 7, ref.max_tokens)])
+                snap_other.append(time.thread_time() - c)
                 if isinstance(ev, RequestReceived):
                     api.append(asyncio.run(_api(transport, {"prompt_tokens": ref.prompt_tokens,
                                                             "max_tokens": ref.max_tokens})))
@@ -98,6 +113,10 @@ def main() -> None:
           f"{'met' if pct(every, 0.99) * ms <= GOAL_MS else 'MISSED'}")
     print(f"  CPU time of the same: p50 {pct(cpu, 0.5) * ms:.2f} ms, p99 {pct(cpu, 0.99) * ms:.2f} ms, "
           f"max {max(cpu) * ms:.2f} ms")
+    print(f"through the per-settle snapshot (AgentState.forecast), CPU: first request after a settle "
+          f"({len(snap_miss)}) p50 {pct(snap_miss, 0.5) * ms:.2f} ms, p99 {pct(snap_miss, 0.99) * ms:.2f} ms; "
+          f"same candidate again p50 {pct(snap_hit, 0.5) * ms:.3f} ms, p99 {pct(snap_hit, 0.99) * ms:.3f} ms; "
+          f"a new candidate p50 {pct(snap_other, 0.5) * ms:.2f} ms, p99 {pct(snap_other, 0.99) * ms:.2f} ms")
     print(f"POST /v1/forecast in-process ({len(api)} arrivals): p50 {pct(api, 0.5) * ms:.2f} ms, "
           f"p99 {pct(api, 0.99) * ms:.2f} ms, max {max(api) * ms:.2f} ms")
 

@@ -160,12 +160,22 @@ class AgentCore:
                 self._health.success(self.state.clock())
             if time.monotonic() - last_flush >= SINK_FLUSH_S:
                 self.flush()
+                self.refresh_forecast()
                 last_flush = time.monotonic()
             await asyncio.sleep(0)
         while not queue.empty():
             self.process(queue.get_nowait())
         self.settle()
         self.flush()
+
+    def refresh_forecast(self) -> None:
+        """The forecast gauge's value, once per settle at most, here rather than in a scrape (a forecast bug is
+        counted and skipped like a pipeline one: the gauge then computes it at the scrape)."""
+        try:
+            self.state.refresh_reference()
+        except Exception:
+            logger.exception("reference forecast failed; skipped")
+            self._health.skip("forecast_error")
 
     def flush(self) -> None:
         """Push out what the sinks buffered (the journal: "a restart loses at most the last second")."""

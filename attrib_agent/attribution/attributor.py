@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from attrib_agent.attribution.causes import EngineView, engine_view, observed_causes, simulated_causes
 from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior, StepFeatures
+from attrib_agent.attribution.neighbourhoods import neighbourhoods
 from attrib_agent.attribution.result import NO_CAUSES, NO_EVIDENCE, AttributionResult, Culprit, itl_gaps
 from attrib_agent.attribution.scheduler_sim import shapley, simulate
 from attrib_agent.attribution.shapley import largest_effects, with_shortfall
@@ -147,41 +148,6 @@ def busy_periods(requests: Sequence[tuple[SimRequest, float]], max_len: int) -> 
     if current:
         periods.append(current)
     return periods
-
-
-def neighbourhoods(chain: Sequence[tuple[SimRequest, float]], victims: set[str],
-                   max_len: int) -> list[list[SimRequest]]:
-    """The windows of a long busy period (one that never closes under continuous load) that its victims need.
-
-    A victim's re-simulation needs the requests that overlapped it and, so that those hold the right state when
-    it arrives, the requests in flight when the earliest of them arrived. Victims close in time share one
-    window; a window is at most `max_len` requests (the latest arrivals kept). Cost per settle pass is then
-    bounded by the concurrency, not by how long the engine has been busy."""
-    ordered = sorted(chain, key=lambda x: (x[0].arrival_ts, x[0].request_id))
-
-    def start_of(req: SimRequest, end: float) -> float:
-        first = min((r.arrival_ts for r, e in ordered if r.arrival_ts <= end and e >= req.arrival_ts),
-                    default=req.arrival_ts)
-        return min((r.arrival_ts for r, e in ordered if r.arrival_ts <= first and e >= first), default=first)
-
-    def window(lo: float, hi: float) -> list[SimRequest]:
-        return [r for r, e in ordered if e >= lo and r.arrival_ts <= hi]
-
-    out: list[list[SimRequest]] = []
-    group: tuple[float, float] | None = None
-    for req, end in ordered:
-        if req.request_id not in victims:
-            continue
-        lo = start_of(req, end)
-        if group is not None and len(window(min(group[0], lo), max(group[1], end))) <= max_len:
-            group = (min(group[0], lo), max(group[1], end))
-            continue
-        if group is not None:
-            out.append(window(*group)[-max_len:])
-        group = (lo, end)
-    if group is not None:
-        out.append(window(*group)[-max_len:])
-    return out
 
 
 class Attributor:

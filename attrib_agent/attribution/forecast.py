@@ -22,7 +22,7 @@ from attrib_agent.attribution.sim_types import SimRequest, StepCost
 from attrib_agent.attribution.slo import SloConfig
 
 __all__ = ["ArrivalLoad", "Candidate", "EngineState", "Forecast", "ForecastConfig", "ForecastSettings", "Harm",
-           "InFlight", "forecast"]
+           "InFlight", "Run", "base_run", "forecast"]
 
 CANDIDATE_PREFIX = "candidate-"
 EXPECTED_PREFIX = "expected-"
@@ -108,14 +108,25 @@ def expected_arrivals(state: EngineState, config: ForecastConfig) -> list[SimReq
             for i in range(n)]
 
 
+def base_run(state: EngineState, cost: StepCost, config: ForecastConfig | None = None) -> Run:
+    """The future without any candidate: what every candidate's run is compared with. It depends on the state,
+    the cost model and the config only, so a caller forecasting many candidates from one state runs it once."""
+    cfg = config or ForecastConfig()
+    expected = expected_arrivals(state, cfg)
+    watch = {r.request_id for r in state.requests} | {r.request_id for r in expected}
+    return simulate_from(state, cost, [(r, 0) for r in expected], watch, cfg.max_steps)
+
+
 def forecast(state: EngineState, candidates: Sequence[Candidate], cost: StepCost,
-             config: ForecastConfig | None = None) -> list[Forecast]:
-    """One forecast per candidate, each admitted alone now; the future without any is run once for all."""
+             config: ForecastConfig | None = None, base: Run | None = None) -> list[Forecast]:
+    """One forecast per candidate, each admitted alone now; the future without any is run once for all (or
+    taken from `base`, `base_run` of the same state, cost and config)."""
     cfg = config or ForecastConfig()
     expected = expected_arrivals(state, cfg)
     others = {r.request_id for r in state.requests}
     watch = others | {r.request_id for r in expected}
-    base = simulate_from(state, cost, [(r, 0) for r in expected], watch, cfg.max_steps)
+    if base is None:
+        base = base_run(state, cost, cfg)
     out = []
     for c in candidates:
         cid = f"{CANDIDATE_PREFIX}0"

@@ -27,7 +27,7 @@ from attrib_agent.events import (
 )
 from attrib_agent.timeline.exact import ExactSteps, certain, exact_iterations
 from attrib_agent.timeline.gpu_samples import GpuSamples
-from attrib_agent.timeline.ledger import KvBlockLedger, MetricsSample
+from attrib_agent.timeline.ledger import KvBlockLedger, KvLatest, MetricsSample, kv_latest
 from attrib_agent.timeline.lifecycle import LifecycleBook
 from attrib_agent.timeline.model import RequestLifecycle, StepRecord
 from attrib_agent.timeline.preemption import InferredPreemption, PreemptionCounts, infer_preemptions, preemption_counts
@@ -77,6 +77,7 @@ class EngineTimeline:
         self._feeds_since_bound = 0
         self._version = 0
         self._ledger: tuple[int, KvBlockLedger] | None = None
+        self._preempted: tuple[int, list[InferredPreemption]] | None = None
         self._exact = ExactSteps(max_steps, max_requests)  # the step plugin's facts (exact mode), when it reports
         self._overlaid: tuple[int, list[tuple[StepInput, StepOutcome]]] | None = None
         self.skipped: dict[str, int] = {}
@@ -270,10 +271,20 @@ class EngineTimeline:
                                                          lifetimes))
         return self._ledger[1]
 
+    def kv_latest(self) -> KvLatest:
+        """The ledger's latest step, holdings and sample reconciliation, without building the ledger."""
+        return kv_latest(self._inference.geometry, self.outcomes(), self._samples)
+
     def preemptions(self) -> list[InferredPreemption]:
+        """Inferred once per timeline version (like the ledger): the timeline view, the counters and each settle
+        read them, and the inference walks every step held."""
         outcomes = self.outcomes()
-        found = infer_preemptions(outcomes, list(self._samples), {lc.request_id: lc for lc in self._book.lifecycles()})
-        return certain(found, exact_iterations(outcomes, self._exact)) if len(self._exact) else found
+        if self._preempted is None or self._preempted[0] != self._version:
+            found = infer_preemptions(outcomes, list(self._samples),
+                                      {lc.request_id: lc for lc in self._book.lifecycles()})
+            found = certain(found, exact_iterations(outcomes, self._exact)) if len(self._exact) else found
+            self._preempted = (self._version, found)
+        return list(self._preempted[1])
 
     def preemption_counts(self) -> PreemptionCounts:
         return preemption_counts(self.preemptions(), list(self._samples))

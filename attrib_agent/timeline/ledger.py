@@ -107,23 +107,8 @@ class KvBlockLedger:
         its receipt time: the state shown is that of the last step before the scrape, or of one that was
         current within SCRAPE_WINDOW_S before it; the one whose logged usage matches the sample is taken.
         """
-        usable = self.geometry.usable_blocks
-        if usable is None or self.geometry.block_size is None:
-            return []
-        out: list[KvReconciliation] = []
-        for sample in self._samples:
-            i = _last_at_or_before(self._ends, sample.ts)
-            if sample.kv_usage is None or i is None:
-                continue
-            observed = sample.kv_usage * usable
-            candidates = [i]  # steps whose state may have been current while the scrape was served
-            while candidates[-1] > 0 and self._ends[candidates[-1]] >= sample.ts - SCRAPE_WINDOW_S:
-                candidates.append(candidates[-1] - 1)
-            j = min(candidates, key=lambda j: (abs(_obs(self._steps[j][1]) - observed), candidates.index(j)))
-            si, step_out = self._steps[j]
-            if step_out.predicted_blocks is not None:
-                out.append(KvReconciliation(sample.ts, si.iteration, observed, step_out.predicted_blocks))
-        return out
+        return [r for sample in self._samples
+                if (r := reconcile(self.geometry, self._steps, self._ends, sample)) is not None]
 
     def request(self, request_id: str) -> RequestKv | None:
         return self._requests.get(request_id)
@@ -154,6 +139,60 @@ class KvBlockLedger:
             share = bs / (usable * life) if usable and life > 0 else 0.0
             result[rid] = RequestKv(rid, bs, peak[rid], start, end, share)
         return result
+
+
+def reconcile(geometry: Geometry, steps: Sequence[tuple[StepInput, StepOutcome]], ends: Sequence[float],
+              sample: MetricsSample) -> KvReconciliation | None:
+    """One metrics sample against the step whose state its KV gauge showed (`KvBlockLedger.reconciliations`)."""
+    usable = geometry.usable_blocks
+    if usable is None or geometry.block_size is None:
+        return None
+    i = _last_at_or_before(ends, sample.ts)
+    if sample.kv_usage is None or i is None:
+        return None
+    observed = sample.kv_usage * usable
+    candidates = [i]  # steps whose state may have been current while the scrape was served
+    while candidates[-1] > 0 and ends[candidates[-1]] >= sample.ts - SCRAPE_WINDOW_S:
+        candidates.append(candidates[-1] - 1)
+    j = min(candidates, key=lambda j: (abs(_obs(steps[j][1]) - observed), candidates.index(j)))
+    si, step_out = steps[j]
+    if step_out.predicted_blocks is None:
+        return None
+    return KvReconciliation(sample.ts, si.iteration, observed, step_out.predicted_blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class KvLatest:
+    """The ledger's latest figures without building the ledger (what a scrape needs, at the cost of a few steps
+    read from the end): the last step's reconciliation, the holdings in force at its end, the last sample's."""
+
+    step: KvReconciliation | None  # step_reconciliations()[-1]
+    held: dict[str, int]  # held_at(step.ts)
+    sample: KvReconciliation | None  # reconciliations()[-1]
+
+
+def kv_latest(geometry: Geometry, steps: Sequence[tuple[StepInput, StepOutcome]],
+              samples: Sequence[MetricsSample]) -> KvLatest:
+    """What `KvBlockLedger(...).step_reconciliations()[-1]`, `held_at` of its time and `reconciliations()[-1]`
+    give, reading backwards from the latest step and sample until each is found (steps end in order)."""
+    step = None
+    for si, out in reversed(steps):
+        if out.observed_blocks is not None and out.predicted_blocks is not None:
+            step = KvReconciliation(si.end_ts, si.iteration, out.observed_blocks, out.predicted_blocks)
+            break
+    held: dict[str, int] = {}
+    if step is not None:
+        i = len(steps) - 1
+        while i > 0 and steps[i][0].end_ts > step.ts:
+            i -= 1
+        held = dict(steps[i][1].holdings)
+    last = None
+    if samples:
+        ends = [si.end_ts for si, _ in steps]
+        for sample in reversed(samples):
+            if (last := reconcile(geometry, steps, ends, sample)) is not None:
+                break
+    return KvLatest(step, held, last)
 
 
 def _obs(out: StepOutcome) -> float:

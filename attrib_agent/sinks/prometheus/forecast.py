@@ -1,7 +1,9 @@
 """The forecast series: the harm a reference whale admitted now would do, for a router to scrape.
 
-One forecast per scrape (in-flight requests plus the expected arrivals, summed extra TTFT); before any event
-the family has no sample (unknown, not 0).
+The reference whale's forecast (in-flight requests plus the expected arrivals, summed extra TTFT): the agent
+computes it at most once per pipeline settle, off the scrape path (every SINK_FLUSH_S in its loop), and a scrape
+reads the kept value (at most REFERENCE_MAX_AGE_S of event time old; older, it is computed then). Before any
+event the family has no sample (unknown, not 0).
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from attrib_agent.sinks.prometheus.families import gauge
 
 def forecast_families(state: AgentState) -> list[Metric]:
     harm = gauge("attrib_forecast_reference_harm_seconds")
-    answer = state.forecast([state.forecast_settings.reference])
+    answer = state.reference_harm()
     if answer is not None:
-        now, [f] = answer
-        harm.add_metric([str(now.engine)], f.ttft_extra_sum_s)
+        engine, seconds = answer
+        harm.add_metric([str(engine)], seconds)
     return [harm]
