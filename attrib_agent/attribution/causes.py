@@ -32,6 +32,7 @@ from attrib_agent.timeline.preemption import InferredPreemption
 
 PHASES = ("ttft", "itl")
 _STEP_EPS_S = 0.0005  # log times are stamped to the millisecond
+_HELD_LOOKBACK = 64  # steps scanned back from a preemption for the victim's last step (it ran in the one before)
 _Weights = dict[str, dict[str, dict[str, float]]]  # phase -> culprit -> cause -> seconds
 
 
@@ -52,7 +53,7 @@ class EngineView:
     _queue: list[RequestLifecycle] = field(default_factory=list)  # by arrival
     _arrivals: list[float] = field(default_factory=list)
     # by step (iteration, end: iterations restart with vLLM), shared by the pass's victims
-    _heads: dict[tuple[int, float], RequestLifecycle | None] = field(default_factory=dict)
+    _heads: dict[tuple[int, float], tuple[RequestLifecycle, int | None] | None] = field(default_factory=dict)
     _prices: dict[tuple[int, float], tuple[StepPrices, float | None]] = field(default_factory=dict)
     _max_wait: float = 0.0
 
@@ -104,13 +105,25 @@ class EngineView:
             return max(0.0, t1 - t0)
         return max(0.0, self._ends[i - 1] - t0) if i else None
 
-    def head(self, step: StepRecord) -> RequestLifecycle | None:
-        """The request at the front of vLLM's queue when `step` began: a preempted one waiting to resume (the
-        latest first: vLLM puts it back in front), else the first by arrival not yet scheduled."""
+    def head(self, step: StepRecord) -> tuple[RequestLifecycle, int | None] | None:
+        """The request at the front of vLLM's queue when `step` began, with the tokens it held when preempted (None
+        if it was not): a preempted one waiting to resume (the latest first: vLLM puts it back in front), else the
+        first by arrival not yet scheduled."""
         key = (step.iteration, step.end_ts)
         if key not in self._heads:
             self._heads[key] = self._head(step.start_ts)
         return self._heads[key]
+
+    def held(self, p: InferredPreemption) -> int | None:
+        """The tokens `p`'s request held in the last step it ran before it was dropped (what it must recompute)."""
+        i = bisect.bisect_left(self._ends, p.preempted_ts)  # the step it was dropped in, or one ending as it began
+        i = next((k for k in range(i, min(i + 3, len(self.steps))) if self.steps[k].iteration == p.preempted_iteration),
+                 i)
+        for s in reversed(self.steps[max(0, i - _HELD_LOOKBACK):i]):
+            m = next((m for m in s.members if m.request_id == p.request_id), None)
+            if m is not None:
+                return m.context_tokens
+        return None
 
     def prices(self, step: StepRecord) -> tuple[StepPrices, float | None]:
         """The step's members priced (marginal costs shared by every victim in it) and the GPU's bandwidth."""
@@ -121,19 +134,19 @@ class EngineView:
             got = self._prices[key] = (StepPrices(self.pricer, [_member(m) for m in step.members]), bw)
         return got
 
-    def _head(self, t: float) -> RequestLifecycle | None:
+    def _head(self, t: float) -> tuple[RequestLifecycle, int | None] | None:
         stalled = [p for p in self.preemptions if p.preempted_ts <= t + _STEP_EPS_S
                    and (p.resumed_ts is None or p.resumed_ts > t + _STEP_EPS_S)]
-        if stalled:
-            lc = self.lifecycles.get(max(stalled, key=lambda p: p.preempted_ts).request_id)
+        if stalled:  # in the timeline's order: by step, then vLLM's victim order; each goes to the front
+            lc = self.lifecycles.get(stalled[-1].request_id)
             if lc is not None:
-                return lc
+                return lc, self.held(stalled[-1])
         # nobody waits longer than the longest wait seen: start the scan there
         for lc in self._queue[bisect.bisect_left(self._arrivals, t - self._max_wait - 1.0):]:
             if (lc.arrival_ts or 0.0) >= t:
                 return None
             if lc.scheduled_ts is None or lc.scheduled_ts > t + _STEP_EPS_S:
-                return lc
+                return lc, None
         return None
 
 
@@ -178,7 +191,7 @@ class VictimCauses:
 
 def observed_causes(lc: RequestLifecycle, view: EngineView) -> VictimCauses | None:
     """The victim's causes from the observed steps; None when no step covers its time in flight."""
-    arrival, first, end = lc.arrival_ts, lc.first_token_ts, lc.end_ts
+    arrival, end = lc.arrival_ts, lc.end_ts
     if arrival is None or end is None:
         return None
     steps = view.between(arrival, end)
@@ -188,10 +201,10 @@ def observed_causes(lc: RequestLifecycle, view: EngineView) -> VictimCauses | No
     preempted = _preempted_steps(lc, steps, view, out)
     rid = lc.request_id
     for step in steps:
-        phase = "ttft" if first is None or step.end_ts <= first + _STEP_EPS_S else "itl"
         if step.iteration in preempted:
             continue
         mine = next((m for m in step.members if m.request_id == rid), None)
+        phase = _phase(lc, step, mine)
         seconds = min(step.end_ts, end) - max(step.start_ts, arrival)
         # Not in a step before its first token: it waited (its span's scheduled time, arrival + vLLM's queue time,
         # runs early by the frontend's lag when the API server is slow to hand requests to the engine)
@@ -231,7 +244,7 @@ def _preempted_steps(lc: RequestLifecycle, steps: Sequence[StepRecord], view: En
             mine = next((m for m in s.members if m.request_id == rid), None)
             if mine is not None and mine.context_tokens - mine.tokens >= held:
                 break  # it has rebuilt what it held: from here on it is an ordinary member
-            phase = "ttft" if lc.first_token_ts is None or s.end_ts <= lc.first_token_ts + _STEP_EPS_S else "itl"
+            phase = _phase(lc, s, mine)
             out.add(phase, Cause.PREEMPTION, holders, s.elapsed_s, Evidence.OBSERVED_PREEMPTION)
             out.preempted_s += s.elapsed_s
             covered.add(s.iteration)
@@ -240,13 +253,25 @@ def _preempted_steps(lc: RequestLifecycle, steps: Sequence[StepRecord], view: En
     return covered
 
 
+def _phase(lc: RequestLifecycle, step: StepRecord, mine: StepMember | None) -> str:
+    """TTFT for the steps up to the one that computed the victim's first token: that step's log line can be
+    stamped a few ms after the span's first token, so a step that began before it and ran the victim's prompt
+    is the first token's own step."""
+    first = lc.first_token_ts
+    if first is None or step.end_ts <= first + _STEP_EPS_S:
+        return "ttft"
+    return "ttft" if mine is not None and mine.phase != "decode" and step.start_ts < first else "itl"
+
+
 def _queued(out: VictimCauses, phase: str, step: StepRecord, seconds: float, lc: RequestLifecycle,
             view: EngineView) -> None:
     """A step the victim spent waiting to be scheduled: KV capacity, the queue's head, or the token budget."""
     holders = {m.request_id: float(m.blocks) for m in step.members if m.blocks > 0}
     free = view.pool_blocks - 1 - sum(m.blocks for m in step.members)  # vLLM keeps one block as its null block
-    head = view.head(step) or lc
-    need = -(-((head.prompt_tokens or 1) + _generated(head, step)) // view.block_size)
+    head, held = view.head(step) or (lc, None)
+    # vLLM admits a request only if its whole sequence fits: a preempted one its prompt and the output it had
+    tokens = held + 1 if held is not None else (head.prompt_tokens or 1) + _generated(head, step)
+    need = -(-tokens // view.block_size)
     if need > free and holders:
         out.add(phase, Cause.KV_PRESSURE, holders, seconds, Evidence.OBSERVED_STEPS)
         if head.request_id != lc.request_id:

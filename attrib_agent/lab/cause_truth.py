@@ -88,7 +88,8 @@ def truth_labels(victim: str, lc: RequestLifecycle, steps: Sequence[Mapping[str,
             stalled = preempted = True
         elif stalled and ran.get(victim) == 1:
             stalled = False  # decoding again: the context it held is rebuilt
-        if not t0 < t <= t1 or dt <= 0:
+        dt = min(t + dt, t1) - max(t, t0)  # the step's time within the victim's life (it may arrive mid-step)
+        if dt <= 0:
             continue
         phase = "ttft" if lc.first_token_ts is None or t < lc.first_token_ts else "itl"
         holders = [external_id(r) for r in (m.get("blocks") or {}) if external_id(r) != victim]

@@ -40,6 +40,16 @@ def test_truth_labels_follow_vllms_reasons_per_step():
     assert dict(labels["itl"]["w"]) == pytest.approx({"decode": 0.2, "preemption": 0.2})
 
 
+def test_the_step_running_when_the_victim_arrived_counts_for_the_time_it_waited_on_it():
+    """v arrives halfway through a step of w's prefill chunk: vLLM cannot take it before that step ends, so the
+    truth gives w `prefill_contention` for the half it waited (the agent counts that wait too)."""
+    lc = RequestLifecycle("v", arrival_ts=0.15, first_token_ts=0.3, finish_ts=0.3)
+    steps = [_step(0.1, {"w": 2048}, {"w": 16}, head={"id": "u-0abc1234", "reason": "token_budget"}),
+             _step(0.2, {"w": 1, "v": 32}, {"w": 16, "v": 1}), _step(0.3, {"w": 1, "v": 1}, {"w": 16, "v": 1})]
+    labels, _ = cause_truth.truth_labels("v", lc, steps)
+    assert dict(labels["ttft"]["w"]) == pytest.approx({"prefill_contention": 0.05, "decode": 0.1})
+
+
 def test_agreement_is_the_overlap_of_the_two_splits_of_each_culprits_seconds():
     lc = RequestLifecycle("v", arrival_ts=0.05, first_token_ts=0.25, finish_ts=0.45, completion_tokens=1)
     wait = {"id": "v-0abc1234", "reason": "no_free_blocks"}
@@ -64,8 +74,9 @@ def test_agreement_is_the_overlap_of_the_two_splits_of_each_culprits_seconds():
 
 def test_lab_score_prints_cause_agreement_beside_the_step_truth(fixtures_dir, capsys):
     """preempt-steps (three whales, 20 shorts; vLLM preempted w3, s004, s005): the three are named `preemption`
-    and nobody else is. Causes agree on 84 % of the blamed seconds (89 % by each culprit's main cause), short of the
-    90 % goal (docs/attribution.md says where the rest goes); the bounds are today's figures less a few points."""
+    and nobody else is. Causes agree on 87 % of the blamed seconds (92 % by each culprit's main cause; 84 % and 89 %
+    before the first token's own step counted as TTFT and the truth counted the step a victim arrived in), short of
+    the 90 % goal (docs/attribution.md says where the rest goes); the bounds are today's figures less a point."""
     path = fixtures_dir / "recordings" / "preempt-steps"
     assert main(["lab", "score", str(path)]) == 0
     out = capsys.readouterr().out
@@ -73,5 +84,5 @@ def test_lab_score_prints_cause_agreement_beside_the_step_truth(fixtures_dir, ca
     assert main(["lab", "score", str(path), "--json"]) == 0
     c = json.loads(capsys.readouterr().out)["causes"]["preempt-steps"]
     assert c["preemption_precision"] == c["preemption_recall"] == 1.0
-    assert c["share"] >= 0.80 and c["dominant_share"] >= 0.85
+    assert c["share"] >= 0.86 and c["dominant_share"] >= 0.91
     assert c["blamed_s"] > 100 and c["unseen_s"] < 0.05 * c["blamed_s"]

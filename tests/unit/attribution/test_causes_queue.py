@@ -1,0 +1,64 @@
+"""Causes of a queued victim in vLLM's terms, from hand-built steps: who is the head of the queue after a multi-victim
+preemption, what that head needs to be admitted, and which phase the first token's own step belongs to."""
+
+from __future__ import annotations
+
+from attrib_agent.attribution.causes import EngineView, observed_causes
+from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior
+from attrib_agent.attribution.sim_trace import Pricer
+from attrib_agent.timeline.model import RequestLifecycle, StepMember, StepRecord
+from attrib_agent.timeline.preemption import InferredPreemption
+
+COST = StepCostModel(StepCostPrior(intercept_s=0.01, per_prefill_token_s=0.001, per_decode_request_s=0.001,
+                                   per_decode_context_token_s=0.0, per_prefill_pair_s=0.0, step_gap_s=0.0))
+
+
+def step(iteration: int, end: float, *members: StepMember) -> StepRecord:
+    ctx = sum(m.tokens for m in members if m.phase != "decode")
+    gen = sum(m.tokens for m in members if m.phase == "decode")
+    return StepRecord(0, iteration, end, 0.1, sum(m.phase != "decode" for m in members), ctx,
+                      sum(m.phase == "decode" for m in members), gen, 0.9, members)
+
+
+def view(steps: list[StepRecord], lcs: list[RequestLifecycle], preemptions: list[InferredPreemption],
+         pool: int) -> EngineView:
+    return EngineView(steps, {lc.request_id: lc for lc in lcs}, preemptions, pool, 16, 2048, Pricer(COST))
+
+
+def test_the_head_after_a_preemption_is_the_last_victim_and_needs_what_it_held() -> None:
+    """vLLM preempts the most recently admitted first (b) and puts each victim back at the front of the queue, so a,
+    preempted last, is the head; it must bring back the 40 tokens it held (3 blocks), more than the 2 free. The
+    victim v, waiting behind it, reads kv_pressure on the holders and head_of_line on a (not b; and not a
+    contention: a guess of a's output from its span's timings, 8 + 16 tokens, would fit in the 2 free blocks)."""
+    w, x = StepMember("w", "decode", 1, 96, 6), StepMember("x", "decode", 1, 30, 2)
+    steps = [step(1, 0.1, w, x, StepMember("a", "decode", 1, 40, 3), StepMember("b", "decode", 1, 20, 2)),
+             step(2, 0.2, w, StepMember("x", "prefill", 64, 80, 5)),
+             step(3, 0.3, w, StepMember("x", "decode", 1, 81, 6))]
+    lcs = [RequestLifecycle("a", arrival_ts=-1.0, scheduled_ts=-1.0, first_token_ts=-0.9, finish_ts=5.0,
+                            prompt_tokens=8, completion_tokens=100, complete=True),
+           RequestLifecycle("b", arrival_ts=-0.5, scheduled_ts=-0.5, first_token_ts=-0.4, finish_ts=5.0,
+                            prompt_tokens=8, completion_tokens=100, complete=True),
+           RequestLifecycle("v", arrival_ts=0.1, scheduled_ts=1.0, first_token_ts=1.1, finish_ts=1.5,
+                            prompt_tokens=8, completion_tokens=10, complete=True)]
+    dropped = [InferredPreemption(r, 2, 0.1, None, None, 1.0, ("count_gap",)) for r in ("b", "a")]  # vLLM's order
+    got = observed_causes(lcs[2], view(steps, lcs, dropped, pool=14))
+    assert got is not None
+    ttft = got.weights["ttft"]
+    assert set(ttft) == {"w", "x", "a"}, dict(ttft)
+    assert set(ttft["a"]) == {"head_of_line"} and set(ttft["w"]) == {"kv_pressure"}
+    assert ttft["a"]["head_of_line"] == ttft["w"]["kv_pressure"] + ttft["x"]["kv_pressure"]
+
+
+def test_the_first_tokens_own_step_is_ttft_though_its_line_lands_after_the_token() -> None:
+    """v's prompt ran in the step beside c's prefill chunk; the step's log line is stamped 3 ms after v's first
+    token (the span's). c's chunk delayed v's first token: TTFT, not ITL."""
+    c = StepMember("c", "prefill", 512, 512, 32)
+    steps = [step(1, 0.203, c, StepMember("v", "prefill", 8, 8, 1)),
+             step(2, 0.3, StepMember("c", "decode", 1, 513, 33), StepMember("v", "decode", 1, 9, 1))]
+    lcs = [RequestLifecycle("v", arrival_ts=0.1, scheduled_ts=0.103, first_token_ts=0.2, finish_ts=0.3,
+                            prompt_tokens=8, completion_tokens=2, complete=True),
+           RequestLifecycle("c", arrival_ts=0.0, scheduled_ts=0.0, prompt_tokens=2048, complete=False)]
+    got = observed_causes(lcs[0], view(steps, lcs, [], pool=100))
+    assert got is not None
+    assert set(got.weights["ttft"]["c"]) == {"prefill_contention"}
+    assert set(got.weights["itl"]["c"]) == {"decode_batching"}
