@@ -34,6 +34,8 @@ MODEL_NAME = "tiny"
 # The step plugin's settings (plugins/vllm/attrib_vllm_plugin/channel.py; the lab does not import the plugin).
 PLUGIN_SOCKET_ENV = "ATTRIB_PLUGIN_SOCKET"
 PLUGIN_FILE_ENV = "ATTRIB_PLUGIN_FILE"
+PLUGIN_SEND_WAIT_ENV = "ATTRIB_PLUGIN_SEND_WAIT_S"
+TRUTH_SEND_WAIT_S = 5.0  # a truth recording misses no step: the plugin's sender waits for the starved capture
 PLUGIN_STEPS_FILE = "plugin-steps.ndjson"  # with LabConfig.plugin_socket: the plugin's messages, also as lines
 
 # Millisecond timestamps with the year, in UTC (TZ=UTC is set for vLLM): the default vLLM format has
@@ -168,7 +170,7 @@ class VllmLab:
             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "VLLM_LOGGING_CONFIG_PATH": str(log_cfg),
             "TZ": "UTC", "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "VLLM_LOGGING_LEVEL": cfg.log_level,
         }
-        for key in (PLUGIN_SOCKET_ENV, PLUGIN_FILE_ENV):
+        for key in (PLUGIN_SOCKET_ENV, PLUGIN_FILE_ENV, PLUGIN_SEND_WAIT_ENV):
             env.pop(key, None)  # never inherited: only the lab's own option turns the plugin on
         capture_extra: list[str] = []
         if cfg.plugin_socket is not None:
@@ -177,6 +179,7 @@ class VllmLab:
         elif cfg.truth_plugin:
             sock = self._steps_socket()
             env[PLUGIN_SOCKET_ENV] = sock
+            env[PLUGIN_SEND_WAIT_ENV] = str(TRUTH_SEND_WAIT_S)
             capture_extra = ["--steps-socket", sock]
         server_log = Path(ep.server_log)
         capture_port = ep.capture_url.rsplit(":", 1)[1]

@@ -152,6 +152,16 @@ def test_fanout_is_off_without_settings_and_writes_a_file(tmp_path):
     assert json.loads(path.read_text()) == {"v": 1, "kind": "step"} and out.dropped == 1
 
 
+def test_send_wait_comes_from_the_environment_and_bad_values_keep_the_default(tmp_path):
+    """The lab's truth recorder asks for a longer wait (it must miss no step); a bad value never breaks vLLM."""
+    sock = str(tmp_path / "s.sock")
+    for raw, want in [("5", 5.0), ("0.5", 0.5), ("x", channel.SEND_WAIT_S), ("0", channel.SEND_WAIT_S),
+                      ("-1", channel.SEND_WAIT_S), ("1e9", channel.SEND_WAIT_S), (None, channel.SEND_WAIT_S)]:
+        env = {channel.ENV_SOCKET: sock, **({channel.ENV_SEND_WAIT: raw} if raw is not None else {})}
+        out = channel.Fanout.from_env(env)
+        assert out is not None and out.channels[0].wait_s == want, raw
+
+
 class FakeScheduler:
     def __init__(self, sched):
         self.__dict__.update(vars(sched))

@@ -16,6 +16,19 @@ ENV_SOCKET = "ATTRIB_PLUGIN_SOCKET"
 ENV_FILE = "ATTRIB_PLUGIN_FILE"
 MAX_DATAGRAM = 200_000  # under Linux's default unix datagram limit (net.core.wmem_default, 212,992 bytes)
 SEND_WAIT_S = 0.25  # how long the sender thread waits for a full receiver before dropping a message
+# A receiver that must miss nothing (the lab's truth recorder, starved for CPU beside vLLM and a real-time load
+# client) sets a longer wait: only the plugin's sender thread waits; the engine's queue holds ~10 s of steps.
+ENV_SEND_WAIT = "ATTRIB_PLUGIN_SEND_WAIT_S"
+MAX_SEND_WAIT_S = 60.0
+
+
+def send_wait_s(env: dict[str, str]) -> float:
+    """The sender's wait from the environment; anything unreadable or out of range keeps the default."""
+    try:
+        wait = float(env.get(ENV_SEND_WAIT, SEND_WAIT_S))
+    except ValueError:
+        return SEND_WAIT_S
+    return wait if 0 < wait <= MAX_SEND_WAIT_S else SEND_WAIT_S
 
 # Errors that mean "nobody to hear it now": dropped and counted, never raised.
 _DROP_ERRNOS = {errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOENT, errno.ECONNREFUSED, errno.ENOBUFS, errno.EMSGSIZE,
@@ -113,7 +126,7 @@ class Fanout:
         env = dict(os.environ) if env is None else env
         channels: list[DatagramChannel | FileChannel] = []
         if env.get(ENV_SOCKET):
-            channels.append(DatagramChannel(env[ENV_SOCKET], SEND_WAIT_S))
+            channels.append(DatagramChannel(env[ENV_SOCKET], send_wait_s(env)))
         if env.get(ENV_FILE):
             channels.append(FileChannel(env[ENV_FILE]))
         return cls(channels) if channels else None
