@@ -1,9 +1,10 @@
 """The exact-mode source: the step plugin's datagrams on a unix socket the agent binds (docs/exact-mode.md).
 
 Off unless `plugin_socket` is set. The agent binds the path (vLLM's plugin connects to it and drops when
-nobody listens), reads every datagram the kernel holds whenever the socket is readable, and emits one typed
-event each. The kernel's receive queue is the bound; a burst over it is dropped by the sender, never waited
-on. Bad datagrams are counted in the source's health and skipped.
+nobody listens) and a reader thread of its own drains the socket into a bounded backlog, so the kernel's
+small datagram queue (`net.unix.max_dgram_qlen`, often 10) keeps emptying while the event loop settles
+results (CI dropped 11 steps when the loop read it itself). The loop turns the backlog into one typed event
+per datagram. Bad datagrams, and a backlog over its bound, are counted in the source's health and skipped.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import logging
 import os
 import socket
 import stat
+import threading
+from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -38,8 +41,9 @@ if TYPE_CHECKING:
     from attrib_agent.config.load import AgentConfig
 
 NAME = "vllm_plugin"
-RCVBUF_BYTES = 4 * 2**20  # room for a burst of steps while the event loop is busy
-MAX_PER_WAKEUP = 512  # datagrams read per readiness callback before yielding to the loop
+RCVBUF_BYTES = 4 * 2**20  # room for a burst of steps while the reader thread waits for the GIL
+MAX_BACKLOG_BYTES = 64 * 2**20  # datagrams read but not yet parsed (~60 s of 100 steps/s of 10 KB messages)
+RECV_POLL_S = 0.2  # the reader thread looks at its stop flag this often
 logger = logging.getLogger(__name__)
 ROWS: Final[tuple[Setting[Any], ...]] = (
     Setting("plugin_socket", "vllm", v.path, None, "exact mode: bind this unix datagram socket for vLLM's step "
@@ -51,34 +55,78 @@ ROWS: Final[tuple[Setting[Any], ...]] = (
 class PluginSource:
     name = NAME
 
-    def __init__(self, path: Path, health: SourceHealth, clock: Callable[[], float], engine: int = 0) -> None:
+    def __init__(self, path: Path, health: SourceHealth, clock: Callable[[], float], engine: int = 0,
+                 max_backlog_bytes: int = MAX_BACKLOG_BYTES) -> None:
         self.path, self.health, self._clock, self._engine = path, health, clock, engine
+        self.max_backlog_bytes = max_backlog_bytes
         self.started = asyncio.Event()
         self._sock: socket.socket | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._backlog: deque[tuple[bytes, float]] = deque()
+        self._backlog_bytes = 0
+        self._wake_pending = False
+        self._overflow_pending = 0
+        self.overflowed = 0  # datagrams dropped because the backlog was full (also in health as `backlog_full`)
 
     async def run(self, emit: Emit, stop: asyncio.Event) -> None:
         sock = self._sock = bind_datagram(self.path)
-        self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(sock.fileno(), self._drain, sock, emit)
+        sock.settimeout(RECV_POLL_S)
+        loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._read_loop, args=(sock, loop, emit), name="attrib-plugin-recv",
+                                        daemon=True)
+        self._thread.start()
         self.started.set()
         logger.info("exact mode: listening for the vLLM step plugin on %s", self.path)
         await wait_for_stop(stop)
 
-    def _drain(self, sock: socket.socket, emit: Emit) -> None:
-        for _ in range(MAX_PER_WAKEUP):
+    def _read_loop(self, sock: socket.socket, loop: asyncio.AbstractEventLoop, emit: Emit) -> None:
+        """The reader thread: receive, stamp, queue; wake the loop once per batch. Health is touched on the loop."""
+        while not self._stopping.is_set():
             try:
                 data = sock.recv(MAX_DATAGRAM + 1)
-            except (BlockingIOError, InterruptedError):
-                return
+            except TimeoutError:
+                continue
             except OSError as e:
-                self.health.error("recv", self._clock(), str(e))
+                if not self._stopping.is_set():
+                    with contextlib.suppress(RuntimeError):
+                        loop.call_soon_threadsafe(self.health.error, "recv", self._clock(), str(e))
                 return
-            self.feed(data, emit)
+            if self._enqueue(data, self._clock()):
+                try:
+                    loop.call_soon_threadsafe(self._drain, emit)
+                except RuntimeError:  # the loop closed under us: shutting down
+                    return
 
-    def feed(self, data: bytes, emit: Emit) -> None:
+    def _enqueue(self, data: bytes, ts: float) -> bool:
+        """Queue one datagram (or count it when the backlog is full); True when the loop must be woken."""
+        with self._lock:
+            if self._backlog_bytes + len(data) > self.max_backlog_bytes:
+                self._overflow_pending += 1
+                self.overflowed += 1
+            else:
+                self._backlog.append((data, ts))
+                self._backlog_bytes += len(data)
+            wake = not self._wake_pending
+            self._wake_pending = True
+        return wake
+
+    def _drain(self, emit: Emit) -> None:
+        """On the loop: parse everything the reader thread queued."""
+        with self._lock:
+            batch, self._backlog = self._backlog, deque()
+            overflow, self._overflow_pending = self._overflow_pending, 0
+            self._backlog_bytes = 0
+            self._wake_pending = False
+        if overflow:
+            self.health.skip("backlog_full", overflow)
+        for data, ts in batch:
+            self.feed(data, emit, ts)
+
+    def feed(self, data: bytes, emit: Emit, ts: float | None = None) -> None:
         """One datagram: an event, or a counted skip."""
-        ts = self._clock()
+        ts = self._clock() if ts is None else ts
         try:
             emit(parse_datagram(data, ts, self._engine))
         except PluginSkip as s:
@@ -92,8 +140,9 @@ class PluginSource:
         sock, self._sock = self._sock, None
         if sock is None:
             return
-        if self._loop is not None:
-            self._loop.remove_reader(sock.fileno())
+        self._stopping.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, RECV_POLL_S * 5)
         sock.close()
         with contextlib.suppress(OSError):
             self.path.unlink()

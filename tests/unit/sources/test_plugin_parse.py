@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -117,3 +119,84 @@ def test_the_source_binds_reads_counts_bad_datagrams_and_cleans_up(tmp_path: Pat
     assert [ev.iteration for ev in got if isinstance(ev, SchedulerStep)] == [2, 3]
     assert health.ok_total == 2 and health.skipped == {"not_json": 1, "version": 1}
     assert not path.exists()
+
+
+def _busy(seconds: float) -> None:
+    """Hold the GIL in pure Python, as a settle does (time.sleep would release it)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        sum(range(200))
+
+
+def test_a_busy_event_loop_loses_no_datagram(tmp_path: Path) -> None:
+    # The kernel queues ~10 datagrams per unix receiver (net.unix.max_dgram_qlen); a sender that never waits (the
+    # plugin's worst case) sends 150 over ~0.75 s while the loop is busy for 1 s: a loop-driven reader drops most.
+    path = tmp_path / "steps.sock"
+    health = SourceHealth("vllm_plugin")
+    got: list[Event] = []
+    refused = 0
+
+    def send_all() -> None:
+        nonlocal refused
+        tx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        tx.connect(str(path))
+        tx.setblocking(False)
+        for i in range(150):
+            try:
+                tx.send(json.dumps({**STEP, "iter": i}).encode())
+            except BlockingIOError:
+                refused += 1
+            time.sleep(0.005)
+        tx.close()
+
+    async def main() -> None:
+        src = PluginSource(path, health, clock=time.time)
+        stop = asyncio.Event()
+        task = asyncio.create_task(src.run(got.append, stop))
+        await asyncio.wait_for(src.started.wait(), 5)
+        sender = threading.Thread(target=send_all)
+        sender.start()
+        _busy(1.0)  # the loop is stuck; only the reader thread can empty the socket
+        await asyncio.to_thread(sender.join)
+        for _ in range(200):
+            if len(got) + refused >= 150:
+                break
+            await asyncio.sleep(0.01)
+        stop.set()
+        await task
+        await src.aclose()
+
+    asyncio.run(main())
+    assert refused == 0
+    assert [ev.iteration for ev in got if isinstance(ev, SchedulerStep)] == list(range(150))
+
+
+def test_the_backlog_is_bounded_and_counts_what_it_could_not_hold(tmp_path: Path) -> None:
+    path = tmp_path / "steps.sock"
+    health = SourceHealth("vllm_plugin")
+    got: list[Event] = []
+    one = len(json.dumps({**STEP, "iter": 0}).encode())
+
+    async def main() -> None:
+        src = PluginSource(path, health, clock=time.time, max_backlog_bytes=3 * one + 10)
+        stop = asyncio.Event()
+        task = asyncio.create_task(src.run(got.append, stop))
+        await asyncio.wait_for(src.started.wait(), 5)
+        tx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        tx.connect(str(path))
+        for i in range(8):
+            tx.send(json.dumps({**STEP, "iter": i}).encode())
+        tx.close()
+        _busy(0.5)  # nothing drains while the reader fills the backlog
+        for _ in range(100):
+            if len(got) + health.skipped["backlog_full"] >= 8:
+                break
+            await asyncio.sleep(0.01)
+        stop.set()
+        await task
+        await src.aclose()
+        assert src.overflowed == 5
+
+    asyncio.run(main())
+    assert [ev.iteration for ev in got if isinstance(ev, SchedulerStep)] == [0, 1, 2]
+    assert health.skipped["backlog_full"] == 5 and health.ok_total == 3
