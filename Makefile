@@ -1,5 +1,5 @@
 # Every target sets up .venv first (idempotent), so a fresh clone needs nothing else.
-.PHONY: setup system helm demo test unit lint
+.PHONY: setup system helm demo test unit lint picture
 
 setup:
 	@bash scripts/setup-venv.sh
@@ -25,3 +25,7 @@ unit: setup
 lint: setup
 	.venv/bin/ruff check attrib_agent plugins tests
 	.venv/bin/mypy
+
+# Redraw docs/img/page.png (the README's picture) from the page test's replayed state in headless Chromium
+picture: setup system
+	ATTRIB_UPDATE_PICTURE=1 .venv/bin/python -m pytest tests/unit/sinks/test_page_browser.py -k screenshot -q
