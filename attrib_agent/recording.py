@@ -117,6 +117,25 @@ class RecordingWriter:
         self.close()
 
 
+_SCAN: Final = json.JSONDecoder().scan_once  # the C scanner behind json.loads (default settings)
+_WS: Final = json.decoder.WHITESPACE.match
+
+
+def _loads(raw: str) -> Any:
+    """`json.loads(raw)` for one line, same result and errors, without its three Python layers per call (a
+    recording's reader decodes ~100,000 lines a second of replay)."""
+    if raw.startswith("\ufeff"):
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", raw, 0)
+    try:
+        obj, end = _SCAN(raw, _WS(raw, 0).end())
+    except StopIteration as err:
+        raise json.JSONDecodeError("Expecting value", raw, err.value) from None
+    end = _WS(raw, end).end()
+    if end != len(raw):
+        raise json.JSONDecodeError("Extra data", raw, end)
+    return obj
+
+
 @dataclass
 class StreamReadStats:
     records: int = 0
@@ -181,8 +200,9 @@ class Recording:
                 if not raw.strip():
                     continue
                 try:
-                    rec = json.loads(raw)
-                    if not isinstance(rec, dict) or not isinstance(rec.get("ts"), int | float):
+                    rec = _loads(raw)
+                    ts = rec.get("ts") if isinstance(rec, dict) else None
+                    if not isinstance(ts, int | float) or ts != ts:  # NaN has no place in receipt order
                         raise ValueError("not an object with a numeric ts")
                 except ValueError as e:
                     self._skip(stats, f"{p.name}:{lineno}: {e}")
