@@ -11,9 +11,10 @@ import gzip
 import json
 import lzma
 import os
+import re
 import threading
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Final
@@ -117,8 +118,9 @@ class RecordingWriter:
         self.close()
 
 
-_SCAN: Final = json.JSONDecoder().scan_once  # the C scanner behind json.loads (default settings)
-_WS: Final = json.decoder.WHITESPACE.match
+_SCAN: Final[Callable[[str, int], tuple[Any, int]]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+_WS: Final[Callable[[str, int], re.Match[str]]] = json.decoder.WHITESPACE.match  # type: ignore[attr-defined]
+# (the C scanner behind json.loads with default settings, and the whitespace it skips)
 
 
 def _loads(raw: str) -> Any:
