@@ -199,7 +199,7 @@ class Recording:
                     # A torn or damaged compressed stream (a recorder killed mid-write): keep what came before.
                     self._skip(stats, f"{p.name}:{lineno + 1}: damaged {p.suffix} stream ({type(e).__name__})")
                     return
-                if not raw.strip():
+                if not raw or raw.isspace():  # (a stripped copy of a 50 KB body line costs ~10 us)
                     continue
                 try:
                     rec = _loads(raw)

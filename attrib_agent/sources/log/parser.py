@@ -242,7 +242,7 @@ class LogLineParser:
             self._open_prefix, self._open_content = None, False
             return self._parse_json(stripped, ts)
         m = p.PREFIX.match(text)
-        if continues or (m is not None and m.group(0) == self._open_prefix):
+        if continues or (self._open_prefix is not None and m is not None and m.group(0) == self._open_prefix):
             self.health.skip("content_dropped" if self._open_content else "continuation")
             if m is not None:
                 self._open_prefix = m.group(0)
