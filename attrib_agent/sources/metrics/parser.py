@@ -181,8 +181,9 @@ def _parse_line(line: str) -> tuple[str, Mapping[str, str], float]:
         return _sample(line)
     # A counter's line changes every scrape, but only in its value: the usual `name{labels} 12.0` is parsed by
     # its head, remembered, and the value as prometheus_client reads a plain one (int, else float).
+    # One brace pair, closing the head: nothing (an exemplar's `# {...}`) sits between the labels and the value.
     head, _, value = line.rpartition(" ")
-    if head.endswith("}") and _PLAIN_VALUE.fullmatch(value):
+    if head.endswith("}") and head.count("}") == 1 and head.count("{") == 1 and _PLAIN_VALUE.fullmatch(value):
         labelled = _memo_head(head)
         if labelled is not None:
             return labelled[0], labelled[1], float(value) if "." in value else int(value)

@@ -73,6 +73,7 @@ def test_known_lines_are_every_line_of_a_read_series_on_real_and_mangled_bodies(
     'vllm:num_requests_running{engine="0",model_name="m"} 3.0', 'vllm:x{a="1"} 12', 'vllm:x{a="1"} 01',
     'vllm:x{a="}"} 2', 'vllm:x{a="b",} 3.50', 'vllm:x{} 3', 'vllm:x{a="1"} 1e3', 'vllm:x{a=1} 2',
     'vllm:x{a="1"}  2', 'vllm:x{a="1"} 2 1700000000', 'vllm:x{a="\\"} 1.5', 'vllm:x{a="1"} 1_0',
+    'vllm:x_total{a="1"} 5 # {trace_id="abc"} 1', 'vllm:x{a="{"} 2', 'vllm:x{a="x} 2', 'vllm:x{a="} 1"} 2',
 ])
 def test_a_line_parsed_by_its_remembered_head_reads_as_prometheus_client_reads_it(line: str) -> None:
     def outcome(parse: Callable[[str], object]) -> object:
