@@ -70,6 +70,33 @@ class SourceSpec:
     parser: Callable[[ReplayContext], RecordParse] | None = None
 
 
+def _malformed(_: Exception) -> str:
+    return "malformed"
+
+
+def checked_record_parse(parse: RecordParse, health: SourceHealth, *, bad_record: tuple[type[Exception], ...],
+                         bad_input: tuple[type[Exception], ...] = (), reason: Callable[[Exception], str] = _malformed,
+                         count_success: bool = True) -> RecordParse:
+    """A stream's record parser as every replayed source runs it: input its live code rejects (`bad_input`) is
+    counted under `reason(error)`, a record missing its fields (`bad_record`) as `malformed_record`; neither
+    raises. `count_success`: count each good record in the health (off when `parse` counts, as the poller does)."""
+
+    def checked(rec: Mapping[str, Any], ts: float) -> Sequence[Event]:
+        try:
+            events = parse(rec, ts)
+        except bad_input as e:
+            health.skip(reason(e))
+            return ()
+        except bad_record:
+            health.skip("malformed_record")
+            return ()
+        if count_success:
+            health.success(ts)
+        return events
+
+    return checked
+
+
 async def wait_for_stop(stop: asyncio.Event) -> None:
     """`run` of a source whose work happens in callbacks (receivers): up until stop."""
     await stop.wait()

@@ -8,9 +8,11 @@ returns request content: helpers take a message and return only ids, numbers or 
 from __future__ import annotations
 
 import functools
+import importlib
 import re
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final
 
 # vllm/logging_utils/formatter.py ColoredFormatter wraps prefix parts in ANSI colours (VLLM_LOGGING_COLOR=1).
 ANSI: Final = re.compile(r"\x1b\[[0-9;]*m")
@@ -172,6 +174,9 @@ def _int_at(text: str, start: int) -> int | None:
     return int(text[start:end])
 
 
+_MS: Final = {f"{i:03d}": i / 1000 for i in range(1000)}  # a stamp's `.mmm` as seconds: int(mmm) / 1000
+
+
 def prefix_log_ts(m: re.Match[str], receipt_ts: float) -> float | None:
     """Unix time of a prefix's (or JSON asctime's) stamp, read as UTC; None when it is not a real date.
 
@@ -179,10 +184,14 @@ def prefix_log_ts(m: re.Match[str], receipt_ts: float) -> float | None:
     year and its neighbours) that puts the stamp nearest the receipt time. vLLM prints local time; we
     assume its TZ is UTC (the Helm chart sets it), as we cannot know the server's zone.
     """
-    ms = int(m.group("ms")) / 1000 if m.group("ms") else 0.0
-    year = m.group("year")
+    year, ms_text = m.group("year", "ms")
+    ms = 0.0
+    if ms_text:
+        ms = _MS.get(ms_text, -1.0)
+        if ms < 0:  # \d also matches non-ASCII digits
+            ms = int(ms_text) / 1000
     if year is not None:
-        t = _utc(int(year), m)
+        t = _utc_dated(m.string[m.start("year"):m.end("second")])
         return None if t is None else t + ms
     try:
         receipt_year = datetime.fromtimestamp(receipt_ts, UTC).year
@@ -198,6 +207,12 @@ def prefix_log_ts(m: re.Match[str], receipt_ts: float) -> float | None:
 
 def _utc(year: int, m: re.Match[str]) -> float | None:
     return _utc_stamp(year, m.string[m.start("month"):m.end("second")])
+
+
+@functools.lru_cache(maxsize=4096)
+def _utc_dated(stamp: str) -> float | None:
+    """`YYYY-MM-DD HH:MM:SS` as unix time (UTC), remembered whole (one lookup a line at GPU rates)."""
+    return _utc_stamp(int(stamp[0:4]), stamp[5:])
 
 
 @functools.lru_cache(maxsize=4096)
@@ -226,4 +241,39 @@ def json_log_ts(record: dict[str, object], receipt_ts: float) -> float | None:
         except ValueError:
             return None
         return (d if d.tzinfo else d.replace(tzinfo=UTC)).timestamp()
+    return None
+
+
+def first_chars(pattern: re.Pattern[str]) -> frozenset[str] | None:
+    """The characters a match of `pattern` can start with; None when any may (or this cannot tell).
+
+    Lets the log parser try only the rows a message's first character allows (most messages then meet one
+    regex, not the table), while the table stays the one place a format lives: read from the pattern itself.
+    """
+    if pattern.flags & re.IGNORECASE:
+        return None
+    try:
+        parser: Any = importlib.import_module("re._parser")  # CPython's own regex parser (3.11+)
+        return _first(parser.parse(pattern.pattern, pattern.flags))
+    except Exception:  # another Python's internals: no dispatch, every row tried as before
+        return None
+
+
+def _first(items: Sequence[tuple[Any, Any]]) -> frozenset[str] | None:
+    if not items:
+        return None  # may match the empty string
+    op, av = items[0]
+    kind = str(op)
+    if kind == "LITERAL":
+        return frozenset(chr(av))
+    if kind == "SUBPATTERN":  # (group, add flags, del flags, items)
+        return None if av[1] or av[2] else _first(av[3])
+    if kind == "BRANCH":
+        found: set[str] = set()
+        for alternative in av[1]:
+            chars = _first(alternative)
+            if chars is None:
+                return None
+            found |= chars
+        return frozenset(found)
     return None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import re
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
@@ -89,31 +90,57 @@ def _is_known(line: str) -> bool:
     return name == _CACHE_CONFIG or resolve_sample(name) is not None
 
 
-def _known_name_pattern() -> re.Pattern[str]:
-    """Every name a kept line can start with. A kept line contains its own name, so only lines holding one of
-    them need the per-line test: the search skips the ~600 others (mostly histogram buckets) at C speed."""
+def _known_names() -> frozenset[str]:
     names = {_CACHE_CONFIG} | {sample for m in METRICS.values() for name in (m.name, *(a.name for a in m.aliases))
                                for sample in sample_names(m, name)}
-    if not all(n.startswith("vllm:") for n in names):
-        raise ValueError("every series read is named vllm:...")
-    return re.compile("vllm:(?:" + "|".join(re.escape(n[5:]) for n in sorted(names, key=len, reverse=True)) + ")")
+    if not all(n.startswith("vllm:") and (n == _CACHE_CONFIG or resolve_sample(n)) for n in names):
+        raise ValueError("every series read is named vllm:... and resolves")
+    return frozenset(names)
 
 
-_KNOWN_NAME: Final = _known_name_pattern()
+def _trie(words: list[str]) -> str:
+    """A regex matching exactly `words` (longest first), shared beginnings factored out: re tries alternatives one
+    by one, so at each of a body's ~800 "vllm:" a flat list of ~30 names costs ~30 tries, this a few."""
+    if len(words) == 1:
+        return re.escape(words[0])
+    groups: dict[str, list[str]] = {}
+    for w in words:
+        groups.setdefault(w[:1], []).append(w[1:])
+    alternatives = []
+    for first in sorted((k for k in groups if k), key=lambda k: -max(map(len, groups[k]))):
+        common = os.path.commonprefix(groups[first])
+        tails = sorted((r[len(common):] for r in groups[first]), key=len, reverse=True)
+        body = _trie(tails)
+        alternatives.append(re.escape(first + common) + (body if len(tails) == 1 else f"(?:{body})"))
+    if "" in groups:
+        alternatives.append("")  # a word ending here: tried after every longer one
+    return "|".join(alternatives)
+
+
+_NAMES: Final = _known_names()
+_KNOWN_NAME: Final = re.compile("vllm:(?:" + _trie(sorted((n[5:] for n in _NAMES), key=len, reverse=True)) + ")")
+"""Every name a kept line can start with. A kept line contains its own name, so only lines holding one of them
+need the per-line test: the search skips the ~600 others (mostly histogram buckets) at C speed."""
 
 
 def _known_lines(text: str) -> list[str]:
     """The sample lines of series we read, found by name the way prometheus_client would read it."""
     kept = []
     pos = 0
-    while (m := _KNOWN_NAME.search(text, pos)) is not None:
+    search = _KNOWN_NAME.search
+    while (m := search(text, pos)) is not None:
         # as prometheus_client's StringIO reads it: "\n" only ends a line
-        start = text.rfind("\n", 0, m.start()) + 1
+        start = m.start()
+        before = text[start - 1] if start else "\n"
         end = text.find("\n", m.end())
         end = len(text) if end < 0 else end
-        line = text[start:end].strip()
-        if _is_known(line):
-            kept.append(line)
+        if before == "\n" and m.group() in _NAMES and text[m.end():m.end() + 1] in ("{", " ", "\t"):
+            kept.append(text[start:end].strip())  # the usual sample line: its name, then labels or value
+        elif before == "\n" or before.isspace():
+            line = text[text.rfind("\n", 0, start) + 1:end].strip()
+            if _is_known(line):
+                kept.append(line)
+        # else (e.g. a `# HELP` line or a label value): the leftmost known name in a kept line starts it
         pos = end + 1
     return kept
 
@@ -135,8 +162,32 @@ def _sample(line: str) -> tuple[str, Mapping[str, str], float]:
     return sample.name, MappingProxyType(sample.labels), sample.value
 
 
+_PLAIN_VALUE: Final = re.compile(r"[0-9]{1,30}(?:\.[0-9]{1,30})?")
+
+
+@functools.lru_cache(maxsize=256)
+def _memo_head(head: str) -> tuple[str, Mapping[str, str]] | None:
+    """Name and labels of a `name{labels}` head. prometheus_client reads them before, and apart from, the value,
+    so they are the same under any value: parsed once with a stand-in one (None: let the whole line say why)."""
+    try:
+        name, labels, _ = _sample(head + " 0")
+    except Exception:
+        return None
+    return name, labels
+
+
 def _parse_line(line: str) -> tuple[str, Mapping[str, str], float]:
-    return _memo_sample(line) if len(line) <= _MAX_MEMO_LINE else _sample(line)
+    if len(line) > _MAX_MEMO_LINE:
+        return _sample(line)
+    # A counter's line changes every scrape, but only in its value: the usual `name{labels} 12.0` is parsed by
+    # its head, remembered, and the value as prometheus_client reads a plain one (int, else float).
+    # One brace pair, closing the head: nothing (an exemplar's `# {...}`) sits between the labels and the value.
+    head, _, value = line.rpartition(" ")
+    if head.endswith("}") and head.count("}") == 1 and head.count("{") == 1 and _PLAIN_VALUE.fullmatch(value):
+        labelled = _memo_head(head)
+        if labelled is not None:
+            return labelled[0], labelled[1], float(value) if "." in value else int(value)
+    return _memo_sample(line)
 
 
 def parse_metrics(text: str, ts: float, *, max_engines: int = MAX_ENGINES) -> list[MetricsSnapshot]:

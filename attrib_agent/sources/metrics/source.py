@@ -10,7 +10,7 @@ from attrib_agent.recording import METRICS
 from attrib_agent.sources.metrics.parser import CounterTracker, MetricsParseError
 from attrib_agent.sources.metrics.poller import MetricsPoller, observe_body
 from attrib_agent.sources.metrics.settings import ROWS
-from attrib_agent.sources.source import RecordParse, ReplayContext, SourceContext, SourceSpec
+from attrib_agent.sources.source import RecordParse, ReplayContext, SourceContext, SourceSpec, checked_record_parse
 
 if TYPE_CHECKING:
     from attrib_agent.config.load import AgentConfig
@@ -29,15 +29,10 @@ def record_parser(ctx: ReplayContext) -> RecordParse:
     tracker = CounterTracker()
 
     def parse(rec: Mapping[str, Any], ts: float) -> Sequence[Event]:
-        try:
-            return observe_body(str(rec["text"]), ts, ctx.health, tracker)
-        except MetricsParseError:
-            ctx.health.skip("malformed")
-        except KeyError:
-            ctx.health.skip("malformed_record")
-        return ()
+        return observe_body(str(rec["text"]), ts, ctx.health, tracker)
 
-    return parse
+    return checked_record_parse(parse, ctx.health, bad_input=(MetricsParseError,), bad_record=(KeyError,),
+                                count_success=False)
 
 
 SPEC = SourceSpec(NAME, ROWS, build, stream=METRICS,

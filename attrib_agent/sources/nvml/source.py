@@ -13,7 +13,14 @@ from attrib_agent.config.setting import Setting
 from attrib_agent.events import Event, GpuSample
 from attrib_agent.recording import NVML
 from attrib_agent.sources.nvml.sampler import DEFAULT_INTERVAL_S, NvmlSampler
-from attrib_agent.sources.source import Emit, RecordParse, ReplayContext, SourceContext, SourceSpec
+from attrib_agent.sources.source import (
+    Emit,
+    RecordParse,
+    ReplayContext,
+    SourceContext,
+    SourceSpec,
+    checked_record_parse,
+)
 
 if TYPE_CHECKING:
     from attrib_agent.config.load import AgentConfig
@@ -61,15 +68,9 @@ def record_parser(ctx: ReplayContext) -> RecordParse:
     """A recorded sample: the sampler's own `GpuSample`, stored field by field (`recording.nvml_record`)."""
 
     def parse(rec: Mapping[str, Any], ts: float) -> Sequence[Event]:
-        try:
-            sample = GpuSample(**{k: v for k, v in rec.items() if k in _GPU_FIELDS})
-        except (TypeError, ValueError):
-            ctx.health.skip("malformed_record")
-            return ()
-        ctx.health.success(ts)
-        return (sample,)
+        return (GpuSample(**{k: v for k, v in rec.items() if k in _GPU_FIELDS}),)
 
-    return parse
+    return checked_record_parse(parse, ctx.health, bad_record=(TypeError, ValueError))
 
 
 SPEC = SourceSpec(NAME, ROWS, build, stream=NVML, parser=record_parser)

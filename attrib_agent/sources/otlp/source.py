@@ -22,7 +22,15 @@ from attrib_agent.sources.otlp.decode import MAX_EXPORT_BYTES, DecodeResult, Otl
 from attrib_agent.sources.otlp.forward import OtlpForwarder
 from attrib_agent.sources.otlp.grpc_receiver import DEFAULT_HOST, DEFAULT_PORT, OtlpGrpcReceiver
 from attrib_agent.sources.otlp.http_receiver import otlp_http_app
-from attrib_agent.sources.source import Emit, RecordParse, ReplayContext, SourceContext, SourceSpec, wait_for_stop
+from attrib_agent.sources.source import (
+    Emit,
+    RecordParse,
+    ReplayContext,
+    SourceContext,
+    SourceSpec,
+    checked_record_parse,
+    wait_for_stop,
+)
 
 if TYPE_CHECKING:
     from attrib_agent.config.load import AgentConfig
@@ -114,20 +122,12 @@ def record_parser(ctx: ReplayContext) -> RecordParse:
     """A recorded export (`{"ts", "content_type", "body_b64", "content_encoding"}`) through the receivers' decoder."""
 
     def parse(rec: Mapping[str, Any], ts: float) -> Sequence[Event]:
-        try:
-            result = decode_export(otlp_body(rec), content_type=rec.get("content_type"),
-                                   content_encoding=rec.get("content_encoding"), ts=ts,
-                                   max_decompressed=ctx.max_otlp_decompressed)
-        except OtlpError:
-            ctx.health.skip("malformed")
-            return ()
-        except (KeyError, TypeError, ValueError):  # no body_b64, or not base64
-            ctx.health.skip("malformed_record")
-            return ()
-        ctx.health.success(ts)
-        return result.spans
+        return decode_export(otlp_body(rec), content_type=rec.get("content_type"),
+                             content_encoding=rec.get("content_encoding"), ts=ts,
+                             max_decompressed=ctx.max_otlp_decompressed).spans
 
-    return parse
+    # KeyError ... ValueError: no body_b64, or not base64
+    return checked_record_parse(parse, ctx.health, bad_input=(OtlpError,), bad_record=(KeyError, TypeError, ValueError))
 
 
 SPEC = SourceSpec(NAME, ROWS, build, stream=OTLP, parser=record_parser)

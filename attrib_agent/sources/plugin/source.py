@@ -33,7 +33,15 @@ from attrib_agent.sources.plugin.parse import (
     parse_datagram,
     parse_message,
 )
-from attrib_agent.sources.source import Emit, RecordParse, ReplayContext, SourceContext, SourceSpec, wait_for_stop
+from attrib_agent.sources.source import (
+    Emit,
+    RecordParse,
+    ReplayContext,
+    SourceContext,
+    SourceSpec,
+    checked_record_parse,
+    wait_for_stop,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -176,18 +184,13 @@ def record_parser(ctx: ReplayContext) -> RecordParse:
     """A recorded message (the datagram's object plus `ts`) through the live source's message parser."""
 
     def parse(rec: Mapping[str, Any], ts: float) -> Sequence[Event]:
-        try:
-            step = parse_message(rec, ts, ctx.engine)
-        except (PluginParseError, PluginSkip) as e:
-            ctx.health.skip(e.reason)
-            return ()
-        except (KeyError, TypeError, ValueError):
-            ctx.health.skip("malformed_record")
-            return ()
-        ctx.health.success(ts)
-        return (step,)
+        return (parse_message(rec, ts, ctx.engine),)
 
-    return parse
+    def reason(e: Exception) -> str:
+        return e.reason if isinstance(e, PluginParseError | PluginSkip) else "malformed"
+
+    return checked_record_parse(parse, ctx.health, bad_input=(PluginParseError, PluginSkip), reason=reason,
+                                bad_record=(KeyError, TypeError, ValueError))
 
 
 SPEC = SourceSpec(NAME, ROWS, build, stream=VLLM_STEPS, parser=record_parser)
