@@ -6,10 +6,15 @@ and no part is negative. Ids only, no request content.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
+
+from attrib_agent.attribution.compact import NO_CAUSES as NO_CAUSES  # re-exported: the maps' shared empties
+from attrib_agent.attribution.compact import NO_EVIDENCE as NO_EVIDENCE
+from attrib_agent.attribution.compact import compact_causes, compact_evidence
 
 
 class Cause(StrEnum):
@@ -37,10 +42,6 @@ class Evidence(StrEnum):
     NVML_BANDWIDTH = "nvml_bandwidth"  # observed steps, the bandwidth part from the GPU's measured DRAM use
 
 
-NO_CAUSES: Final[Mapping[str, float]] = {}
-NO_EVIDENCE: Final[Mapping[str, str]] = {}
-"""The causes of a culprit with none (two thirds of them): one shared empty dict instead of 64 bytes each,
-100,000 results over. Read-only like every result's causes; a plain dict so asdict/json take it as one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,10 @@ class Culprit:
     is_whale: bool = False
     itl_causes: Mapping[str, float] = field(default_factory=lambda: NO_CAUSES)  # ITL s/token by cause (none:
     # decode batching, as results from before ITL had causes)
+
+    def __post_init__(self) -> None:  # packed: ~100 bytes a map where a dict took ~270 (compact.py)
+        object.__setattr__(self, "causes", compact_causes(self.causes))
+        object.__setattr__(self, "itl_causes", compact_causes(self.itl_causes))
 
     def seconds(self, itl_gaps: int) -> float:
         """Victim seconds this culprit cost: its TTFT blame plus its per-token ITL blame times the gaps."""
@@ -120,6 +125,10 @@ class AttributionResult:
     # one derivation, so it is said once per result rather than per culprit
     evidence: Mapping[str, str] = field(default_factory=lambda: NO_EVIDENCE)
     mode: str = "inferred"  # "exact": the step plugin reported every step of its life (docs/exact-mode.md)
+
+    def __post_init__(self) -> None:  # one string per mode, the evidence packed (compact.py)
+        object.__setattr__(self, "evidence", compact_evidence(self.evidence))
+        object.__setattr__(self, "mode", sys.intern(self.mode))
 
     @property
     def itl_gaps(self) -> int:

@@ -1,0 +1,124 @@
+"""Packed read-only maps for what every stored result repeats: a culprit's weights by cause and a result's
+evidence by cause. At 100,000 results the plain dicts were the largest part of the store (~900 bytes a
+result of ~2 KB, docs/performance.md section 5); packed, each map is one small object and one bytes.
+
+Keys are codes into the fixed tables of cause and evidence names; a map with a key outside them (a journal
+from a newer agent) or a value that is not a float is left as it was, so the JSON is always the dict's:
+same keys, same order, same values to the bit.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import ItemsView, Iterator, Mapping
+from typing import Final
+
+# The names' order is the wire format of nothing (maps are packed in memory only), but only ever append.
+CAUSE_NAMES: Final = ("kv_pressure", "head_of_line", "prefill_contention", "decode_batching", "kv_bandwidth",
+                      "preemption", "other")
+EVIDENCE_NAMES: Final = ("simulated", "observed_steps", "observed_preemption", "cost_model", "nvml_bandwidth")
+_CAUSE_CODE: Final = {name: i for i, name in enumerate(CAUSE_NAMES)}
+_EVIDENCE_CODE: Final = {name: i for i, name in enumerate(EVIDENCE_NAMES)}
+NO_CAUSES: Final[Mapping[str, float]] = {}
+NO_EVIDENCE: Final[Mapping[str, str]] = {}
+"""The map of a culprit without causes (two thirds of them) and of a result without evidence: one shared
+empty dict. Read-only like every result's maps; a plain dict so asdict/json take it as one."""
+
+
+class CauseMap(Mapping[str, float]):
+    """Cause -> float: n key codes, then n little-endian doubles, in one bytes."""
+
+    __slots__ = ("_blob",)
+
+    def __init__(self, blob: bytes) -> None:
+        self._blob = blob
+
+    def __len__(self) -> int:
+        return len(self._blob) // 9
+
+    def __iter__(self) -> Iterator[str]:
+        return (CAUSE_NAMES[c] for c in self._blob[:len(self._blob) // 9])
+
+    def __getitem__(self, key: str) -> float:
+        n, code = len(self._blob) // 9, _CAUSE_CODE.get(key)
+        i = -1 if code is None else self._blob.find(code, 0, n)
+        if i < 0:
+            raise KeyError(key)
+        value: float = struct.unpack_from("<d", self._blob, n + 8 * i)[0]
+        return value
+
+    def items(self) -> ItemsView[str, float]:
+        return _CauseItems(self)
+
+    def pairs(self) -> Iterator[tuple[str, float]]:
+        n = len(self._blob) // 9
+        return zip((CAUSE_NAMES[c] for c in self._blob[:n]), struct.unpack_from(f"<{n}d", self._blob, n), strict=True)
+
+    def __repr__(self) -> str:
+        return f"CauseMap({dict(self.pairs())!r})"
+
+    def __reduce__(self) -> tuple[type[CauseMap], tuple[bytes]]:
+        return CauseMap, (self._blob,)
+
+
+class _CauseItems(ItemsView[str, float]):
+    """The items in one unpack rather than a lookup per key (culprit index, blame splits read them a lot)."""
+
+    _mapping: CauseMap
+
+    def __iter__(self) -> Iterator[tuple[str, float]]:
+        return self._mapping.pairs()
+
+
+class EvidenceMap(Mapping[str, str]):
+    """Cause -> evidence name: n cause codes, then n evidence codes, in one bytes."""
+
+    __slots__ = ("_blob",)
+
+    def __init__(self, blob: bytes) -> None:
+        self._blob = blob
+
+    def __len__(self) -> int:
+        return len(self._blob) // 2
+
+    def __iter__(self) -> Iterator[str]:
+        return (CAUSE_NAMES[c] for c in self._blob[:len(self._blob) // 2])
+
+    def __getitem__(self, key: str) -> str:
+        n, code = len(self._blob) // 2, _CAUSE_CODE.get(key)
+        i = -1 if code is None else self._blob.find(code, 0, n)
+        if i < 0:
+            raise KeyError(key)
+        return EVIDENCE_NAMES[self._blob[n + i]]
+
+    def __repr__(self) -> str:
+        return f"EvidenceMap({dict(self)!r})"
+
+    def __reduce__(self) -> tuple[type[EvidenceMap], tuple[bytes]]:
+        return EvidenceMap, (self._blob,)
+
+
+def compact_causes(m: Mapping[str, float]) -> Mapping[str, float]:
+    """`m` packed (the shared empty map when empty), or `m` itself when it cannot be packed exactly."""
+    if isinstance(m, CauseMap):
+        return m
+    if not m:
+        return NO_CAUSES
+    codes = [_CAUSE_CODE.get(k) for k in m]
+    values = list(m.values())
+    if None in codes or any(type(v) is not float for v in values):
+        return m
+    return CauseMap(bytes(codes) + struct.pack(f"<{len(values)}d", *values))  # type: ignore[arg-type]
+
+
+def compact_evidence(m: Mapping[str, str]) -> Mapping[str, str]:
+    """`m` packed (the shared empty map when empty), or `m` itself when it cannot be packed exactly."""
+    if isinstance(m, EvidenceMap):
+        return m
+    if not m:
+        return NO_EVIDENCE
+    codes = [_CAUSE_CODE.get(k) for k in m]
+    values = [_EVIDENCE_CODE.get(v) for v in m.values()]
+    if None in codes or None in values:
+        return m
+    return EvidenceMap(bytes(codes) + bytes(values))  # type: ignore[arg-type]
