@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import FrozenInstanceError, dataclass, field
 from enum import StrEnum
 from typing import Final
 
 from attrib_agent.attribution.compact import NO_CAUSES as NO_CAUSES  # re-exported: the maps' shared empties
 from attrib_agent.attribution.compact import NO_EVIDENCE as NO_EVIDENCE
-from attrib_agent.attribution.compact import compact_causes, compact_evidence
+from attrib_agent.attribution.compact import (
+    compact_causes,
+    compact_evidence,
+    culprit_causes,
+    culprit_number,
+    pack_culprit,
+)
 
 
 class Cause(StrEnum):
@@ -44,21 +50,87 @@ class Evidence(StrEnum):
 
 
 
-@dataclass(frozen=True, slots=True)
 class Culprit:
-    request_id: str
-    ttft_s: float  # seconds of the victim's TTFT blamed on this request
-    itl_s: float  # seconds per token of the victim's mean ITL blamed on it
-    share: float  # of the victim's total blamed TTFT + ITL seconds (0..1)
-    causes: Mapping[str, float] = field(default_factory=dict)  # TTFT seconds by cause
-    kv_block_seconds: float = 0.0  # KV block-seconds it held while the victim was in flight
-    is_whale: bool = False
-    itl_causes: Mapping[str, float] = field(default_factory=lambda: NO_CAUSES)  # ITL s/token by cause (none:
-    # decode batching, as results from before ITL had causes)
+    """One request blamed for a victim's slowdown. Read like a frozen dataclass of these fields:
+      request_id; ttft_s: seconds of the victim's TTFT blamed on it; itl_s: seconds per token of the victim's
+      mean ITL; share: of the victim's total blamed TTFT + ITL seconds (0..1); causes: TTFT seconds by cause;
+      kv_block_seconds: KV block-seconds it held while the victim was in flight; is_whale; itl_causes: ITL
+      s/token by cause (none: decode batching, as results from before ITL had causes).
+    The numbers and both maps are packed in one bytes (compact.py): ~150 bytes a culprit where the fields took
+    ~330, two culprits a result, 100,000 results over (docs/performance.md section 5)."""
 
-    def __post_init__(self) -> None:  # packed: ~100 bytes a map where a dict took ~270 (compact.py)
-        object.__setattr__(self, "causes", compact_causes(self.causes))
-        object.__setattr__(self, "itl_causes", compact_causes(self.itl_causes))
+    __slots__ = ("request_id", "is_whale", "_blob", "_raw")
+    __match_args__ = ("request_id", "ttft_s", "itl_s", "share", "causes", "kv_block_seconds", "is_whale",
+                      "itl_causes")
+    request_id: str
+    is_whale: bool
+    _blob: bytes | None
+    _raw: tuple[float, float, float, float, Mapping[str, float], Mapping[str, float]] | None
+
+    def __init__(self, request_id: str, ttft_s: float, itl_s: float, share: float,
+                 causes: Mapping[str, float] = NO_CAUSES, kv_block_seconds: float = 0.0, is_whale: bool = False,
+                 itl_causes: Mapping[str, float] = NO_CAUSES) -> None:
+        blob = pack_culprit((ttft_s, itl_s, share, kv_block_seconds), causes, itl_causes)
+        raw = None if blob is not None else (ttft_s, itl_s, share, kv_block_seconds, compact_causes(causes),
+                                             compact_causes(itl_causes))
+        for name, value in (("request_id", request_id), ("is_whale", is_whale), ("_blob", blob), ("_raw", raw)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def _number(self, i: int) -> float:
+        if self._blob is not None:
+            return culprit_number(self._blob, i)
+        assert self._raw is not None
+        return self._raw[i]  # type: ignore[return-value]
+
+    @property
+    def ttft_s(self) -> float:
+        return self._number(0)
+
+    @property
+    def itl_s(self) -> float:
+        return self._number(1)
+
+    @property
+    def share(self) -> float:
+        return self._number(2)
+
+    @property
+    def kv_block_seconds(self) -> float:
+        return self._number(3)
+
+    @property
+    def causes(self) -> Mapping[str, float]:
+        return culprit_causes(self._blob, itl=False) if self._blob is not None else self._raw[4]  # type: ignore[index]
+
+    @property
+    def itl_causes(self) -> Mapping[str, float]:
+        return culprit_causes(self._blob, itl=True) if self._blob is not None else self._raw[5]  # type: ignore[index]
+
+    def _fields(self) -> tuple[object, ...]:
+        return (self.request_id, self.ttft_s, self.itl_s, self.share, dict(self.causes), self.kv_block_seconds,
+                self.is_whale, dict(self.itl_causes))
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not Culprit:
+            return NotImplemented
+        assert isinstance(other, Culprit)
+        return self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]  # (its maps are not hashable, as a dataclass's were not)
+
+    def __repr__(self) -> str:
+        names = ("request_id", *self.__match_args__[1:])
+        return f"Culprit({', '.join(f'{n}={v!r}' for n, v in zip(names, self._fields(), strict=True))})"
+
+    def __reduce__(self) -> tuple[type[Culprit], tuple[object, ...]]:
+        return Culprit, (self.request_id, self.ttft_s, self.itl_s, self.share, self.causes, self.kv_block_seconds,
+                         self.is_whale, self.itl_causes)
 
     def seconds(self, itl_gaps: int) -> float:
         """Victim seconds this culprit cost: its TTFT blame plus its per-token ITL blame times the gaps."""

@@ -28,7 +28,7 @@ from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.sources.replay import ReplaySource
 
 RECORDINGS = Path(__file__).parents[2] / "fixtures" / "recordings"
-_floats = st.floats(allow_nan=False) | st.sampled_from([0.0, -0.0, 5e-324, 1e308, 0.1 + 0.2])
+_floats = st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from([0.0, -0.0, 5e-324, 1e308, 0.1 + 0.2])
 _causes = st.dictionaries(st.sampled_from([c.value for c in Cause]), _floats)
 
 
