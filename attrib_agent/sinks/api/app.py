@@ -35,7 +35,7 @@ from attrib_agent.read_model import AgentState
 from attrib_agent.sinks.api.forecast import forecast_routes
 from attrib_agent.sinks.api.ids import BadRequestId, resolve
 from attrib_agent.sinks.api.plumbing import NO_STORE, PAGE_CSP, BearerAuth, error, error_handlers, json_response
-from attrib_agent.sinks.api.render_cache import RenderCache
+from attrib_agent.sinks.api.render_cache import GZIP_LEVEL, GZIP_MIN_BYTES, Body, RenderCache
 from attrib_agent.sinks.api.timeline import parse_max_steps, parse_ts, parse_window, timeline_json
 from attrib_agent.sinks.api.top import BadQuery, parse_duration, parse_limit
 
@@ -47,8 +47,10 @@ OPEN_PATHS: Final = ("/healthz", "/readyz", "/", *(f"/page/{name}" for name in P
 
 
 def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp | None = None,
-            errors: Counter[str] | None = None) -> Starlette:
+            errors: Counter[str] | None = None, timeline_max_stale_s: float = 0.0) -> Starlette:
     """The API over `state`. With `token`, everything but the probes and the page shell needs the bearer token.
+    `timeline_max_stale_s`: how old a `/v1/timeline` body built before the last change may still be served
+    (render_cache.py; the agent serves with TIMELINE_MAX_STALE_S, 0 rebuilds after every change).
 
     `errors` (also at `app.state.api_errors`) counts rejected requests by kind: bad_id, bad_query,
     unauthorized, http_404, internal ...
@@ -88,7 +90,7 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
                               "partial_results": top.partial_results,
                               "culprits": [t.as_dict() for t in top.culprits]})
 
-    timelines: RenderCache[bytes] = RenderCache(lambda: state.pipeline.version)
+    timelines: RenderCache[Body] = RenderCache(lambda: state.pipeline.version, max_stale_s=timeline_max_stale_s)
 
     async def timeline(request: Request) -> Response:
         q = request.query_params
@@ -98,12 +100,13 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
         except BadQuery as exc:
             return error(400, str(exc), errs, "bad_query")
 
-        def render() -> bytes:  # built once per state version and query: pollers share it
+        def render() -> Body:  # built (and gzipped) once per state version and query: pollers share it
             body = timeline_json(state, args[0], args[1], max_steps=args[2], window_s=args[3])
-            return bytes(json_response(body | {"live": state.live, "version": state.version}).body)
+            return Body(bytes(json_response(body | {"live": state.live, "version": state.version}).body))
 
         try:
-            return Response(timelines.get(args, render), media_type="application/json", headers=NO_STORE)
+            content, headers = timelines.get(args, render).for_client(request.headers.get("accept-encoding", ""))
+            return Response(content, media_type="application/json", headers=NO_STORE | headers)
         except BadQuery as exc:
             return error(400, str(exc), errs, "bad_query")
 
@@ -141,7 +144,8 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
     ]
     if metrics_app is not None:
         routes.append(Route("/metrics", _Asgi(metrics_app)))
-    middleware = [Middleware(GZipMiddleware, minimum_size=2048)]  # the timeline's ids repeat: ~10x smaller
+    # the timeline's ids repeat: ~10x smaller (its cached bodies come gzipped already, and pass through)
+    middleware = [Middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES, compresslevel=GZIP_LEVEL)]
     if token is not None:
         middleware.append(Middleware(BearerAuth, token=token, open_paths=OPEN_PATHS, errors=errs))
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=error_handlers(errs))
