@@ -103,6 +103,7 @@ def serve(n_results: int, cpu: int | None, max_s: float) -> int:
         loop.call_later(max_s, stop.set)  # bounded, whatever the parent does
 
         def started(port: int) -> None:
+            serving.append(True)
             print(json.dumps({"port": port, "ids_file": str(ids_file), "results": len(p.store),
                               "culprits": sum(len(r.culprits) for r in stored), "in_5m": window,
                               "steps": p.timeline.sizes().get("steps"), "built_s": built_s, "rss_mb": rss_mb(),
@@ -112,12 +113,15 @@ def serve(n_results: int, cpu: int | None, max_s: float) -> int:
 
     pauses: list[tuple[int, float]] = []  # (generation, seconds) of every collection while serving
     began: list[float] = []
+    serving: list[bool] = []  # (the start-up's own collection and freeze, before listening, are not counted)
 
     def on_gc(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             began.append(time.perf_counter())
         elif began:
-            pauses.append((info["generation"], time.perf_counter() - began.pop()))
+            took = time.perf_counter() - began.pop()
+            if serving:
+                pauses.append((info["generation"], took))
 
     gc.callbacks.append(on_gc)
     try:
@@ -128,6 +132,7 @@ def serve(n_results: int, cpu: int | None, max_s: float) -> int:
         full = [s for g, s in pauses if g == 2]
         print(json.dumps({"gc": {"collections": len(pauses), "full": len(full),
                                  "full_max_ms": 1000 * max(full, default=0.0),
+                                 "full_ms": [round(1000 * x, 2) for x in full[:20]],
                                  "young_max_ms": 1000 * max((s for g, s in pauses if g < 2), default=0.0)}}),
               file=sys.stderr, flush=True)
     return 0
