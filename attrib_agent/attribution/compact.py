@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import struct
 from collections.abc import ItemsView, Iterator, Mapping
-from typing import Final
+from typing import ClassVar, Final, TypeVar
 
 # The names' order is the wire format of nothing (maps are packed in memory only), but only ever append.
 CAUSE_NAMES: Final = ("kv_pressure", "head_of_line", "prefill_contention", "decode_batching", "kv_bandwidth",
                       "preemption", "other")
 EVIDENCE_NAMES: Final = ("simulated", "observed_steps", "observed_preemption", "cost_model", "nvml_bandwidth")
+V = TypeVar("V")
 _CAUSE_CODE: Final = {name: i for i, name in enumerate(CAUSE_NAMES)}
 _EVIDENCE_CODE: Final = {name: i for i, name in enumerate(EVIDENCE_NAMES)}
 NO_CAUSES: Final[Mapping[str, float]] = {}
@@ -25,25 +26,45 @@ NO_EVIDENCE: Final[Mapping[str, str]] = {}
 empty dict. Read-only like every result's maps; a plain dict so asdict/json take it as one."""
 
 
-class CauseMap(Mapping[str, float]):
-    """Cause -> float: n key codes, then n little-endian doubles, in one bytes."""
+class _Packed(Mapping[str, V]):
+    """Cause -> value: n cause codes, then n values of `_WIDTH - 1` bytes each, in one bytes."""
 
     __slots__ = ("_blob",)
+    _WIDTH: ClassVar[int]
 
     def __init__(self, blob: bytes) -> None:
         self._blob = blob
 
     def __len__(self) -> int:
-        return len(self._blob) // 9
+        return len(self._blob) // self._WIDTH
 
     def __iter__(self) -> Iterator[str]:
-        return (CAUSE_NAMES[c] for c in self._blob[:len(self._blob) // 9])
+        return (CAUSE_NAMES[c] for c in self._blob[:len(self)])
 
-    def __getitem__(self, key: str) -> float:
-        n, code = len(self._blob) // 9, _CAUSE_CODE.get(key)
+    def __getitem__(self, key: str) -> V:
+        n, code = len(self), _CAUSE_CODE.get(key)
         i = -1 if code is None else self._blob.find(code, 0, n)
         if i < 0:
             raise KeyError(key)
+        return self._value(n, i)
+
+    def _value(self, n: int, i: int) -> V:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({dict(self.items())!r})"
+
+    def __reduce__(self) -> tuple[type[_Packed[V]], tuple[bytes]]:
+        return type(self), (self._blob,)
+
+
+class CauseMap(_Packed[float]):
+    """Cause -> float (little-endian doubles)."""
+
+    __slots__ = ()
+    _WIDTH = 9
+
+    def _value(self, n: int, i: int) -> float:
         value: float = struct.unpack_from("<d", self._blob, n + 8 * i)[0]
         return value
 
@@ -51,14 +72,8 @@ class CauseMap(Mapping[str, float]):
         return _CauseItems(self)
 
     def pairs(self) -> Iterator[tuple[str, float]]:
-        n = len(self._blob) // 9
+        n = len(self)
         return zip((CAUSE_NAMES[c] for c in self._blob[:n]), struct.unpack_from(f"<{n}d", self._blob, n), strict=True)
-
-    def __repr__(self) -> str:
-        return f"CauseMap({dict(self.pairs())!r})"
-
-    def __reduce__(self) -> tuple[type[CauseMap], tuple[bytes]]:
-        return CauseMap, (self._blob,)
 
 
 class _CauseItems(ItemsView[str, float]):
@@ -70,32 +85,14 @@ class _CauseItems(ItemsView[str, float]):
         return self._mapping.pairs()
 
 
-class EvidenceMap(Mapping[str, str]):
-    """Cause -> evidence name: n cause codes, then n evidence codes, in one bytes."""
+class EvidenceMap(_Packed[str]):
+    """Cause -> evidence name (its code)."""
 
-    __slots__ = ("_blob",)
+    __slots__ = ()
+    _WIDTH = 2
 
-    def __init__(self, blob: bytes) -> None:
-        self._blob = blob
-
-    def __len__(self) -> int:
-        return len(self._blob) // 2
-
-    def __iter__(self) -> Iterator[str]:
-        return (CAUSE_NAMES[c] for c in self._blob[:len(self._blob) // 2])
-
-    def __getitem__(self, key: str) -> str:
-        n, code = len(self._blob) // 2, _CAUSE_CODE.get(key)
-        i = -1 if code is None else self._blob.find(code, 0, n)
-        if i < 0:
-            raise KeyError(key)
+    def _value(self, n: int, i: int) -> str:
         return EVIDENCE_NAMES[self._blob[n + i]]
-
-    def __repr__(self) -> str:
-        return f"EvidenceMap({dict(self)!r})"
-
-    def __reduce__(self) -> tuple[type[EvidenceMap], tuple[bytes]]:
-        return EvidenceMap, (self._blob,)
 
 
 def compact_causes(m: Mapping[str, float]) -> Mapping[str, float]:
