@@ -40,7 +40,7 @@ MAX_QUEUED_EVENTS = 100_000
 SINK_FLUSH_S = 0.5  # "a restart loses at most the last second"
 IDLE_SETTLE_S = 0.5  # live, with no events arriving (vLLM down), still attribute what is due
 METRICS_MAX_AGE_S = 1.0  # a /metrics body is reused for at most this long (and only while the state is unchanged)
-TIMELINE_MAX_STALE_S = 1.0  # a /v1/timeline body is served up to this old, changes since or not (render_cache.py)
+READS_MAX_STALE_S = 1.0  # /v1/timeline, /v1/culprits/top bodies served up to this old, changes since or not
 
 
 @dataclass(frozen=True)
@@ -192,7 +192,7 @@ class AgentCore:
         # A scrape reads the clock too (lag, gap seconds): a body is reused for one state version and <= 1 s.
         cache: RenderCache[list[Message]] = RenderCache(lambda: self.pipeline.version, max_age_s=METRICS_MAX_AGE_S)
         return api_app(self.state, token=token, metrics_app=CachedAsgi(metrics, cache),
-                       timeline_max_stale_s=TIMELINE_MAX_STALE_S)
+                       max_stale_s=READS_MAX_STALE_S)
 
     async def serve(self, opts: ServeOptions, stop: asyncio.Event,
                     started: Callable[[int], None] | None = None) -> None:

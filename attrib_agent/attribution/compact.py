@@ -65,7 +65,7 @@ class CauseMap(_Packed[float]):
     _WIDTH = 9
 
     def _value(self, n: int, i: int) -> float:
-        value: float = struct.unpack_from("<d", self._blob, n + 8 * i)[0]
+        value: float = DOUBLE.unpack_from(self._blob, n + 8 * i)[0]
         return value
 
     def items(self) -> ItemsView[str, float]:
@@ -122,6 +122,8 @@ def compact_evidence(m: Mapping[str, str]) -> Mapping[str, str]:
 
 
 _NUMBERS: Final = struct.Struct("<4dBB")  # ttft_s, itl_s, share, kv_block_seconds; then the two maps' lengths
+DOUBLE: Final = struct.Struct("<d")  # one of them
+_FOUR: Final = struct.Struct("<4d")
 
 
 def pack_culprit(numbers: tuple[float, float, float, float], causes: Mapping[str, float],
@@ -137,10 +139,10 @@ def pack_culprit(numbers: tuple[float, float, float, float], causes: Mapping[str
     return _NUMBERS.pack(*numbers, len(blobs[0]) // 9, len(blobs[1]) // 9) + blobs[0] + blobs[1]
 
 
-def culprit_number(blob: bytes, i: int) -> float:
-    """The i-th of a packed culprit's numbers (0 ttft_s, 1 itl_s, 2 share, 3 kv_block_seconds)."""
-    value: float = struct.unpack_from("<d", blob, 8 * i)[0]
-    return value
+def culprit_numbers(blob: bytes) -> tuple[float, float, float, float]:
+    """A packed culprit's numbers: ttft_s, itl_s, share, kv_block_seconds."""
+    numbers: tuple[float, float, float, float] = _FOUR.unpack_from(blob)
+    return numbers
 
 
 def culprit_causes(blob: bytes, itl: bool) -> Mapping[str, float]:

@@ -12,15 +12,17 @@ from dataclasses import FrozenInstanceError, dataclass, field
 from enum import StrEnum
 from typing import Final
 
-from attrib_agent.attribution.compact import NO_CAUSES as NO_CAUSES  # re-exported: the maps' shared empties
-from attrib_agent.attribution.compact import NO_EVIDENCE as NO_EVIDENCE
 from attrib_agent.attribution.compact import (
+    DOUBLE,
+    CauseMap,
     compact_causes,
     compact_evidence,
     culprit_causes,
-    culprit_number,
+    culprit_numbers,
     pack_culprit,
 )
+from attrib_agent.attribution.compact import NO_CAUSES as NO_CAUSES  # re-exported: the maps' shared empties
+from attrib_agent.attribution.compact import NO_EVIDENCE as NO_EVIDENCE
 
 
 class Cause(StrEnum):
@@ -82,27 +84,22 @@ class Culprit:
     def __delattr__(self, name: str) -> None:
         raise FrozenInstanceError(f"cannot delete field {name!r}")
 
-    def _number(self, i: int) -> float:
+    def numbers(self) -> tuple[float, float, float, float]:
+        """(ttft_s, itl_s, share, kv_block_seconds) in one read: what loops over many culprits take."""
         if self._blob is not None:
-            return culprit_number(self._blob, i)
+            return culprit_numbers(self._blob)
         assert self._raw is not None
-        return self._raw[i]  # type: ignore[return-value]
+        return self._raw[:4]
 
-    @property
-    def ttft_s(self) -> float:
-        return self._number(0)
+    def _number(self, i: int) -> float:
+        b = self._blob
+        value: float = DOUBLE.unpack_from(b, 8 * i)[0] if b is not None else self._raw[i]  # type: ignore[index,assignment]
+        return value
 
-    @property
-    def itl_s(self) -> float:
-        return self._number(1)
-
-    @property
-    def share(self) -> float:
-        return self._number(2)
-
-    @property
-    def kv_block_seconds(self) -> float:
-        return self._number(3)
+    ttft_s = property(lambda self: self._number(0), doc="seconds of the victim's TTFT blamed on it")
+    itl_s = property(lambda self: self._number(1), doc="seconds per token of the victim's mean ITL blamed on it")
+    share = property(lambda self: self._number(2), doc="of the victim's total blamed TTFT + ITL seconds")
+    kv_block_seconds = property(lambda self: self._number(3), doc="KV block-seconds it held in the victim's life")
 
     @property
     def causes(self) -> Mapping[str, float]:
@@ -134,7 +131,8 @@ class Culprit:
 
     def seconds(self, itl_gaps: int) -> float:
         """Victim seconds this culprit cost: its TTFT blame plus its per-token ITL blame times the gaps."""
-        return self.ttft_s + self.itl_s * itl_gaps
+        ttft, itl = self.numbers()[:2]
+        return ttft + itl * itl_gaps
 
     def ttft_by_cause(self) -> dict[str, float]:
         """Its TTFT blame split by the traced causes' weights (all `other` when none was traced)."""
@@ -147,8 +145,10 @@ class Culprit:
 
     def blame_by_cause(self, itl_gaps: int) -> dict[str, float]:
         """Victim seconds by cause, summing to `seconds(itl_gaps)`: the split every sink reports."""
-        out = self.ttft_by_cause()
-        for cause, secs in self.itl_by_cause(itl_gaps).items():
+        ttft, itl = self.numbers()[:2]
+        out = split_by_cause(ttft, self.causes)
+        itl_split = split_by_cause(itl * itl_gaps, self.itl_causes or {Cause.DECODE_BATCHING.value: 1.0})
+        for cause, secs in itl_split.items():
             out[cause] = out.get(cause, 0.0) + secs
         return out
 
@@ -157,7 +157,8 @@ def split_by_cause(seconds: float, causes: Mapping[str, float]) -> dict[str, flo
     """`seconds` shared out by the positive cause weights; all `other` when there are none."""
     if seconds <= 0:
         return {}
-    weights = {k: float(v) for k, v in causes.items() if v > 0}
+    pairs = causes.pairs() if isinstance(causes, CauseMap) else causes.items()  # (one unpack when packed)
+    weights = {k: float(v) for k, v in pairs if v > 0}
     total = sum(weights.values())
     if total <= 0:
         weights, total = {Cause.OTHER.value: 1.0}, 1.0

@@ -47,10 +47,11 @@ OPEN_PATHS: Final = ("/healthz", "/readyz", "/", *(f"/page/{name}" for name in P
 
 
 def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp | None = None,
-            errors: Counter[str] | None = None, timeline_max_stale_s: float = 0.0) -> Starlette:
+            errors: Counter[str] | None = None, max_stale_s: float = 0.0) -> Starlette:
     """The API over `state`. With `token`, everything but the probes and the page shell needs the bearer token.
-    `timeline_max_stale_s`: how old a `/v1/timeline` body built before the last change may still be served
-    (render_cache.py; the agent serves with TIMELINE_MAX_STALE_S, 0 rebuilds after every change).
+    `/v1/timeline` and `/v1/culprits/top` bodies are kept per state version; `max_stale_s`: how old one built
+    before the last change may still be served (render_cache.py; the agent serves with READS_MAX_STALE_S, 0
+    rebuilds after every change).
 
     `errors` (also at `app.state.api_errors`) counts rejected requests by kind: bad_id, bad_query,
     unauthorized, http_404, internal ...
@@ -79,18 +80,24 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
             return json_response({"request_id": rid, "status": status}, 200 if status == "aborted" else 202)
         return json_response(to_dict(result) | {"status": status}, 200 if status == "final" else 202)
 
+    tops: RenderCache[Body] = RenderCache(lambda: state.pipeline.version, max_stale_s=max_stale_s)
+
     async def top(request: Request) -> Response:
         try:
             window_s = parse_duration(request.query_params.get("window", DEFAULT_WINDOW))
             limit = parse_limit(request.query_params.get("limit"))
         except BadQuery as exc:
             return error(400, str(exc), errs, "bad_query")
-        since, until, top = state.top_culprits(window_s, limit)  # event time: the agent's clock live
-        return json_response({"window_s": window_s, "since": since, "until": until, "results": top.results,
-                              "partial_results": top.partial_results,
-                              "culprits": [t.as_dict() for t in top.culprits]})
 
-    timelines: RenderCache[Body] = RenderCache(lambda: state.pipeline.version, max_stale_s=timeline_max_stale_s)
+        def render() -> Body:  # the window ends at event time (the agent's clock live): one body per version
+            since, until, top = state.top_culprits(window_s, limit)
+            return Body(bytes(json_response({"window_s": window_s, "since": since, "until": until,
+                                             "results": top.results, "partial_results": top.partial_results,
+                                             "culprits": [t.as_dict() for t in top.culprits]}).body))
+
+        return cached_response(tops.get((window_s, limit), render), request)
+
+    timelines: RenderCache[Body] = RenderCache(lambda: state.pipeline.version, max_stale_s=max_stale_s)
 
     async def timeline(request: Request) -> Response:
         q = request.query_params
@@ -105,8 +112,7 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
             return Body(bytes(json_response(body | {"live": state.live, "version": state.version}).body))
 
         try:
-            content, headers = timelines.get(args, render).for_client(request.headers.get("accept-encoding", ""))
-            return Response(content, media_type="application/json", headers=NO_STORE | headers)
+            return cached_response(timelines.get(args, render), request)
         except BadQuery as exc:
             return error(400, str(exc), errs, "bad_query")
 
@@ -151,6 +157,12 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=error_handlers(errs))
     app.state.api_errors = errs
     return app
+
+
+def cached_response(body: Body, request: Request) -> Response:
+    """A kept JSON body, gzipped (once, kept with it) for a client that takes it."""
+    content, headers = body.for_client(request.headers.get("accept-encoding", ""))
+    return Response(content, media_type="application/json", headers=NO_STORE | headers)
 
 
 class _Asgi:
