@@ -101,3 +101,17 @@ def test_real_results_serialise_as_before_packing() -> None:
             packed += sum(isinstance(c.itl_causes, CauseMap) for c in back.culprits)
             assert isinstance(back, AttributionResult) and back.mode is r.mode
         assert packed > 0
+
+
+def test_decoded_results_share_one_string_per_request_id() -> None:
+    """A journal restored: the same id decoded in many results (as victim, as culprit) is one string."""
+    p = AttributionPipeline()
+    for ev in ReplaySource(RECORDINGS / "whale2").events():
+        p.feed(ev)
+    p.settle()
+    texts = [json.dumps(to_dict(r)) for r in p.store]
+    first, second = [from_dict(json.loads(t)) for t in texts], [from_dict(json.loads(t)) for t in texts]
+    by_id = {r.request_id: r.request_id for r in first}
+    assert all(r.request_id is by_id[r.request_id] for r in second)
+    named = [c.request_id for r in second for c in r.culprits if c.request_id in by_id]
+    assert named and all(rid is by_id[rid] for rid in named)
