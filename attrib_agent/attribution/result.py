@@ -50,8 +50,6 @@ class Evidence(StrEnum):
     NVML_BANDWIDTH = "nvml_bandwidth"  # observed steps, the bandwidth part from the GPU's measured DRAM use
 
 
-
-
 class Culprit:
     """One request blamed for a victim's slowdown. Read like a frozen dataclass of these fields:
       request_id; ttft_s: seconds of the victim's TTFT blamed on it; itl_s: seconds per token of the victim's
