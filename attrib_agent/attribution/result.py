@@ -144,10 +144,11 @@ class Culprit:
     def blame_by_cause(self, itl_gaps: int) -> dict[str, float]:
         """Victim seconds by cause, summing to `seconds(itl_gaps)`: the split every sink reports."""
         ttft, itl = self.numbers()[:2]
-        out = split_by_cause(ttft, self.causes)
-        itl_split = split_by_cause(itl * itl_gaps, self.itl_causes or {Cause.DECODE_BATCHING.value: 1.0})
-        for cause, secs in itl_split.items():
-            out[cause] = out.get(cause, 0.0) + secs
+        itl *= itl_gaps
+        out = split_by_cause(ttft, self.causes) if ttft > 0 else {}  # (a map unpacked only when it is used)
+        if itl > 0:
+            for cause, secs in split_by_cause(itl, self.itl_causes or {Cause.DECODE_BATCHING.value: 1.0}).items():
+                out[cause] = out.get(cause, 0.0) + secs
         return out
 
 
