@@ -36,7 +36,8 @@ from attrib_agent.sinks.api.forecast import forecast_routes
 from attrib_agent.sinks.api.ids import BadRequestId, resolve
 from attrib_agent.sinks.api.plumbing import NO_STORE, PAGE_CSP, BearerAuth, error, error_handlers, json_response
 from attrib_agent.sinks.api.render_cache import GZIP_LEVEL, GZIP_MIN_BYTES, Body, RenderCache
-from attrib_agent.sinks.api.timeline import parse_max_steps, parse_ts, parse_window, timeline_json
+from attrib_agent.sinks.api.timeline import parse_max_steps, parse_ts, parse_window
+from attrib_agent.sinks.api.timeline_body import StepTexts, timeline_body
 from attrib_agent.sinks.api.top import BadQuery, parse_duration, parse_limit
 
 DEFAULT_WINDOW: Final = "5m"
@@ -98,6 +99,7 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
         return cached_response(tops.get((window_s, limit), render), request)
 
     timelines: RenderCache[Body] = RenderCache(lambda: state.pipeline.version, max_stale_s=max_stale_s)
+    step_texts = StepTexts()  # each step's JSON, kept while it is the same step (timeline_body.py)
 
     async def timeline(request: Request) -> Response:
         q = request.query_params
@@ -108,8 +110,8 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
             return error(400, str(exc), errs, "bad_query")
 
         def render() -> Body:  # built (and gzipped) once per state version and query: pollers share it
-            body = timeline_json(state, args[0], args[1], max_steps=args[2], window_s=args[3])
-            return Body(bytes(json_response(body | {"live": state.live, "version": state.version}).body))
+            return Body(timeline_body(state, args[0], args[1], step_texts, max_steps=args[2], window_s=args[3],
+                                      extra={"live": state.live, "version": state.version}))
 
         try:
             return cached_response(timelines.get(args, render), request)
