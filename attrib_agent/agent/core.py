@@ -10,21 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import uvicorn
 from prometheus_client import make_asgi_app
 from starlette.types import Message
 
+from attrib_agent.agent.gc_freeze import GcFreezer
 from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.config.load import AgentConfig
-from attrib_agent.config.types import HTTP_KEEP_ALIVE_S
 from attrib_agent.events import Event
+from attrib_agent.http_server import start_server
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.read_model import AgentState
 from attrib_agent.sinks import registry as sink_registry
@@ -41,6 +40,7 @@ MAX_QUEUED_EVENTS = 100_000
 SINK_FLUSH_S = 0.5  # "a restart loses at most the last second"
 IDLE_SETTLE_S = 0.5  # live, with no events arriving (vLLM down), still attribute what is due
 METRICS_MAX_AGE_S = 1.0  # a /metrics body is reused for at most this long (and only while the state is unchanged)
+READS_MAX_STALE_S = 1.0  # /v1/timeline, /v1/culprits/top bodies served up to this old, changes since or not
 
 
 @dataclass(frozen=True)
@@ -191,29 +191,31 @@ class AgentCore:
         metrics = make_asgi_app(registry_for(self.state), disable_compression=True)
         # A scrape reads the clock too (lag, gap seconds): a body is reused for one state version and <= 1 s.
         cache: RenderCache[list[Message]] = RenderCache(lambda: self.pipeline.version, max_age_s=METRICS_MAX_AGE_S)
-        return api_app(self.state, token=token, metrics_app=CachedAsgi(metrics, cache))
+        return api_app(self.state, token=token, metrics_app=CachedAsgi(metrics, cache),
+                       max_stale_s=READS_MAX_STALE_S)
 
     async def serve(self, opts: ServeOptions, stop: asyncio.Event,
                     started: Callable[[int], None] | None = None) -> None:
         """Serve the API until `stop`; `started(port)` once listening (port 0 picks a free one)."""
         # What exists now (the store restored from the journal, the parsers' tables, imported modules) lives as
-        # long as the agent: frozen, full collections no longer walk it (a ~100,000-result store: ~1M objects).
-        gc.collect()
-        gc.freeze()
-        config = uvicorn.Config(self.asgi_app(opts.token), host=opts.host, port=opts.port, log_level="warning",
-                                lifespan="off", access_log=False, timeout_keep_alive=HTTP_KEEP_ALIVE_S)
-        server = uvicorn.Server(config)
-        task = asyncio.create_task(server.serve())
-        while not server.started and not task.done():
-            await asyncio.sleep(0.02)
-        if task.done():
-            await task  # raises what stopped it (e.g. the port is taken)
-            raise OSError(f"API server stopped at start-up on {opts.host}:{opts.port}")
-        port = server.servers[0].sockets[0].getsockname()[1] if server.servers else opts.port
+        # long as the agent: frozen, full collections no longer walk it (a ~100,000-result store: ~1M objects);
+        # what arrives later is frozen every 30 s once it survived a collection (gc_freeze.py).
+        freezer = GcFreezer()
+        freezer.start()
+        server, task, port = await start_server(self.asgi_app(opts.token), opts.host, opts.port, "API server")
+
+        async def freeze_survivors() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
+                freezer.tick()
+
+        freezing = asyncio.create_task(freeze_survivors(), name="gc_freeze")
         logger.info("API listening on http://%s:%d", opts.host, port)
         if started is not None:
             started(port)
         await stop.wait()
         server.should_exit = True
+        await freezing
         with contextlib.suppress(asyncio.CancelledError):
             await task

@@ -82,8 +82,10 @@ class _Totals:
         self.partial += sign * (not r.final)
         gaps = r.itl_gaps
         for c in r.culprits:
-            itl = c.itl_s * gaps
-            if c.seconds(gaps) <= 0:
+            ttft, itl_per_token = c.numbers()[:2]  # one read of the packed culprit (result.py)
+            itl = itl_per_token * gaps
+            seconds = ttft + itl
+            if seconds <= 0:
                 continue
             t = self.by_culprit.get(c.request_id)
             if t is None:
@@ -92,8 +94,8 @@ class _Totals:
             if t.victims == 0:  # its last victim left: drop it whole, rounding residue included
                 del self.by_culprit[c.request_id]
                 continue
-            t.seconds += sign * c.seconds(gaps)
-            t.ttft_s += sign * c.ttft_s
+            t.seconds += sign * seconds
+            t.ttft_s += sign * ttft
             t.itl_s += sign * itl
             t.whale_votes += sign * c.is_whale
             for cause, secs in c.blame_by_cause(gaps).items():

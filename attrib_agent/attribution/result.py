@@ -6,10 +6,23 @@ and no part is negative. Ids only, no request content.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import FrozenInstanceError, dataclass, field
 from enum import StrEnum
 from typing import Final
+
+from attrib_agent.attribution.compact import (
+    DOUBLE,
+    CauseMap,
+    compact_causes,
+    compact_evidence,
+    culprit_causes,
+    culprit_numbers,
+    pack_culprit,
+)
+from attrib_agent.attribution.compact import NO_CAUSES as NO_CAUSES  # re-exported: the maps' shared empties
+from attrib_agent.attribution.compact import NO_EVIDENCE as NO_EVIDENCE
 
 
 class Cause(StrEnum):
@@ -37,27 +50,87 @@ class Evidence(StrEnum):
     NVML_BANDWIDTH = "nvml_bandwidth"  # observed steps, the bandwidth part from the GPU's measured DRAM use
 
 
-NO_CAUSES: Final[Mapping[str, float]] = {}
-NO_EVIDENCE: Final[Mapping[str, str]] = {}
-"""The causes of a culprit with none (two thirds of them): one shared empty dict instead of 64 bytes each,
-100,000 results over. Read-only like every result's causes; a plain dict so asdict/json take it as one."""
-
-
-@dataclass(frozen=True, slots=True)
 class Culprit:
+    """One request blamed for a victim's slowdown. Read like a frozen dataclass of these fields:
+      request_id; ttft_s: seconds of the victim's TTFT blamed on it; itl_s: seconds per token of the victim's
+      mean ITL; share: of the victim's total blamed TTFT + ITL seconds (0..1); causes: TTFT seconds by cause;
+      kv_block_seconds: KV block-seconds it held while the victim was in flight; is_whale; itl_causes: ITL
+      s/token by cause (none: decode batching, as results from before ITL had causes).
+    The numbers and both maps are packed in one bytes (compact.py): ~150 bytes a culprit where the fields took
+    ~330, two culprits a result, 100,000 results over (docs/performance.md section 5)."""
+
+    __slots__ = ("request_id", "is_whale", "_blob", "_raw")
+    __match_args__ = ("request_id", "ttft_s", "itl_s", "share", "causes", "kv_block_seconds", "is_whale",
+                      "itl_causes")
     request_id: str
-    ttft_s: float  # seconds of the victim's TTFT blamed on this request
-    itl_s: float  # seconds per token of the victim's mean ITL blamed on it
-    share: float  # of the victim's total blamed TTFT + ITL seconds (0..1)
-    causes: Mapping[str, float] = field(default_factory=dict)  # TTFT seconds by cause
-    kv_block_seconds: float = 0.0  # KV block-seconds it held while the victim was in flight
-    is_whale: bool = False
-    itl_causes: Mapping[str, float] = field(default_factory=lambda: NO_CAUSES)  # ITL s/token by cause (none:
-    # decode batching, as results from before ITL had causes)
+    is_whale: bool
+    _blob: bytes | None
+    _raw: tuple[float, float, float, float, Mapping[str, float], Mapping[str, float]] | None
+
+    def __init__(self, request_id: str, ttft_s: float, itl_s: float, share: float,
+                 causes: Mapping[str, float] = NO_CAUSES, kv_block_seconds: float = 0.0, is_whale: bool = False,
+                 itl_causes: Mapping[str, float] = NO_CAUSES) -> None:
+        blob = pack_culprit((ttft_s, itl_s, share, kv_block_seconds), causes, itl_causes)
+        raw = None if blob is not None else (ttft_s, itl_s, share, kv_block_seconds, compact_causes(causes),
+                                             compact_causes(itl_causes))
+        for name, value in (("request_id", request_id), ("is_whale", is_whale), ("_blob", blob), ("_raw", raw)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def numbers(self) -> tuple[float, float, float, float]:
+        """(ttft_s, itl_s, share, kv_block_seconds) in one read: what loops over many culprits take."""
+        if self._blob is not None:
+            return culprit_numbers(self._blob)
+        assert self._raw is not None
+        return self._raw[:4]
+
+    def _number(self, i: int) -> float:
+        b = self._blob
+        value: float = DOUBLE.unpack_from(b, 8 * i)[0] if b is not None else self._raw[i]  # type: ignore[index,assignment]
+        return value
+
+    ttft_s = property(lambda self: self._number(0), doc="seconds of the victim's TTFT blamed on it")
+    itl_s = property(lambda self: self._number(1), doc="seconds per token of the victim's mean ITL blamed on it")
+    share = property(lambda self: self._number(2), doc="of the victim's total blamed TTFT + ITL seconds")
+    kv_block_seconds = property(lambda self: self._number(3), doc="KV block-seconds it held in the victim's life")
+
+    @property
+    def causes(self) -> Mapping[str, float]:
+        return culprit_causes(self._blob, itl=False) if self._blob is not None else self._raw[4]  # type: ignore[index]
+
+    @property
+    def itl_causes(self) -> Mapping[str, float]:
+        return culprit_causes(self._blob, itl=True) if self._blob is not None else self._raw[5]  # type: ignore[index]
+
+    def _fields(self) -> tuple[object, ...]:
+        return (self.request_id, self.ttft_s, self.itl_s, self.share, dict(self.causes), self.kv_block_seconds,
+                self.is_whale, dict(self.itl_causes))
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not Culprit:
+            return NotImplemented
+        assert isinstance(other, Culprit)
+        return self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]  # (its maps are not hashable, as a dataclass's were not)
+
+    def __repr__(self) -> str:
+        names = ("request_id", *self.__match_args__[1:])
+        return f"Culprit({', '.join(f'{n}={v!r}' for n, v in zip(names, self._fields(), strict=True))})"
+
+    def __reduce__(self) -> tuple[type[Culprit], tuple[object, ...]]:
+        return Culprit, (self.request_id, self.ttft_s, self.itl_s, self.share, self.causes, self.kv_block_seconds,
+                         self.is_whale, self.itl_causes)
 
     def seconds(self, itl_gaps: int) -> float:
         """Victim seconds this culprit cost: its TTFT blame plus its per-token ITL blame times the gaps."""
-        return self.ttft_s + self.itl_s * itl_gaps
+        ttft, itl = self.numbers()[:2]
+        return ttft + itl * itl_gaps
 
     def ttft_by_cause(self) -> dict[str, float]:
         """Its TTFT blame split by the traced causes' weights (all `other` when none was traced)."""
@@ -70,9 +143,12 @@ class Culprit:
 
     def blame_by_cause(self, itl_gaps: int) -> dict[str, float]:
         """Victim seconds by cause, summing to `seconds(itl_gaps)`: the split every sink reports."""
-        out = self.ttft_by_cause()
-        for cause, secs in self.itl_by_cause(itl_gaps).items():
-            out[cause] = out.get(cause, 0.0) + secs
+        ttft, itl = self.numbers()[:2]
+        itl *= itl_gaps
+        out = split_by_cause(ttft, self.causes) if ttft > 0 else {}  # (a map unpacked only when it is used)
+        if itl > 0:
+            for cause, secs in split_by_cause(itl, self.itl_causes or {Cause.DECODE_BATCHING.value: 1.0}).items():
+                out[cause] = out.get(cause, 0.0) + secs
         return out
 
 
@@ -80,7 +156,8 @@ def split_by_cause(seconds: float, causes: Mapping[str, float]) -> dict[str, flo
     """`seconds` shared out by the positive cause weights; all `other` when there are none."""
     if seconds <= 0:
         return {}
-    weights = {k: float(v) for k, v in causes.items() if v > 0}
+    pairs = causes.pairs() if isinstance(causes, CauseMap) else causes.items()  # (one unpack when packed)
+    weights = {k: float(v) for k, v in pairs if v > 0}
     total = sum(weights.values())
     if total <= 0:
         weights, total = {Cause.OTHER.value: 1.0}, 1.0
@@ -120,6 +197,10 @@ class AttributionResult:
     # one derivation, so it is said once per result rather than per culprit
     evidence: Mapping[str, str] = field(default_factory=lambda: NO_EVIDENCE)
     mode: str = "inferred"  # "exact": the step plugin reported every step of its life (docs/exact-mode.md)
+
+    def __post_init__(self) -> None:  # one string per mode, the evidence packed (compact.py)
+        object.__setattr__(self, "evidence", compact_evidence(self.evidence))
+        object.__setattr__(self, "mode", sys.intern(self.mode))
 
     @property
     def itl_gaps(self) -> int:

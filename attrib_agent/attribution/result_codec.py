@@ -6,6 +6,7 @@ reads a newer journal.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,8 +14,9 @@ from attrib_agent.attribution.result import NO_CAUSES, NO_EVIDENCE, AttributionR
 
 
 def culprit_to_dict(c: Culprit) -> dict[str, Any]:
-    return {"request_id": c.request_id, "ttft_s": c.ttft_s, "itl_s": c.itl_s, "share": c.share,
-            "causes": dict(c.causes), "kv_block_seconds": c.kv_block_seconds, "is_whale": c.is_whale,
+    ttft_s, itl_s, share, kv_block_seconds = c.numbers()  # one read of the packed culprit
+    return {"request_id": c.request_id, "ttft_s": ttft_s, "itl_s": itl_s, "share": share,
+            "causes": dict(c.causes), "kv_block_seconds": kv_block_seconds, "is_whale": c.is_whale,
             "itl_causes": dict(c.itl_causes)}
 
 
@@ -56,17 +58,19 @@ def _evidence(raw: Any) -> Mapping[str, str]:
 
 def culprit_from_dict(c: Mapping[str, Any]) -> Culprit:
     """Inverse of culprit_to_dict (fields a journal from before them lacks take their defaults)."""
-    return Culprit(request_id=str(c["request_id"]), ttft_s=float(c["ttft_s"]), itl_s=float(c["itl_s"]),
+    return Culprit(request_id=sys.intern(str(c["request_id"])), ttft_s=float(c["ttft_s"]), itl_s=float(c["itl_s"]),
                    share=float(c["share"]), causes=_causes(c.get("causes")),
                    kv_block_seconds=float(c.get("kv_block_seconds", 0.0)), is_whale=bool(c.get("is_whale", False)),
                    itl_causes=_causes(c.get("itl_causes")))
 
 
 def from_dict(d: dict[str, Any]) -> AttributionResult:
-    """Inverse of to_dict; raises KeyError/TypeError/ValueError on a record that is not a result."""
+    """Inverse of to_dict; raises KeyError/TypeError/ValueError on a record that is not a result. Request ids
+    are interned: a journal restored holds one string per id, not one per result and culprit naming it."""
     culprits = tuple(culprit_from_dict(c) for c in d.get("culprits") or [])
     return AttributionResult(
-        request_id=str(d["request_id"]), finished_ts=float(d["finished_ts"]), ttft_s=_opt_float(d.get("ttft_s")),
+        request_id=sys.intern(str(d["request_id"])), finished_ts=float(d["finished_ts"]),
+        ttft_s=_opt_float(d.get("ttft_s")),
         ttft_baseline_s=_opt_float(d.get("ttft_baseline_s")), ttft_slowdown_s=float(d["ttft_slowdown_s"]),
         itl_s=_opt_float(d.get("itl_s")), itl_baseline_s=_opt_float(d.get("itl_baseline_s")),
         itl_slowdown_s=float(d["itl_slowdown_s"]), culprits=culprits,

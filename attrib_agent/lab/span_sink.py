@@ -14,6 +14,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from attrib_agent.health import SourceHealth
+from attrib_agent.http_server import uvicorn_config
 from attrib_agent.lab.server import free_port
 from attrib_agent.sources.otlp.http_receiver import otlp_http_app
 
@@ -27,8 +28,7 @@ class SpanSink:
         self.url = f"http://127.0.0.1:{self.port}/v1/traces"
         app = otlp_http_app(lambda res: None, health=SourceHealth("span_sink"),
                             on_raw=lambda ts, ctype, body, enc: self.bodies.append(body))
-        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                     lifespan="off"))
+        self._server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", self.port))
         self._thread = threading.Thread(target=self._server.run, name="span-sink", daemon=True)
 
     def start(self, timeout_s: float = 20.0) -> SpanSink:

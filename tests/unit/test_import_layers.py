@@ -20,6 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("pipeline",),
     ("read_model",),
     ("config",),  # a setting's row type, the value parsers and types: what sources and sinks declare rows with
+    ("http_server",),  # the one uvicorn set-up: the OTLP/HTTP receiver, the API, the lab's span sink
     ("sources", "sinks"),  # the I/O wings, apart from each other
     ("config.settings", "config.agent_config", "config.load", "config.file"),  # the table, from their rows
     ("agent",),

@@ -35,8 +35,9 @@ from attrib_agent.read_model import AgentState
 from attrib_agent.sinks.api.forecast import forecast_routes
 from attrib_agent.sinks.api.ids import BadRequestId, resolve
 from attrib_agent.sinks.api.plumbing import NO_STORE, PAGE_CSP, BearerAuth, error, error_handlers, json_response
-from attrib_agent.sinks.api.render_cache import RenderCache
-from attrib_agent.sinks.api.timeline import parse_max_steps, parse_ts, parse_window, timeline_json
+from attrib_agent.sinks.api.render_cache import GZIP_LEVEL, GZIP_MIN_BYTES, Body, RenderCache
+from attrib_agent.sinks.api.timeline import parse_max_steps, parse_ts, parse_window
+from attrib_agent.sinks.api.timeline_body import StepTexts, timeline_body
 from attrib_agent.sinks.api.top import BadQuery, parse_duration, parse_limit
 
 DEFAULT_WINDOW: Final = "5m"
@@ -47,8 +48,11 @@ OPEN_PATHS: Final = ("/healthz", "/readyz", "/", *(f"/page/{name}" for name in P
 
 
 def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp | None = None,
-            errors: Counter[str] | None = None) -> Starlette:
+            errors: Counter[str] | None = None, max_stale_s: float = 0.0) -> Starlette:
     """The API over `state`. With `token`, everything but the probes and the page shell needs the bearer token.
+    `/v1/timeline` and `/v1/culprits/top` bodies are kept per state version; `max_stale_s`: how old one built
+    before the last change may still be served (render_cache.py; the agent serves with READS_MAX_STALE_S, 0
+    rebuilds after every change).
 
     `errors` (also at `app.state.api_errors`) counts rejected requests by kind: bad_id, bad_query,
     unauthorized, http_404, internal ...
@@ -77,18 +81,25 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
             return json_response({"request_id": rid, "status": status}, 200 if status == "aborted" else 202)
         return json_response(to_dict(result) | {"status": status}, 200 if status == "final" else 202)
 
+    tops: RenderCache[Body] = RenderCache(lambda: state.pipeline.version, max_stale_s=max_stale_s)
+
     async def top(request: Request) -> Response:
         try:
             window_s = parse_duration(request.query_params.get("window", DEFAULT_WINDOW))
             limit = parse_limit(request.query_params.get("limit"))
         except BadQuery as exc:
             return error(400, str(exc), errs, "bad_query")
-        since, until, top = state.top_culprits(window_s, limit)  # event time: the agent's clock live
-        return json_response({"window_s": window_s, "since": since, "until": until, "results": top.results,
-                              "partial_results": top.partial_results,
-                              "culprits": [t.as_dict() for t in top.culprits]})
 
-    timelines: RenderCache[bytes] = RenderCache(lambda: state.pipeline.version)
+        def render() -> Body:  # the window ends at event time (the agent's clock live): one body per version
+            since, until, top = state.top_culprits(window_s, limit)
+            return Body(bytes(json_response({"window_s": window_s, "since": since, "until": until,
+                                             "results": top.results, "partial_results": top.partial_results,
+                                             "culprits": [t.as_dict() for t in top.culprits]}).body))
+
+        return cached_response(tops.get((window_s, limit), render), request)
+
+    timelines: RenderCache[Body] = RenderCache(lambda: state.pipeline.version, max_stale_s=max_stale_s)
+    step_texts = StepTexts()  # each step's JSON, kept while it is the same step (timeline_body.py)
 
     async def timeline(request: Request) -> Response:
         q = request.query_params
@@ -98,12 +109,12 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
         except BadQuery as exc:
             return error(400, str(exc), errs, "bad_query")
 
-        def render() -> bytes:  # built once per state version and query: pollers share it
-            body = timeline_json(state, args[0], args[1], max_steps=args[2], window_s=args[3])
-            return bytes(json_response(body | {"live": state.live, "version": state.version}).body)
+        def render() -> Body:  # built (and gzipped) once per state version and query: pollers share it
+            return Body(timeline_body(state, args[0], args[1], step_texts, max_steps=args[2], window_s=args[3],
+                                      extra={"live": state.live, "version": state.version}))
 
         try:
-            return Response(timelines.get(args, render), media_type="application/json", headers=NO_STORE)
+            return cached_response(timelines.get(args, render), request)
         except BadQuery as exc:
             return error(400, str(exc), errs, "bad_query")
 
@@ -141,12 +152,19 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
     ]
     if metrics_app is not None:
         routes.append(Route("/metrics", _Asgi(metrics_app)))
-    middleware = [Middleware(GZipMiddleware, minimum_size=2048)]  # the timeline's ids repeat: ~10x smaller
+    # the timeline's ids repeat: ~10x smaller (its cached bodies come gzipped already, and pass through)
+    middleware = [Middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES, compresslevel=GZIP_LEVEL)]
     if token is not None:
         middleware.append(Middleware(BearerAuth, token=token, open_paths=OPEN_PATHS, errors=errs))
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=error_handlers(errs))
     app.state.api_errors = errs
     return app
+
+
+def cached_response(body: Body, request: Request) -> Response:
+    """A kept JSON body, gzipped (once, kept with it) for a client that takes it."""
+    content, headers = body.for_client(request.headers.get("accept-encoding", ""))
+    return Response(content, media_type="application/json", headers=NO_STORE | headers)
 
 
 class _Asgi:

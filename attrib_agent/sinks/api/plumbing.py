@@ -30,11 +30,15 @@ class ApiJSON(JSONResponse):
     """JSON that stays valid when a float is not finite (NaN/inf become null), never cached by proxies."""
 
     def render(self, content: Any) -> bytes:
-        try:
-            text = json.dumps(content, allow_nan=False, separators=(",", ":"))
-        except ValueError:
-            text = json.dumps(_finite(content), allow_nan=False, separators=(",", ":"))
-        return text.encode("utf-8")
+        return dumps(content).encode("utf-8")
+
+
+def dumps(content: Any) -> str:
+    """The API's JSON text: compact, and a float that is not finite as null."""
+    try:
+        return json.dumps(content, allow_nan=False, separators=(",", ":"))
+    except ValueError:
+        return json.dumps(_finite(content), allow_nan=False, separators=(",", ":"))
 
 
 def _finite(v: Any) -> Any:

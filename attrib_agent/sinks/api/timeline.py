@@ -22,6 +22,8 @@ from attrib_agent.read_model import TimelineReads
 from attrib_agent.sinks.api.top import BadQuery, parse_duration
 from attrib_agent.timeline.gpu_samples import MAX_SAMPLE_AGE_S, bandwidth_ratio
 from attrib_agent.timeline.model import RequestLifecycle
+from attrib_agent.timeline.sched_state import StepInput
+from attrib_agent.timeline.step_outcome import StepOutcome
 
 DEFAULT_MAX_STEPS: Final = 2000
 MAX_STEPS: Final = 10_000
@@ -61,10 +63,36 @@ def parse_max_steps(text: str | None) -> int:
     return n
 
 
+Step = tuple[StepInput, StepOutcome]
+
+
 def timeline_json(view: TimelineReads, since: float | None, until: float | None, *,
                   max_steps: int = DEFAULT_MAX_STEPS, max_requests: int = MAX_REQUESTS,
                   max_members: int = MAX_MEMBERS, window_s: float | None = None) -> dict[str, Any]:
     """The timeline between `since` and `until` (step end times, inclusive), bounded as the module says."""
+    head, chosen, tail = timeline_parts(view, since, until, max_steps=max_steps, max_requests=max_requests,
+                                        max_members=max_members, window_s=window_s)
+    return head | {"steps": [step_dict(si, out) for si, out in chosen]} | tail
+
+
+def step_dict(si: StepInput, out: StepOutcome) -> dict[str, Any]:
+    """One step as the page reads it: its counts, KV use and members by phase."""
+    members: dict[str, list[str]] = {}
+    for m in out.record.members:
+        members.setdefault(m.phase, []).append(m.request_id)
+    return {"ts": si.end_ts, "elapsed_s": si.elapsed_s, "iteration": si.iteration,
+            "context_requests": si.context_requests, "context_tokens": si.context_tokens,
+            "generation_requests": si.generation_requests, "generation_tokens": si.generation_tokens,
+            "kv_usage": si.kv_usage, "kv_blocks": out.predicted_blocks,
+            "vllm_kv_blocks": out.observed_blocks, "members": members}
+
+
+def timeline_parts(view: TimelineReads, since: float | None, until: float | None, *,
+                   max_steps: int = DEFAULT_MAX_STEPS, max_requests: int = MAX_REQUESTS,
+                   max_members: int = MAX_MEMBERS,
+                   window_s: float | None = None) -> tuple[dict[str, Any], list[Step], dict[str, Any]]:
+    """The document around its steps (the keys before `steps`, the keys after) and the steps chosen: a caller
+    that keeps each step's JSON (timeline_body.py) encodes only the steps it has not seen."""
     if since is not None and until is not None and since > until:
         raise BadQuery("since must not be after until")
     outcomes = view.outcomes()
@@ -89,19 +117,9 @@ def timeline_json(view: TimelineReads, since: float | None, until: float | None,
     lo, hi = (lo, lo + taken) if forward else (hi - taken, hi)
     chosen = outcomes[lo:hi]
 
-    steps: list[dict[str, Any]] = []
     kv: dict[str, list[list[float]]] = {}
     held: dict[str, int] = {}
     for si, out in chosen:
-        rec = out.record
-        members: dict[str, list[str]] = {}
-        for m in rec.members:
-            members.setdefault(m.phase, []).append(m.request_id)
-        steps.append({"ts": si.end_ts, "elapsed_s": si.elapsed_s, "iteration": si.iteration,
-                      "context_requests": si.context_requests, "context_tokens": si.context_tokens,
-                      "generation_requests": si.generation_requests, "generation_tokens": si.generation_tokens,
-                      "kv_usage": si.kv_usage, "kv_blocks": out.predicted_blocks,
-                      "vllm_kv_blocks": out.observed_blocks, "members": members})
         now = dict(out.holdings)
         for rid in held.keys() - now.keys():
             kv[rid].append([si.end_ts, 0])
@@ -116,19 +134,21 @@ def timeline_json(view: TimelineReads, since: float | None, until: float | None,
     lane_ids = {lane["request_id"] for lane in lanes}
     results = _results_of(view, lane_ids)
     block_size, pool = view.pool()
-    return {
+    head = {
         "since": t0, "until": t1, "now": view.last_event_ts,
         "block_size": block_size, "pool_blocks": pool,
         "victim_threshold_s": view.victim_threshold_s,
         "max_steps": max_steps, "window_s": window_s, "window_start": floor if window_s is not None else None,
         "truncated": truncated or lanes_truncated,
         "next_since": ends[hi] if truncated and since is not None and hi < len(ends) else None,
-        "steps": steps,
+    }
+    tail = {
         "kv": {rid: points for rid, points in kv.items() if rid in lane_ids or not lanes_truncated},
         "requests": lanes,
         "victims": [_victim(r) for r in results if r.victim_seconds() > 0 and r.culprits],
         "gpu": _gpu(view, t0, t1),
     }
+    return head, chosen, tail
 
 
 def _gpu(view: TimelineReads, t0: float | None, t1: float | None) -> list[dict[str, Any]]:

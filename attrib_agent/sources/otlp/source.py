@@ -11,12 +11,10 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-import uvicorn
-
 from attrib_agent.config import values as v
 from attrib_agent.config.setting import Setting
-from attrib_agent.config.types import HTTP_KEEP_ALIVE_S
 from attrib_agent.events import Event
+from attrib_agent.http_server import start_server
 from attrib_agent.recording import OTLP, otlp_body
 from attrib_agent.sources.otlp.decode import MAX_EXPORT_BYTES, DecodeResult, OtlpError, decode_export
 from attrib_agent.sources.otlp.forward import OtlpForwarder
@@ -33,6 +31,8 @@ from attrib_agent.sources.source import (
 )
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from attrib_agent.config.load import AgentConfig
 
 NAME = "otlp"
@@ -92,16 +92,8 @@ class OtlpSource:
         cfg, ctx = self._cfg, self._ctx
         app = otlp_http_app(spans_in, health=ctx.health(NAME), forwarder=self.forwarder, clock=ctx.clock,
                             max_body=cfg.otlp_max_body_bytes)
-        server = self._http = uvicorn.Server(uvicorn.Config(app, host=cfg.otlp_bind, port=cfg.otlp_http_port,
-                                                            log_level="warning", lifespan="off", access_log=False,
-                                                            timeout_keep_alive=HTTP_KEEP_ALIVE_S))
-        task = self._http_task = asyncio.create_task(server.serve(), name="otlp_http")
-        while not server.started:
-            if task.done():
-                await task
-                raise OSError(f"OTLP/HTTP receiver could not bind {cfg.otlp_bind}:{cfg.otlp_http_port}")
-            await asyncio.sleep(0.02)
-        self.http_port = server.servers[0].sockets[0].getsockname()[1]
+        self._http, self._http_task, self.http_port = await start_server(
+            app, cfg.otlp_bind, cfg.otlp_http_port, "OTLP/HTTP receiver", name="otlp_http")
 
     async def aclose(self) -> None:
         if self._http is not None and self._http_task is not None:

@@ -3,12 +3,15 @@ pipeline's event time, Prometheus-style durations, and clear 400s for bad parame
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
-from api_replayed import call, midway, replayed, state_of
+from api_replayed import call, events, midway, replayed, state_of
 
 from attrib_agent.attribution.culprit_windows import top_of
+from attrib_agent.events import RequestSpan
+from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.sinks.api.app import api_app
 from attrib_agent.sinks.api.top import BadQuery, parse_duration
 
@@ -98,3 +101,26 @@ def test_bad_limits_are_400(limit: str) -> None:
 def test_victim_seconds_is_ttft_plus_decode_time() -> None:
     r = next(r for r in replayed("preempt").store if r.ttft_slowdown_s > 0 and r.itl_slowdown_s > 0)
     assert r.victim_seconds() == r.ttft_slowdown_s + r.itl_slowdown_s * (r.completion_tokens - 1)  # type: ignore[operator]
+
+
+def test_answers_are_kept_per_state_version_and_rebuilt_after_a_change() -> None:
+    """`top` is built once per pipeline version and query (render_cache.py): the same bytes until the state
+    changes, then the new state's answer; and the kept answer is what the state says (identical JSON)."""
+    evs = events("preempt")
+    cut = max(i for i, ev in enumerate(evs) if isinstance(ev, RequestSpan))  # the last span lands after this
+    p = AttributionPipeline()
+    p.feed_all(evs[:cut])
+    p.settle()
+    state = state_of(p)
+    app = api_app(state)
+    first = call(app, "/v1/culprits/top?window=1h&limit=50")
+    assert call(app, "/v1/culprits/top?window=1h&limit=50").content == first.content
+    since, until, top = state.top_culprits(3600.0, 50)
+    assert first.json() == json.loads(json.dumps({
+        "window_s": 3600.0, "since": since, "until": until, "results": top.results,
+        "partial_results": top.partial_results, "culprits": [t.as_dict() for t in top.culprits]}))
+    p.feed_all(evs[cut:])
+    p.settle()
+    after = call(app, "/v1/culprits/top?window=1h&limit=50").json()
+    assert after["results"] == len(p.store) > first.json()["results"]
+

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from attrib_agent.sinks.api.render_cache import CachedAsgi, RenderCache
+from attrib_agent.sinks.api.render_cache import Body, CachedAsgi, RenderCache
 
 
 def test_reused_only_at_the_same_version() -> None:
@@ -75,3 +75,67 @@ def test_cached_asgi_replays_the_inner_response_per_query_and_version() -> None:
     version[0] += 1
     assert get(b"") == b"3"
     assert calls == [b"", b"name[]=x", b""]
+
+
+def test_max_stale_serves_a_body_of_an_older_version_while_young() -> None:
+    version, now = [0], [0.0]
+    cache: RenderCache[int] = RenderCache(lambda: version[0], max_stale_s=1.0, clock=lambda: now[0])
+    n = iter(range(100))
+    first = cache.get("a", lambda: next(n))
+    version[0] += 5  # events fed: the body is of an older state, but younger than a second
+    now[0] = 0.9
+    assert cache.get("a", lambda: next(n)) == first
+    now[0] = 1.1
+    rebuilt = cache.get("a", lambda: next(n))
+    assert rebuilt != first
+    now[0] = 5.0  # old, but of the current version: still the state's body
+    assert cache.get("a", lambda: next(n)) == rebuilt
+    with pytest.raises(ValueError):
+        RenderCache(lambda: 0, max_stale_s=-1.0)
+
+
+def test_a_body_is_gzipped_once_and_only_for_clients_that_take_it() -> None:
+    import gzip
+
+    big = Body(b'{"steps":[' + b'{"ts":1.0,"n":3},' * 500 + b"1]}")
+    sent, headers = big.for_client("gzip, deflate")
+    assert headers["Content-Encoding"] == "gzip" and gzip.decompress(sent) == big.raw
+    assert big.for_client("br, gzip")[0] is sent  # compressed once, kept
+    plain, headers = big.for_client("identity")
+    assert plain is big.raw and "Content-Encoding" not in headers
+    small = Body(b'{"a":1}')
+    assert small.for_client("gzip") == (small.raw, {"Vary": "Accept-Encoding"})
+
+
+def test_cached_asgi_keeps_the_gzipped_answer_apart_from_the_plain_one() -> None:
+    import gzip
+
+    calls: list[int] = []
+    body = b"x" * 5000
+
+    async def inner(scope: Any, receive: Any, send: Any) -> None:
+        calls.append(1)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": body})
+
+    app = CachedAsgi(inner, RenderCache(lambda: 0))
+
+    def get(encoding: bytes) -> tuple[dict[bytes, bytes], bytes]:
+        sent: list[Any] = []
+
+        async def send(msg: Any) -> None:
+            sent.append(msg)
+
+        async def receive() -> Any:
+            return {"type": "http.request", "body": b""}
+
+        scope = {"type": "http", "method": "GET", "query_string": b"", "headers": [(b"accept-encoding", encoding)]}
+        asyncio.run(app(scope, receive, send))
+        return dict(sent[0]["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
+
+    for _ in range(2):
+        headers, zipped = get(b"gzip")
+        assert headers[b"content-encoding"] == b"gzip" and gzip.decompress(zipped) == body
+        headers, plain = get(b"identity")
+        assert b"content-encoding" not in headers and plain == body
+    assert len(calls) == 2  # one build per encoding, replayed after

@@ -1,0 +1,36 @@
+"""How the agent serves HTTP (the API, the OTLP/HTTP receiver, the lab's span sink): one uvicorn set-up.
+
+Keep-alive is `HTTP_KEEP_ALIVE_S`, not uvicorn's 5 s: OTel SDKs export every 5 s on one kept-alive
+connection, and a connection closed at 5 s meets the next batch with a reset. No access log (a line per
+request at hundreds a second), no lifespan (the agent starts and stops what the apps use itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import uvicorn
+
+from attrib_agent.config.types import HTTP_KEEP_ALIVE_S
+
+
+def uvicorn_config(app: Any, host: str, port: int) -> uvicorn.Config:
+    """The uvicorn configuration every HTTP server of the agent runs with."""
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", access_log=False,
+                          timeout_keep_alive=HTTP_KEEP_ALIVE_S)
+
+
+async def start_server(app: Any, host: str, port: int, what: str,
+                       name: str | None = None) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
+    """Serve `app` on this loop; returns once listening: the server, its task, and its port (port 0 picks a
+    free one). Raises what stopped it at start-up (e.g. the port is taken), or OSError naming `what`."""
+    server = uvicorn.Server(uvicorn_config(app, host, port))
+    task = asyncio.create_task(server.serve(), name=name)
+    while not server.started and not task.done():
+        await asyncio.sleep(0.02)
+    if task.done():
+        await task
+        raise OSError(f"{what} stopped at start-up on {host}:{port}")
+    bound = server.servers[0].sockets[0].getsockname()[1] if server.servers else port
+    return server, task, bound
