@@ -114,8 +114,6 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
                 first_blocked)
 
 
-
-
 def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], pool: FreeBlockQueue, max_seqs: int,
                     bs: int, pricer: Pricer, now: float, next_arrival: float | None, max_steps: int
                     ) -> tuple[int, float]:
@@ -123,15 +121,20 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
     finishes, their new blocks fit in the free ones, the queue's head cannot be admitted (no blocks or no seat)
     and no arrival is due. Exactly what `schedule_step` would do step by step (the steps that break the pattern
     are left to it). Returns (steps run, new time)."""
-    if not running or any(r.computed + 1 != r.num_tokens or r.outputs < 1 for r in running):
+    if not running:
         return 0, now
+    context, most = 0, max_steps  # one pass: the pattern check, the context and the steps before a finish
+    for r in running:
+        if r.computed + 1 != r.req.prompt_tokens + r.outputs + r.pending or r.outputs < 1:
+            return 0, now
+        context += r.computed + 1
+        most = min(most, r.target - r.outputs - 1)
     if waiting and len(running) < max_seqs and blocks_for(waiting[0].num_tokens, bs) <= pool.free:
         return 0, now
     n = len(running)
-    k = _alike_steps(running, pool.free, bs, min(max_steps, *(r.target - r.outputs - 1 for r in running)))
+    k = _alike_steps(running, pool.free, bs, most)
     if k <= 0:
         return 0, now
-    context = sum(r.computed + 1 for r in running)
     first = pricer.price((0, n, context, 0))
     slope = pricer.price((0, n, context + n, 0)) - first  # each step attends to n more tokens
     if abs(pricer.price((0, n, context + (k - 1) * n, 0)) - (first + (k - 1) * slope)) > 1e-9 * (1 + first):
@@ -171,8 +174,15 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
 def _alike_steps(running: list[LiveRequest], free: int, bs: int, most: int) -> int:
     """The most decode steps (up to `most`) whose new KV blocks all fit in the `free` ones: no preemption within
     them, and a queue head that does not fit now fits even less later."""
+    held = [(r.computed, r.blocks) for r in running]
+
     def need(k: int) -> int:
-        return sum(max(blocks_for(r.computed + k, bs) - r.blocks, 0) for r in running)
+        total = 0
+        for computed, blocks in held:
+            extra = -(-(computed + k) // bs) - blocks  # blocks_for, inlined: this is the forecast's inner loop
+            if extra > 0:
+                total += extra
+        return total
 
     if most <= 0 or need(most) <= free:
         return max(most, 0)
