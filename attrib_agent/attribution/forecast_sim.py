@@ -35,10 +35,12 @@ class Run:
 
 
 def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimRequest, int]],
-                  watch: set[str], max_steps: int, first_token_only: frozenset[str] = frozenset()) -> Run:
+                  watch: set[str], max_steps: int, first_token_only: frozenset[str] = frozenset(),
+                  until: float | None = None) -> Run:
     """Run the scheduler on from `state` with `extra` requests (and their cached prefix tokens) joining at their
     arrival, until every watched request has finished, or for those in `first_token_only` has its first token
-    (or `max_steps`)."""
+    (or `max_steps`). With `until`, a run also stops once it is past `until` and every watched request has its
+    first token: what comes later changes no TTFT, and the caller reads token times up to `until` only."""
     cfg = state.sched
     bs, usable = cfg.block_size, cfg.num_blocks - 1
     pool = FreeBlockQueue(usable, cfg.prefix_caching)
@@ -70,10 +72,11 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
         lives.append(lv)
     by_id = {lv.req.request_id: lv for lv in lives}
     awaited = {rid for rid in watch if rid in by_id and not by_id[rid].refused}
+    unserved = {rid for rid in awaited if by_id[rid].first_token_ts is None}  # no first token yet
     pricer = Pricer(cost)
     now, steps, preemptions, empty = state.now, 0, 0, 0
     first_stop, first_members, first_blocked = "", frozenset[str](), None
-    while steps < max_steps and awaited:
+    while steps < max_steps and awaited and (until is None or unserved or now < until):
         while pending and pending[0].req.arrival_ts <= now:
             lv = pending.popleft()
             if not lv.refused:
@@ -91,7 +94,8 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
             steps += jumped
             continue
         plan = schedule_step(running, waiting, pool, cfg, now)
-        preemptions += len(plan.preempted)
+        if until is None or now < until:  # counted within the window both runs cover
+            preemptions += len(plan.preempted)
         if not steps and not first_stop:
             first_stop, first_members = plan.stop, frozenset(m.request_id for m in plan.members)
             first_blocked = plan.blocked.req.request_id if plan.blocked is not None else None
@@ -105,8 +109,10 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
         for m in plan.members:
             lv = by_id[m.request_id]
             _deliver(lv, _compute(lv, m.tokens), end, running, waiting, pool, bs)  # vLLM's sync scheduling
-            if lv.finish_ts is not None or (lv.first_token_ts is not None and m.request_id in first_token_only):
-                awaited.discard(m.request_id)
+            if lv.first_token_ts is not None:
+                unserved.discard(m.request_id)
+                if lv.finish_ts is not None or m.request_id in first_token_only:
+                    awaited.discard(m.request_id)
         now = end
         steps += 1
     return Run({lv.req.request_id: lv.first_token_ts for lv in lives},

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
