@@ -127,16 +127,17 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
     finishes, their new blocks fit in the free ones, the queue's head cannot be admitted (no blocks or no seat)
     and no arrival is due. Exactly what `schedule_step` would do step by step (the steps that break the pattern
     are left to it). Returns (steps run, new time)."""
-    if not running:
+    if not running or (waiting and len(running) < max_seqs and blocks_for(waiting[0].num_tokens, bs) <= pool.free):
         return 0, now
     context, most = 0, max_steps  # one pass: the pattern check, the context and the steps before a finish
     for r in running:
-        if r.computed + 1 != r.req.prompt_tokens + r.outputs + r.pending or r.outputs < 1:
+        computed, outputs = r.computed, r.outputs
+        if computed + 1 != r.req.prompt_tokens + outputs + r.pending or outputs < 1:
             return 0, now
-        context += r.computed + 1
-        most = min(most, r.target - r.outputs - 1)
-    if waiting and len(running) < max_seqs and blocks_for(waiting[0].num_tokens, bs) <= pool.free:
-        return 0, now
+        context += computed + 1
+        left = r.target - outputs - 1
+        if left < most:
+            most = left
     n = len(running)
     k = _alike_steps(running, pool.free, bs, most)
     if k <= 0:
