@@ -53,7 +53,7 @@ class Harm:
     requests: int
     ttft_extra_sum_s: float
     ttft_extra_max_s: float
-    itl_extra_sum_s: float  # extra mean ITL over their remaining tokens, summed over requests
+    itl_extra_sum_s: float  # extra mean ITL over their tokens within the horizon, summed over requests
     itl_extra_max_s: float
     ttft_slo_pushed: int  # within the TTFT SLO without the candidate, beyond it with
     itl_slo_pushed: int  # likewise the ITL p95 SLO
