@@ -2,7 +2,9 @@
 
 A router's decision, in one function (`choose`): ask every agent's POST /v1/forecast for the request, send it
 where the forecast extra TTFT for the others (in flight and expected) is lowest; on a tie, where its own TTFT is
-lowest. Copy `choose` into your router; everything else here is the demo.
+lowest. Pass `in_flight_prompts` (per instance, the prompt lengths of what you sent there and is not finished):
+the agent cannot see a prompt's length before vLLM prefills it. Copy `choose` (and `newest`) into your router;
+everything else here is the demo.
 
 Against running agents (one per vLLM instance):
 
@@ -22,33 +24,52 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "recordings"
+MAX_IN_FLIGHT_PROMPTS = 1024  # POST /v1/forecast takes at most this many in_flight_prompts
 
 
-async def forecast_of(client: httpx.AsyncClient, prompt_tokens: int, max_tokens: int) -> dict[str, Any]:
-    r = await client.post("/v1/forecast", json={"prompt_tokens": prompt_tokens, "max_tokens": max_tokens})
+async def forecast_of(client: httpx.AsyncClient, prompt_tokens: int, max_tokens: int,
+                      in_flight_prompts: Mapping[str, int] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"prompt_tokens": prompt_tokens, "max_tokens": max_tokens}
+    if in_flight_prompts:
+        body["in_flight_prompts"] = dict(in_flight_prompts)
+    r = await client.post("/v1/forecast", json=body)
     r.raise_for_status()
     forecast: dict[str, Any] = r.json()["forecasts"][0]
     return forecast
 
 
-async def choose(clients: Sequence[httpx.AsyncClient], prompt_tokens: int, max_tokens: int
-                 ) -> tuple[int, list[dict[str, Any]]]:
+async def choose(clients: Sequence[httpx.AsyncClient], prompt_tokens: int, max_tokens: int,
+                 in_flight_prompts: Sequence[Mapping[str, int]] | None = None) -> tuple[int, list[dict[str, Any]]]:
     """(index of the instance to send the request to, every instance's forecast). A refused request (it can never
-    fit there) is never sent there."""
-    forecasts = await asyncio.gather(*(forecast_of(c, prompt_tokens, max_tokens) for c in clients))
+    fit there) is never sent there. `in_flight_prompts[i]`: {vLLM request id: prompt tokens} of the requests
+    this router sent to instance i that have not finished (at most MAX_IN_FLIGHT_PROMPTS, the newest): the agent
+    sees a prompt's length only once vLLM prefills it, so without them a whale sent a moment ago is taken
+    for a median-sized request."""
+    if in_flight_prompts is not None and len(in_flight_prompts) != len(clients):
+        raise ValueError("in_flight_prompts needs one mapping per instance")
+    known: list[Mapping[str, int] | None] = [newest(p) for p in in_flight_prompts] if in_flight_prompts else \
+        [None] * len(clients)
+    forecasts = await asyncio.gather(*(forecast_of(c, prompt_tokens, max_tokens, k)
+                                       for c, k in zip(clients, known, strict=True)))
 
     def key(i: int) -> tuple[bool, float, float]:
         f = forecasts[i]
         return (f["refused"], f["ttft_extra_sum_s"], f["own_ttft_s"] if f["own_ttft_s"] is not None else 1e9)
 
     return min(range(len(clients)), key=key), list(forecasts)
+
+
+def newest(prompts: Mapping[str, int]) -> dict[str, int]:
+    """The last MAX_IN_FLIGHT_PROMPTS entries (in insertion order: the most recently sent), the endpoint's limit."""
+    items = list(prompts.items())
+    return dict(items[-MAX_IN_FLIGHT_PROMPTS:])
 
 
 def _replayed_agents() -> list[tuple[str, httpx.AsyncClient]]:

@@ -65,6 +65,7 @@ class AgentCore:
         self._queue: asyncio.Queue[Event] | None = None
         self._max_queued = max_queued
         self.results_out = 0
+        self._forecast_settle = -1  # the settle the forecast's snapshot was last built for
         # Live: a wall-clock idle settle attributes what is due while vLLM is down. A replay settles on event time
         # only (`replay_into` turns this off): a wall-clock settle would land at a different event on a busy machine
         # and change the results from run to run.
@@ -158,9 +159,9 @@ class AgentCore:
                 for _ in range(min(queue.qsize(), 256)):  # a batch, then yield to the API and receivers
                     self.process(queue.get_nowait())
                 self._health.success(self.state.clock())
+                self.refresh_forecast()  # a no-op unless the batch settled: then the forecast's snapshot, here
             if time.monotonic() - last_flush >= SINK_FLUSH_S:
                 self.flush()
-                self.refresh_forecast()
                 last_flush = time.monotonic()
             await asyncio.sleep(0)
         while not queue.empty():
@@ -169,8 +170,13 @@ class AgentCore:
         self.flush()
 
     def refresh_forecast(self) -> None:
-        """The forecast gauge's value, once per settle at most, here rather than in a scrape (a forecast bug is
-        counted and skipped like a pipeline one: the gauge then computes it at the scrape)."""
+        """After each settle, the forecast's snapshot (state, the future without a candidate, the reference
+        whale's answer for the gauge), here rather than in the first request or scrape after it: a request
+        then costs its own candidate's run only. A no-op when no settle ran since (a forecast bug is counted and
+        skipped like a pipeline one: the gauge then computes it at the scrape)."""
+        if self.pipeline.last_event_ts is None or self.pipeline.settles == self._forecast_settle:
+            return
+        self._forecast_settle = self.pipeline.settles  # tried once per settle, failing or not
         try:
             self.state.refresh_reference()
         except Exception:

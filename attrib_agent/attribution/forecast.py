@@ -10,6 +10,7 @@ mostly hurts those that come after it: the two are reported apart.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ __all__ = ["ArrivalLoad", "Candidate", "EngineState", "Forecast", "ForecastConfi
 
 CANDIDATE_PREFIX = "candidate-"
 EXPECTED_PREFIX = "expected-"
+SMALL_GAPS = 256  # token-gap lists shorter than this are ranked in plain Python (numpy costs more there)
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class Harm:
     requests: int
     ttft_extra_sum_s: float
     ttft_extra_max_s: float
-    itl_extra_sum_s: float  # extra mean ITL over their remaining tokens, summed over requests
+    itl_extra_sum_s: float  # extra mean ITL over their tokens within the horizon, summed over requests
     itl_extra_max_s: float
     ttft_slo_pushed: int  # within the TTFT SLO without the candidate, beyond it with
     itl_slo_pushed: int  # likewise the ITL p95 SLO
@@ -114,7 +116,7 @@ def base_run(state: EngineState, cost: StepCost, config: ForecastConfig | None =
     cfg = config or ForecastConfig()
     expected = expected_arrivals(state, cfg)
     watch = {r.request_id for r in state.requests} | {r.request_id for r in expected}
-    return simulate_from(state, cost, [(r, 0) for r in expected], watch, cfg.max_steps)
+    return simulate_from(state, cost, [(r, 0) for r in expected], watch, cfg.max_steps, until=window_end(state, cfg))
 
 
 def forecast(state: EngineState, candidates: Sequence[Candidate], cost: StepCost,
@@ -134,26 +136,36 @@ def forecast(state: EngineState, candidates: Sequence[Candidate], cost: StepCost
         usable = state.sched.num_blocks - 1
         refused = blocks_for(c.prompt_tokens + c.max_tokens - 1, state.sched.block_size) > usable
         run = simulate_from(state, cost, [(cand, c.cached_prefix_tokens), *((r, 0) for r in expected)],
-                            watch | {cid}, cfg.max_steps, first_token_only=frozenset({cid}))
+                            watch | {cid}, cfg.max_steps, first_token_only=frozenset({cid}),
+                            until=window_end(state, cfg))
         first = run.first_token.get(cid)
         admitted = cid in run.first_members
         reason = None if admitted or refused else (
             run.first_stop if run.first_blocked == cid or run.first_stop in ("budget", "seats", "preemption")
             else "queue")
         arrivals = {r.request_id: r.arrival_ts for r in expected}
+        until = window_end(state, cfg)
         out.append(Forecast(
             c, refused, admitted, reason,
             None if first is None else first - state.now + state.ttft_offset_s,
             _harm(base, run, {r.request_id: r.arrival_ts for r in state.requests if r.first_token_ts is None},
-                  others, state.ttft_offset_s, cfg),
-            _harm(base, run, arrivals, set(arrivals), state.ttft_offset_s, cfg),
+                  others, state.ttft_offset_s, cfg, until),
+            _harm(base, run, arrivals, set(arrivals), state.ttft_offset_s, cfg, until),
             state.load, max(run.preemptions - base.preemptions, 0)))
     return out
 
 
+def window_end(state: EngineState, cfg: ForecastConfig) -> float:
+    """The end of the window ITL and preemptions are compared over (TTFTs are followed past it to the last
+    watched first token): the runs stop there, rather than when the last request finishes, which in a busy
+    engine is several horizons later and was most of a forecast's cost."""
+    return state.now + cfg.horizon_s
+
+
 def _harm(base: Run, run: Run, awaiting: dict[str, float], ids: set[str], offset_s: float,
-          cfg: ForecastConfig) -> Harm:
-    """Compare the two runs over `ids`; `awaiting` holds the arrival of those still without a first token."""
+          cfg: ForecastConfig, until: float) -> Harm:
+    """Compare the two runs over `ids`; `awaiting` holds the arrival of those still without a first token. Token
+    gaps are compared up to `until` (both runs cover it)."""
     ttft_sum = ttft_max = itl_sum = itl_max = 0.0
     ttft_pushed = itl_pushed = 0
     by_request: list[tuple[str, float]] = []
@@ -167,7 +179,7 @@ def _harm(base: Run, run: Run, awaiting: dict[str, float], ids: set[str], offset
             ttft_sum += extra
             ttft_max = max(ttft_max, extra)
             ttft_pushed += before - arrival + offset_s < cfg.ttft_slo_s <= after - arrival + offset_s
-        before_ts, after_ts = base.tokens.get(rid, []), run.tokens.get(rid, [])
+        before_ts, after_ts = _upto(base.tokens.get(rid, []), until), _upto(run.tokens.get(rid, []), until)
         if len(before_ts) >= 2 and len(after_ts) >= 2:
             extra = max(_mean_gap(after_ts) - _mean_gap(before_ts), 0.0)
             itl_sum += extra
@@ -176,15 +188,23 @@ def _harm(base: Run, run: Run, awaiting: dict[str, float], ids: set[str], offset
     return Harm(len(ids), ttft_sum, ttft_max, itl_sum, itl_max, ttft_pushed, itl_pushed, tuple(by_request))
 
 
+def _upto(ts: list[float], until: float) -> list[float]:
+    """The token times at or before `until` (they are ascending)."""
+    return ts if not ts or ts[-1] <= until else ts[:bisect.bisect_right(ts, until)]
+
+
 def _mean_gap(ts: list[float]) -> float:
     return (ts[-1] - ts[0]) / (len(ts) - 1)
 
 
 def _p95_gap(ts: list[float]) -> float:
-    """The 95th percentile of the gaps between token times (the gap at rank floor(0.95 n))."""
-    gaps = np.diff(np.asarray(ts))
-    return float(np.partition(gaps, min(len(gaps) - 1, int(0.95 * len(gaps))))[min(len(gaps) - 1,
-                                                                                  int(0.95 * len(gaps)))])
+    """The 95th percentile of the gaps between token times (the gap at rank floor(0.95 n)); plain Python below
+    SMALL_GAPS gaps, where numpy's call overhead is most of the cost (same value: the same subtractions)."""
+    n = len(ts) - 1
+    k = min(n - 1, int(0.95 * n))
+    if n < SMALL_GAPS:
+        return sorted([b - a for a, b in zip(ts, ts[1:], strict=False)])[k]
+    return float(np.partition(np.diff(np.asarray(ts)), k)[k])
 
 
 @dataclass(frozen=True)

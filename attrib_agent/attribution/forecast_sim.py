@@ -35,10 +35,12 @@ class Run:
 
 
 def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimRequest, int]],
-                  watch: set[str], max_steps: int, first_token_only: frozenset[str] = frozenset()) -> Run:
+                  watch: set[str], max_steps: int, first_token_only: frozenset[str] = frozenset(),
+                  until: float | None = None) -> Run:
     """Run the scheduler on from `state` with `extra` requests (and their cached prefix tokens) joining at their
     arrival, until every watched request has finished, or for those in `first_token_only` has its first token
-    (or `max_steps`)."""
+    (or `max_steps`). With `until`, a run also stops once it is past `until` and every watched request has its
+    first token: what comes later changes no TTFT, and the caller reads token times up to `until` only."""
     cfg = state.sched
     bs, usable = cfg.block_size, cfg.num_blocks - 1
     pool = FreeBlockQueue(usable, cfg.prefix_caching)
@@ -70,10 +72,11 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
         lives.append(lv)
     by_id = {lv.req.request_id: lv for lv in lives}
     awaited = {rid for rid in watch if rid in by_id and not by_id[rid].refused}
+    unserved = {rid for rid in awaited if by_id[rid].first_token_ts is None}  # no first token yet
     pricer = Pricer(cost)
     now, steps, preemptions, empty = state.now, 0, 0, 0
     first_stop, first_members, first_blocked = "", frozenset[str](), None
-    while steps < max_steps and awaited:
+    while steps < max_steps and awaited and (until is None or unserved or now < until):
         while pending and pending[0].req.arrival_ts <= now:
             lv = pending.popleft()
             if not lv.refused:
@@ -91,7 +94,8 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
             steps += jumped
             continue
         plan = schedule_step(running, waiting, pool, cfg, now)
-        preemptions += len(plan.preempted)
+        if until is None or now < until:  # counted within the window both runs cover
+            preemptions += len(plan.preempted)
         if not steps and not first_stop:
             first_stop, first_members = plan.stop, frozenset(m.request_id for m in plan.members)
             first_blocked = plan.blocked.req.request_id if plan.blocked is not None else None
@@ -105,15 +109,15 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
         for m in plan.members:
             lv = by_id[m.request_id]
             _deliver(lv, _compute(lv, m.tokens), end, running, waiting, pool, bs)  # vLLM's sync scheduling
-            if lv.finish_ts is not None or (lv.first_token_ts is not None and m.request_id in first_token_only):
-                awaited.discard(m.request_id)
+            if lv.first_token_ts is not None:
+                unserved.discard(m.request_id)
+                if lv.finish_ts is not None or m.request_id in first_token_only:
+                    awaited.discard(m.request_id)
         now = end
         steps += 1
     return Run({lv.req.request_id: lv.first_token_ts for lv in lives},
                 {lv.req.request_id: lv.token_ts for lv in lives}, preemptions, first_stop, first_members,
                 first_blocked)
-
-
 
 
 def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], pool: FreeBlockQueue, max_seqs: int,
@@ -123,15 +127,21 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
     finishes, their new blocks fit in the free ones, the queue's head cannot be admitted (no blocks or no seat)
     and no arrival is due. Exactly what `schedule_step` would do step by step (the steps that break the pattern
     are left to it). Returns (steps run, new time)."""
-    if not running or any(r.computed + 1 != r.num_tokens or r.outputs < 1 for r in running):
+    if not running or (waiting and len(running) < max_seqs and blocks_for(waiting[0].num_tokens, bs) <= pool.free):
         return 0, now
-    if waiting and len(running) < max_seqs and blocks_for(waiting[0].num_tokens, bs) <= pool.free:
-        return 0, now
+    context, most = 0, max_steps  # one pass: the pattern check, the context and the steps before a finish
+    for r in running:
+        computed, outputs = r.computed, r.outputs
+        if computed + 1 != r.req.prompt_tokens + outputs + r.pending or outputs < 1:
+            return 0, now
+        context += computed + 1
+        left = r.target - outputs - 1
+        if left < most:
+            most = left
     n = len(running)
-    k = _alike_steps(running, pool.free, bs, min(max_steps, *(r.target - r.outputs - 1 for r in running)))
+    k = _alike_steps(running, pool.free, bs, most)
     if k <= 0:
         return 0, now
-    context = sum(r.computed + 1 for r in running)
     first = pricer.price((0, n, context, 0))
     slope = pricer.price((0, n, context + n, 0)) - first  # each step attends to n more tokens
     if abs(pricer.price((0, n, context + (k - 1) * n, 0)) - (first + (k - 1) * slope)) > 1e-9 * (1 + first):
@@ -171,8 +181,15 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
 def _alike_steps(running: list[LiveRequest], free: int, bs: int, most: int) -> int:
     """The most decode steps (up to `most`) whose new KV blocks all fit in the `free` ones: no preemption within
     them, and a queue head that does not fit now fits even less later."""
+    held = [(r.computed, r.blocks) for r in running]
+
     def need(k: int) -> int:
-        return sum(max(blocks_for(r.computed + k, bs) - r.blocks, 0) for r in running)
+        total = 0
+        for computed, blocks in held:
+            extra = -(-(computed + k) // bs) - blocks  # blocks_for, inlined: this is the forecast's inner loop
+            if extra > 0:
+                total += extra
+        return total
 
     if most <= 0 or need(most) <= free:
         return max(most, 0)

@@ -26,13 +26,13 @@ from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
 from attrib_agent.events import RequestReceived
 from attrib_agent.lab.score import SLOWED_RATIO, spec_ids
 from attrib_agent.lab.server import LabError
-from attrib_agent.lab.workload import LILO, LISO, SILO, SISO
+from attrib_agent.lab.workload import LILO, LISO, RAG, SILO, SISO
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.recording import Recording
 from attrib_agent.sources.replay import ReplaySource
 
 LOADS = ("learnt", "declared")
-CLASSES = {c.name: c for c in (SISO, SILO, LISO, LILO)}  # the class names truth.json gives its shorts
+CLASSES = {c.name: c for c in (SISO, SILO, LISO, LILO, RAG)}  # the class names truth.json gives its shorts
 
 
 @dataclass
@@ -84,9 +84,13 @@ def declared_load(truth: Mapping[str, Any], at_offset_s: float) -> tuple[Arrival
     if len(shorts) < 2 or not later:
         return None
     rate = (len(shorts) - 1) / (shorts[-1]["offset_s"] - shorts[0]["offset_s"])
-    klass = CLASSES[later[0]["class"]]
+    unknown = sorted({e["class"] for e in later} - set(CLASSES))
+    if unknown:
+        raise LabError(f"truth's shorts have a class the score does not know: {unknown[0]!r}")
+    klasses = [CLASSES[e["class"]] for e in later]  # a mix (continuous traffic): its median sizes
     first = later[0]["offset_s"] - at_offset_s
-    return (ArrivalLoad(rate, klass.prompt_tokens, klass.output_tokens, first),
+    return (ArrivalLoad(rate, int(statistics.median(k.prompt_tokens for k in klasses)),
+                        int(statistics.median(k.output_tokens for k in klasses)), first),
             later[-1]["offset_s"] - at_offset_s + 0.5 / rate)
 
 

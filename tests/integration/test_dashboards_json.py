@@ -154,3 +154,17 @@ def test_unreachable_prometheus_is_a_clear_error() -> None:
         api.query("up")
     assert not api.ready()
     api.close()
+
+
+def test_the_interference_dashboard_plots_the_forecast_gauge_per_pod_and_engine() -> None:
+    """Issue 16: the dashboards show the forecast gauge (a router's signal). Its query returning data from a
+    replayed agent through a real Prometheus is test_prometheus_replay's `Forecast harm...` case."""
+    model = MODELS["attrib-interference.json"]
+    hits = [q for q in panel_queries(model) if "attrib_forecast_reference_harm_seconds" in q.expr]
+    assert len(hits) == 1, "the Interference dashboard must plot attrib_forecast_reference_harm_seconds"
+    q = hits[0]
+    assert q.panel_type == "timeseries" and not q.instant
+    assert "by (pod, engine)" in q.expr and "{{pod}}" in q.legend and "{{engine}}" in q.legend
+    [panel] = [p for p in panels(model) if p["title"] == q.panel]
+    assert panel["fieldConfig"]["defaults"]["unit"] == "s"
+    assert "attrib_forecast_reference_harm_seconds" in _catalog()  # documented in docs/metrics.md

@@ -7,7 +7,8 @@ clock; at each arrival the router picks an instance by its policy:
 - `least-loaded`: fewest running + waiting (production-stack's and vLLM's DP balancer's signal, read exactly);
 - `forecast`: long requests where each instance's attrib-agent forecasts the least harm (the example's `choose`
   over the real `POST /v1/forecast`, each agent fed only the events its vLLM would have produced by then, with
-  the load it learnt); short requests round-robin;
+  the load it learnt and the prompt lengths of the requests the router sent there that have not finished, as
+  `in_flight_prompts`); short requests round-robin;
 - `forecast+least-loaded` (not in the default set): long requests by forecast, short ones least-loaded.
 """
 
@@ -78,13 +79,20 @@ class Router:
         clients = [inst.client for inst in instances]
         assert all(c is not None for c in clients), "forecast routing needs an agent per instance"
         try:
-            best, _ = await self._choose(clients, r.prompt_tokens, r.output_tokens)
+            best, _ = await self._choose(clients, r.prompt_tokens, r.output_tokens,
+                                         [sent_not_finished(inst) for inst in instances])
         except httpx.HTTPStatusError as e:
             if e.response.status_code != 503:  # 503: an agent has seen no event from its vLLM yet
                 raise
             self.fallbacks += 1
             return self._round_robin(n)
         return int(best)
+
+
+def sent_not_finished(inst: Instance) -> dict[str, int]:
+    """What a router knows of an instance and its agent cannot see before the prefill: the prompt lengths of the
+    requests it sent there whose responses have not ended (in the order sent)."""
+    return {rid: sv.prompt_tokens for rid, sv in inst.served.items() if sv.finished is None}
 
 
 async def run_once(shape: StudyShape, seed: int, policy: str) -> RunResult:

@@ -125,3 +125,35 @@ def test_bad_candidates_and_configs_are_refused() -> None:
         ForecastConfig(horizon_s=0)
     with pytest.raises(ValueError):
         ArrivalLoad(-1.0, 5, 5)
+
+
+def test_runs_stop_at_the_window_and_every_ttft_is_what_the_full_run_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runs stop at the horizon once every watched request has its first token (TTFTs are followed past it);
+    ITL is compared over the window. The TTFT answers are those of runs to the last finish."""
+    state = EngineState(NOW, SCHED, (decoding("a", 3000, 10, 900), decoding("b", 40, 2, 700), waiting("c", 900, 64)),
+                        ArrivalLoad(2.0, 64, 400))
+    cands = [Candidate(6000, 600), Candidate(300, 20)]
+    cfg = ForecastConfig(horizon_s=3.0)
+    stopped: list[float] = []
+    real = forecast_sim.simulate_from
+
+    def spy(*a: object, **k: object) -> forecast_sim.Run:
+        run = real(*a, **k)  # type: ignore[arg-type]
+        stopped.append(max((t for ts in run.tokens.values() for t in ts), default=NOW))
+        return run
+
+    monkeypatch.setattr("attrib_agent.attribution.forecast.simulate_from", spy)
+    windowed = forecast(state, cands, COST, cfg)
+    windowed_ends, stopped[:] = list(stopped), []
+    monkeypatch.setattr("attrib_agent.attribution.forecast.simulate_from",
+                        lambda *a, **k: spy(*a, **{**k, "until": None}))
+    monkeypatch.setattr("attrib_agent.attribution.forecast.window_end", lambda s, c: math.inf)
+    full = forecast(state, cands, COST, cfg)
+    assert len(windowed_ends) == len(stopped) == 3  # the base run and one per candidate
+    assert max(windowed_ends) < NOW + 6 < NOW + 9 < min(stopped)  # the decoders' 700-900 tokens not run out
+    for w, f in zip(windowed, full, strict=True):
+        assert w.own_ttft_s == f.own_ttft_s and w.admitted_now == f.admitted_now
+        for a, b in ((w.in_flight, f.in_flight), (w.expected, f.expected)):
+            assert (a.ttft_extra_sum_s, a.ttft_extra_max_s, a.ttft_slo_pushed, a.ttft_extra_by_request) == (
+                b.ttft_extra_sum_s, b.ttft_extra_max_s, b.ttft_slo_pushed, b.ttft_extra_by_request)
+    assert windowed[0].in_flight.itl_extra_max_s > 0  # the whale's prefill chunks fall in the window

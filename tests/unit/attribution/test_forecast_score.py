@@ -51,3 +51,26 @@ def test_spearman() -> None:
     assert spearman([1, 2, 3], [3, 2, 1]) == -1.0
     assert spearman([1, 2], [1, 2]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
     assert math.isclose(spearman([1, 2, 2, 3], [1, 2, 3, 4]) or 0, 0.9486832980505138)
+
+
+def test_every_committed_truth_has_its_whales_and_a_declared_load() -> None:
+    """The report runs on `tests/fixtures/truth/*`: RAG shorts and mixed short streams (continuous traffic) too;
+    a mixed stream is declared as its median sizes."""
+    import json
+
+    from attrib_agent.lab.forecast_score import declared_load, whale_cases
+
+    dirs = sorted(p for p in TRUTH.iterdir() if (p / "truth.json").is_file())
+    assert {"continuous", "prefix", "preempt-midstream"} <= {d.name for d in dirs}
+    for d in dirs:
+        truth, found = whale_cases(d)
+        assert found and all(c.truth == d.name for c in found)
+        for c in found:
+            got = declared_load(truth, truth["whales"][c.whale]["offset_s"])
+            assert got is not None and got[0].rate_per_s > 0 and got[1] > 0
+    continuous = json.loads((TRUTH / "continuous" / "truth.json").read_text())
+    got = declared_load(continuous, 15.0)
+    assert got is not None and (got[0].prompt_tokens, got[0].max_tokens) == (32, 32)  # siso is the median
+    prefix = json.loads((TRUTH / "prefix" / "truth.json").read_text())
+    got = declared_load(prefix, 9.0)
+    assert got is not None and got[0].prompt_tokens == 1856

@@ -66,3 +66,53 @@ def test_the_stepper_advanced_arrival_by_arrival_schedules_what_one_run_does() -
     assert whole.steps and stepper.trace.steps == whole.steps
     assert stepper.trace.first_token_ts == whole.first_token_ts
     assert sum(len(s.preempted) for s in whole.steps) > 0  # the pool really ran out
+
+
+def test_the_forecast_policy_tells_each_agent_the_prompts_it_sent_that_vllm_has_not_prefilled() -> None:
+    """A whale sent a moment ago is not prefilled yet: its agent cannot see its length. The router passes what it
+    sent (in_flight_prompts, through the example's `choose` and the real API), under the ids the agent knows."""
+    import asyncio
+
+    import httpx
+
+    from attrib_agent.attribution.forecast_state import engine_state
+    from attrib_agent.lab.routing.instance import Instance
+    from attrib_agent.lab.routing.workload import instance_workload
+
+    shape = StudyShape(duration_s=5, short_rate=6, whales=2)
+    reqs = arrivals(shape, 0)
+    first, second = [r for r in reqs if is_long(r)][:2]
+    bodies: list[dict[str, object]] = []
+
+    async def seen(request: httpx.Request) -> None:
+        bodies.append(json.loads(request.content))
+
+    instances = [Instance(instance_workload(shape, reqs), default_cost(), agent=True, on_request=seen)
+                 for _ in range(2)]
+    early = [r for r in reqs if r.arrival_ts < first.arrival_ts]
+    assert early  # shorts came first: instance 1 serves them, so both agents have a state
+    for r in [*early, first]:
+        for inst in instances:
+            inst.advance(r.arrival_ts)
+        instances[0 if r is first else 1].submit(r)
+    instances[0].feed_agent(first.arrival_ts)  # the whale's arrival lines, no prefill step yet
+    assert study.sent_not_finished(instances[0]) == {first.request_id: first.prompt_tokens}
+    pipeline = instances[0].pipeline
+    assert pipeline is not None
+    blind, told = engine_state(pipeline), engine_state(pipeline, prompts=study.sent_not_finished(instances[0]))
+    assert blind is not None and told is not None
+    assert [r.prompt_tokens for r in told.requests] == [first.prompt_tokens]  # the ids match the agent's
+    assert [r.prompt_tokens for r in blind.requests] != [first.prompt_tokens]  # without them: a guess
+
+    router = study.Router("forecast")
+
+    async def route() -> int:
+        try:
+            return await router.route(second, instances, first.arrival_ts)
+        finally:
+            for inst in instances:
+                await inst.close()
+
+    assert asyncio.run(route()) in (0, 1) and router.fallbacks == 0  # both agents answered
+    assert {first.request_id: first.prompt_tokens} in [b.get("in_flight_prompts") for b in bodies]
+    assert all(b["prompt_tokens"] == second.prompt_tokens for b in bodies) and len(bodies) == 2
