@@ -310,6 +310,9 @@ class Attributor:
             for lo, window in bounded_neighbourhoods([(r, ends[r.request_id]) for r in chain], victims, limit,
                                                      self.config.window_lookback_s,
                                                      index.snapper(self.config.window_grid_s)):
+                if len(window) >= limit:  # cut to the latest arrivals: start where the kept ones begin, ungridded
+                    at = index.before(window[0].arrival_ts)
+                    lo = max(lo, at.end_ts) if at is not None else lo
                 step = index.before(lo)
                 if step is None or step.end_ts != lo:  # no step held there: from an idle engine, as before
                     out.append((window, None))
