@@ -10,7 +10,9 @@ import pytest
 
 import attrib_agent.attribution.attributor as attributor_mod
 from attrib_agent.attribution.attributor import AttributionConfig
+from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.attribution.sim_types import SimRequest, SimResult
+from attrib_agent.events import Event
 from attrib_agent.pipeline import AttributionPipeline, PipelineConfig
 from benchmarks.cpu_per_request import T0, StreamConfig, stream
 
@@ -18,26 +20,28 @@ SECONDS = 30.0
 
 
 @pytest.fixture(scope="module")
-def events() -> list:
+def events() -> list[Event]:
     cfg = StreamConfig(minutes=SECONDS / 60 + 0.5, rate_per_s=1.0)
     return [e for e in stream(cfg) if e.ts < T0 + SECONDS]
 
 
-def run(events: list, attribution: AttributionConfig) -> tuple[AttributionPipeline, list]:
+def run(events: list[Event], attribution: AttributionConfig) -> tuple[AttributionPipeline, list[AttributionResult]]:
     p = AttributionPipeline(PipelineConfig(block_size=16, num_blocks=2048, token_budget=2048,
                                            attribution=attribution))
-    out = []
+    out: list[AttributionResult] = []
     for e in events:
         out += p.feed(e)
     return p, out
 
 
-def test_windows_start_from_the_observed_state_within_the_lookback(events: list, monkeypatch) -> None:
+def test_windows_start_from_the_observed_state_within_the_lookback(events: list[Event],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     windows: list[tuple[float, float]] = []  # (start, earliest victim's arrival)
     starts: list[float | None] = []
-    real_windows, real_sim = attributor_mod.bounded_neighbourhoods, attributor_mod.simulate
+    real_windows, real_sim = attributor_mod.bounded_neighbourhoods, attributor_mod.simulate  # type: ignore[attr-defined]
 
-    def spy_windows(chain: list, victims: set[str], *args: object) -> list:
+    def spy_windows(chain: list[tuple[SimRequest, float]], victims: set[str], *args: object
+                    ) -> list[tuple[float, list[SimRequest]]]:
         out = real_windows(chain, victims, *args)  # type: ignore[arg-type]
         for lo, window in out:
             windows.append((lo, min(r.arrival_ts for r in window if r.request_id in victims)))
@@ -59,7 +63,7 @@ def test_windows_start_from_the_observed_state_within_the_lookback(events: list,
     assert p.attributor.runs.hits > 0 and len(p.attributor.runs) <= cfg.run_cache_size
 
 
-def test_the_run_cache_changes_no_result(events: list) -> None:
+def test_the_run_cache_changes_no_result(events: list[Event]) -> None:
     cached, with_cache = run(events, AttributionConfig())
     off, without = run(events, AttributionConfig(run_cache_size=0))
     assert cached.attributor.runs.hits > 0 and off.attributor.runs.hits == 0
