@@ -73,6 +73,9 @@ class AttributionConfig:
             raise ValueError("cost_tolerance must be >= 0")
 
 
+_Window = tuple[list[SimRequest], SimStart | None, set[str] | None]  # requests, start state, victims (None: all)
+
+
 @dataclass(frozen=True)
 class _Victim:
     lc: RequestLifecycle
@@ -262,9 +265,9 @@ class Attributor:
         view = engine_view(timeline, cfg, Pricer(self.cost))
         prices = self.prices.current(self.cost)
         plans = []
-        for period, start in self._periods(known, lcs, wanted, timeline):
+        for period, start, mine in self._periods(known, lcs, wanted, timeline):
             victims = [_Victim(lcs[r.request_id], r) for r in period
-                       if lcs[r.request_id].complete and (wanted is None or r.request_id in wanted)]
+                       if lcs[r.request_id].complete and (mine is None or r.request_id in mine)]
             if victims:
                 plan = _PeriodPlan(period, [v.req.request_id for v in victims], self.config, cfg, prices, start,
                                    self.runs, self.prices.version)
@@ -289,14 +292,16 @@ class Attributor:
         return out
 
     def _periods(self, known: list[tuple[SimRequest, float]], lcs: dict[str, RequestLifecycle],
-                 wanted: set[str] | None, timeline: EngineTimeline) -> list[tuple[list[SimRequest], SimStart | None]]:
+                 wanted: set[str] | None, timeline: EngineTimeline) -> list[_Window]:
         """Busy periods, each simulated whole (from an idle engine) when short; a long one (continuous load) in
-        windows around its victims, each bounded in time and started from the engine state observed there."""
+        windows around its victims, each bounded in time and started from the engine state observed there. Each
+        comes with the victims it is for (None: all), so a victim is attributed once, in the window built for it,
+        though neighbouring windows hold it too."""
         limit = self.config.max_period_requests
         if wanted is None:  # everything (batch scoring): the fixed windows of the period
-            return [(p, None) for p in busy_periods(known, limit)]
+            return [(p, None, None) for p in busy_periods(known, limit)]
         ends = {r.request_id: e for r, e in known}
-        out: list[tuple[list[SimRequest], SimStart | None]] = []
+        out: list[_Window] = []
         index: StepIndex | None = None
         for chain in busy_periods(known, len(known) + 1):
             victims = {r.request_id for r in chain if r.request_id in wanted and lcs[r.request_id].complete}
@@ -304,10 +309,10 @@ class Attributor:
                 continue
             first_victim = min(r.arrival_ts for r in chain if r.request_id in victims)
             if len(chain) <= limit and chain[0].arrival_ts >= first_victim - self.config.window_lookback_s:
-                out.append((chain, None))  # a burst: the whole of it, as short as any window
+                out.append((chain, None, victims))  # a burst: the whole of it, as short as any window
                 continue
             index = index or StepIndex(timeline.steps())
-            for lo, window in bounded_neighbourhoods([(r, ends[r.request_id]) for r in chain], victims, limit,
+            for lo, window, mine in bounded_neighbourhoods([(r, ends[r.request_id]) for r in chain], victims, limit,
                                                      self.config.window_lookback_s,
                                                      index.snapper(self.config.window_grid_s)):
                 if len(window) >= limit:  # cut to the latest arrivals: start where the kept ones begin, ungridded
@@ -315,10 +320,10 @@ class Attributor:
                     lo = max(lo, at.end_ts) if at is not None else lo
                 step = index.before(lo)
                 if step is None or step.end_ts != lo:  # no step held there: from an idle engine, as before
-                    out.append((window, None))
+                    out.append((window, None, mine))
                     continue
                 start, kept = observed_start(step, window, ends, lcs)
-                out.append((kept, start))
+                out.append((kept, start, mine))
         return out
 
     def _baseline(self, v: _Victim, cfg: SchedulerConfig, offsets: tuple[float, float]) -> _Baseline:

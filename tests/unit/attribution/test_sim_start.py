@@ -107,7 +107,7 @@ def test_windows_are_bounded_in_time_however_long_the_engine_has_been_busy() -> 
     old = neighbourhoods(chain, victims, 64)  # reaching back to t=0, cut at 64 requests: 63 s of steps, for both
     assert [w[0].arrival_ts for w in old] == [38.0, 338.0]
     bounded = bounded_neighbourhoods(chain, victims, 64, 10.0, lambda t: float(int(t)))
-    assert [lo for lo, _ in bounded] == [91.0, 391.0]
-    for (lo, window), v in zip(bounded, ("s100", "s400"), strict=True):
-        assert v in {r.request_id for r in window} and len(window) <= 13  # long, the ten before, the victim
+    assert [lo for lo, _, _ in bounded] == [91.0, 391.0]
+    for (lo, window, mine), v in zip(bounded, ("s100", "s400"), strict=True):
+        assert mine == {v} and v in {r.request_id for r in window} and len(window) <= 13  # long, ten before, it
         assert all(r.arrival_ts >= lo or r.request_id == "long" for r in window)
