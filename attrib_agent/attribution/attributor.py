@@ -17,12 +17,14 @@ from dataclasses import dataclass
 
 from attrib_agent.attribution.causes import EngineView, engine_view, observed_causes, simulated_causes
 from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior, StepFeatures
-from attrib_agent.attribution.neighbourhoods import neighbourhoods
+from attrib_agent.attribution.neighbourhoods import bounded_neighbourhoods
 from attrib_agent.attribution.result import NO_CAUSES, NO_EVIDENCE, AttributionResult, Culprit, itl_gaps
 from attrib_agent.attribution.scheduler_sim import shapley, simulate
 from attrib_agent.attribution.shapley import largest_effects, with_shortfall
+from attrib_agent.attribution.sim_cache import CostVersions, RunCache
+from attrib_agent.attribution.sim_start import StepIndex, observed_start, without
 from attrib_agent.attribution.sim_trace import Pricer
-from attrib_agent.attribution.sim_types import SchedulerConfig, SimOutcome, SimRequest, SimResult
+from attrib_agent.attribution.sim_types import SchedulerConfig, SimOutcome, SimRequest, SimResult, SimStart, StepCost
 from attrib_agent.attribution.whales import KvUse, footprints, whales
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.model import RequestLifecycle
@@ -49,6 +51,29 @@ class AttributionConfig:
     itl_floor_ratio: float = 0.5  # the uncontended ITL is at least this x the model's solo ITL (a bad offset)
     quality_floor_s: float = 0.05  # TTFT below this is compared at this scale in quality (timer jitter)
     unfinished_end_s: float = 3600.0  # a request with no end yet is treated as running this long after arrival
+    # A long busy period's window starts at most this long before its victim arrives (or at the earliest arrival
+    # overlapping it, if later), from the engine state observed there: what happened before reaches the victim
+    # only through that state (who runs, who queues, KV held), not through a counterfactual. It must cover the
+    # queueing that shapes a victim's TTFT (the requests ahead of it and those that delayed them), which the
+    # noise floors say is seconds, not minutes; it bounds the re-simulation per victim to its own life plus this.
+    window_lookback_s: float = 10.0
+    # Window starts are moved back to a multiple of this (then to the step end before it, where the state is
+    # observed), so victims close in time share a start and so their runs, within a settle and across settles.
+    window_grid_s: float = 1.0
+    run_cache_size: int = 128  # re-simulation runs kept across settles (LRU; each holds <= 64 requests' outcomes)
+    # Runs are priced by a frozen copy of the step-cost fit, replaced (and the cached runs with it) only when a
+    # refit moves some probe step's predicted time by more than this fraction: a refit that barely moved
+    # (most, under steady load) keeps every run; 2 % of a step is well under the noise floors' scale.
+    cost_tolerance: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.window_lookback_s < 0 or self.window_grid_s < 0 or self.run_cache_size < 0:
+            raise ValueError("window_lookback_s, window_grid_s and run_cache_size must be >= 0")
+        if self.cost_tolerance < 0:
+            raise ValueError("cost_tolerance must be >= 0")
+
+
+_Window = tuple[list[SimRequest], SimStart | None, set[str] | None]  # requests, start state, victims (None: all)
 
 
 @dataclass(frozen=True)
@@ -77,8 +102,10 @@ class _PeriodPlan:
     its victims). A run stops once every victim in it has finished: only the victims' outcomes are read."""
 
     def __init__(self, period: list[SimRequest], victims: list[str], config: AttributionConfig,
-                 sched: SchedulerConfig, cost: StepCostModel) -> None:
+                 sched: SchedulerConfig, cost: StepCost, start: SimStart | None = None,
+                 runs: RunCache | None = None, version: int = 0) -> None:
         self.period = period
+        self._start, self._runs, self._version = start, runs, version
         self.victims = victims
         ranked = whales(_footprints(period), config.whale_factor, sched.block_size * sched.num_blocks)
         self.all_whales = frozenset(ranked)  # what marks a culprit a whale
@@ -94,12 +121,28 @@ class _PeriodPlan:
     def _without(self, removed: frozenset[str], readers: Iterable[str]) -> tuple[list[SimRequest], list[str]]:
         return [r for r in self.period if r.request_id not in removed], [v for v in readers if v not in removed]
 
+    def _simulate(self, removed: frozenset[str], readers: Iterable[str], traced: bool) -> SimResult:
+        """The period without `removed`, run until `readers` finish (traced, if asked): from the run cache
+        when an earlier run (of this settle or one before) answers exactly, else simulated and kept there."""
+        kept, awaited = self._without(removed, readers)
+        key = RunCache.key(self._start, self._sched, self._version, removed, traced,
+                           self.period[0].arrival_ts if self.period else 0.0)
+        hit = self._runs.get(key, kept, awaited) if self._runs is not None else None
+        if hit is not None:
+            return hit
+        start = without(self._start, removed) if self._start is not None else None
+        result = simulate(kept, self._sched, self._cost, trace=awaited if traced else None, until_done=awaited,
+                          start=start)
+        if self._runs is not None:
+            self._runs.put(key, kept, result, awaited if traced else ())
+        return result
+
     def run(self, present: frozenset[str]) -> SimResult:
         """Every victim reads the run with all whales; the other coalitions only the slowed victims."""
         if present not in self._sims:
             whales = frozenset(self.whales)
-            kept, readers = self._without(whales - present, self.victims if present == whales else self.needy)
-            self._sims[present] = simulate(kept, self._sched, self._cost, until_done=readers)
+            self._sims[present] = self._simulate(whales - present, self.victims if present == whales else self.needy,
+                                                 False)
         return self._sims[present]
 
     def world(self, rid: str, which: str, present: frozenset[str]) -> float:
@@ -129,8 +172,7 @@ class _PeriodPlan:
     def traced(self, removed: frozenset[str]) -> SimResult:
         """The period without `removed`, each slowed victim left in it traced (one run, not one per victim)."""
         if removed not in self._traced:
-            kept, readers = self._without(removed, self.needy)
-            self._traced[removed] = simulate(kept, self._sched, self._cost, trace=readers, until_done=readers)
+            self._traced[removed] = self._simulate(removed, self.needy, True)
         return self._traced[removed]
 
 
@@ -164,6 +206,8 @@ class Attributor:
         self._itl_offsets: deque[float] = deque(maxlen=self.config.offset_window)
         # ... of requests whose TTFT the steps show uncontended: the TTFT offset is learnt from these when any
         self._clean_ttft_offsets: deque[float] = deque(maxlen=self.config.offset_window)
+        self.runs = RunCache(self.config.run_cache_size)  # shared by victims and settles (sim_cache.py)
+        self.prices = CostVersions(self.config.cost_tolerance)
 
     def frontend_offsets(self) -> tuple[float, float]:
         """A low quantile of (observed - simulated): the uncontended overhead outside engine steps."""
@@ -219,12 +263,14 @@ class Attributor:
             known.append((req, end))
         kv = {r.request_id: r.block_seconds for r in timeline.ledger.requests()}
         view = engine_view(timeline, cfg, Pricer(self.cost))
+        prices = self.prices.current(self.cost)
         plans = []
-        for period in self._periods(known, lcs, wanted):
+        for period, start, mine in self._periods(known, lcs, wanted, timeline):
             victims = [_Victim(lcs[r.request_id], r) for r in period
-                       if lcs[r.request_id].complete and (wanted is None or r.request_id in wanted)]
+                       if lcs[r.request_id].complete and (mine is None or r.request_id in mine)]
             if victims:
-                plan = _PeriodPlan(period, [v.req.request_id for v in victims], self.config, cfg, self.cost)
+                plan = _PeriodPlan(period, [v.req.request_id for v in victims], self.config, cfg, prices, start,
+                                   self.runs, self.prices.version)
                 plans.append((plan, victims))
                 full = plan.run(frozenset(plan.whales)).outcomes
                 for v in victims:
@@ -246,21 +292,38 @@ class Attributor:
         return out
 
     def _periods(self, known: list[tuple[SimRequest, float]], lcs: dict[str, RequestLifecycle],
-                 wanted: set[str] | None) -> list[list[SimRequest]]:
-        """Busy periods, each simulated whole when short; a long one (continuous load) around its victims."""
+                 wanted: set[str] | None, timeline: EngineTimeline) -> list[_Window]:
+        """Busy periods, each simulated whole (from an idle engine) when short; a long one (continuous load) in
+        windows around its victims, each bounded in time and started from the engine state observed there. Each
+        comes with the victims it is for (None: all), so a victim is attributed once, in the window built for it,
+        though neighbouring windows hold it too."""
         limit = self.config.max_period_requests
         if wanted is None:  # everything (batch scoring): the fixed windows of the period
-            return busy_periods(known, limit)
+            return [(p, None, None) for p in busy_periods(known, limit)]
         ends = {r.request_id: e for r, e in known}
-        out: list[list[SimRequest]] = []
+        out: list[_Window] = []
+        index: StepIndex | None = None
         for chain in busy_periods(known, len(known) + 1):
             victims = {r.request_id for r in chain if r.request_id in wanted and lcs[r.request_id].complete}
             if not victims:
                 continue
-            if len(chain) <= limit:
-                out.append(chain)
-            else:
-                out += neighbourhoods([(r, ends[r.request_id]) for r in chain], victims, limit)
+            first_victim = min(r.arrival_ts for r in chain if r.request_id in victims)
+            if len(chain) <= limit and chain[0].arrival_ts >= first_victim - self.config.window_lookback_s:
+                out.append((chain, None, victims))  # a burst: the whole of it, as short as any window
+                continue
+            index = index or StepIndex(timeline.steps())
+            for lo, window, mine in bounded_neighbourhoods([(r, ends[r.request_id]) for r in chain], victims, limit,
+                                                     self.config.window_lookback_s,
+                                                     index.snapper(self.config.window_grid_s)):
+                if len(window) >= limit:  # cut to the latest arrivals: start where the kept ones begin, ungridded
+                    at = index.before(window[0].arrival_ts)
+                    lo = max(lo, at.end_ts) if at is not None else lo
+                step = index.before(lo)
+                if step is None or step.end_ts != lo:  # no step held there: from an idle engine, as before
+                    out.append((window, None, mine))
+                    continue
+                start, kept = observed_start(step, window, ends, lcs)
+                out.append((kept, start, mine))
         return out
 
     def _baseline(self, v: _Victim, cfg: SchedulerConfig, offsets: tuple[float, float]) -> _Baseline:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from attrib_agent.attribution.sim_types import SimRequest
 
@@ -77,4 +77,37 @@ def neighbourhoods(chain: Sequence[tuple[SimRequest, float]], victims: set[str],
         group = (lo, end)
     if group is not None:
         out.append(c.window(*group, max_len))
+    return out
+
+
+def bounded_neighbourhoods(chain: Sequence[tuple[SimRequest, float]], victims: set[str], max_len: int,
+                           lookback_s: float, snap: Callable[[float], float]
+                           ) -> list[tuple[float, list[SimRequest], set[str]]]:
+    """Windows bounded in time, each run from the observed engine state at its start (`SimStart`).
+
+    A victim's window starts at the earliest arrival among the requests that overlapped it, but no more than
+    `lookback_s` before its own arrival, moved back by `snap` (to an engine step's end, where the state is
+    observed, and to a grid so that nearby victims share a start and their runs). What was in flight then is in
+    the state, so the window needs no reaching further back: its length is the victim's own life plus at most
+    `lookback_s` (and a grid step), however long the engine has been busy. Returns (start, the requests in
+    flight at the start or arriving from it to the window's last end, the latest `max_len`, and the victims it
+    is for) per window: each victim in exactly one, though others' windows may hold it too."""
+    c = _Chain(chain)
+    out: list[tuple[float, list[SimRequest], set[str]]] = []
+    group: tuple[float, float] | None = None
+    members: set[str] = set()
+    for i, req in enumerate(c.reqs):
+        if req.request_id not in victims:
+            continue
+        first = c.arrivals[min(c.earliest_reaching(c.arrivals[i]), i)]
+        lo, end = snap(max(first, c.arrivals[i] - lookback_s)), c.ends[i]
+        if group is not None and len(c.window(min(group[0], lo), max(group[1], end), max_len + 1)) <= max_len:
+            group = (min(group[0], lo), max(group[1], end))
+            members.add(req.request_id)
+            continue
+        if group is not None:
+            out.append((group[0], c.window(*group, max_len), members))
+        group, members = (lo, end), {req.request_id}
+    if group is not None:
+        out.append((group[0], c.window(*group, max_len), members))
     return out

@@ -28,14 +28,22 @@ from attrib_agent.attribution.sim_step import (
     schedule_step,
 )
 from attrib_agent.attribution.sim_trace import Blame, Pricer, StepPrices, VictimTracer, VictimView
-from attrib_agent.attribution.sim_types import SchedulerConfig, SimOutcome, SimRequest, SimResult, StepCost
+from attrib_agent.attribution.sim_types import (
+    SchedulerConfig,
+    SimOutcome,
+    SimRequest,
+    SimResult,
+    SimStart,
+    StepCost,
+)
 
 StepObserver = Callable[[StepPlan, list[LiveRequest], float, float], None]  # plan, running, start, end
 
 
 def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: StepCost, *,
              trace: str | Collection[str] | None = None, max_steps: int = 1_000_000,
-             until_done: Collection[str] | None = None, on_step: StepObserver | None = None) -> SimResult:
+             until_done: Collection[str] | None = None, on_step: StepObserver | None = None,
+             start: SimStart | None = None) -> SimResult:
     """Re-run the scheduler over `requests`; with `trace`, explain that request's (or those requests') waits
     step by step.
 
@@ -66,12 +74,14 @@ def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: Step
     if config.prefix_caching:
         for group, tokens in config.warm_prefixes:
             pool.warm(group, min(tokens // bs, usable))
-    pending = deque(sorted(lives, key=lambda lv: (lv.req.arrival_ts, lv.index)))
     waiting: deque[LiveRequest] = deque()
     running: list[LiveRequest] = []
+    placed = _place(start, by_id, running, waiting, pool, bs) if start is not None else set()
+    pending = deque(sorted((lv for lv in lives if lv.req.request_id not in placed),
+                           key=lambda lv: (lv.req.arrival_ts, lv.index)))
     pricer = Pricer(cost)
     tracers = [(by_id[rid], VictimTracer(rid, pricer)) for rid in traced]
-    now = model_free = pending[0].req.arrival_ts if pending else 0.0
+    now = model_free = start.ts if start is not None else pending[0].req.arrival_ts if pending else 0.0
     depth = 2 if config.async_scheduling else 1  # steps in flight: vLLM's batch queue
     in_flight: deque[tuple[list[tuple[LiveRequest, bool]], float]] = deque()  # (request, samples), end
     steps = preemptions = peak_blocks = peak_tokens = empty_rounds = 0
@@ -87,13 +97,13 @@ def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: Step
             preemptions += len(plan.preempted)
             peak_blocks = max(peak_blocks, usable - pool.free)
         if plan is not None and plan.members:
-            start = max(now, model_free)
-            end = model_free = start + pricer.seconds(plan.members)
+            begin = max(now, model_free)
+            end = model_free = begin + pricer.seconds(plan.members)
             peak_tokens = max(peak_tokens, sum(m.tokens for m in plan.members))
             if on_step is not None:
-                on_step(plan, running, start, end)
+                on_step(plan, running, begin, end)
             if tracers:
-                _trace_step(tracers, pricer, plan, start, end, running)
+                _trace_step(tracers, pricer, plan, begin, end, running)
             in_flight.append(([(by_id[m.request_id], _compute(by_id[m.request_id], m.tokens))
                                for m in plan.members], end))
             steps += 1
@@ -118,6 +128,37 @@ def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: Step
         lv.req.request_id, lv.scheduled_ts, lv.first_token_ts, lv.finish_ts, tuple(lv.token_ts), lv.preemptions,
         waits.get(lv.req.request_id, ()), lv.queued_ts) for lv in lives}
     return SimResult(outcomes, steps, preemptions, peak_blocks, peak_tokens)
+
+
+def _place(start: SimStart, by_id: Mapping[str, LiveRequest], running: list[LiveRequest],
+           waiting: deque[LiveRequest], pool: FreeBlockQueue, block_size: int) -> set[str]:
+    """Put the requests on the engine at the start as observed: running ones holding their KV (as much of it
+    as the pool has room for), queued ones in order. Returns their ids (they do not arrive again)."""
+    placed: set[str] = set()
+    for ip in start.state:
+        lv = by_id.get(ip.request_id)
+        if lv is None:
+            raise ValueError(f"request {ip.request_id!r} in the start state is not among the requests")
+        placed.add(ip.request_id)
+        lv.queued_ts = lv.req.arrival_ts
+        lv.scheduled_ts = ip.scheduled_ts
+        if lv.refused:
+            continue
+        prompt = lv.req.prompt_tokens
+        outputs = 1 if ip.running and ip.outputs == 0 and ip.computed >= prompt else ip.outputs
+        lv.outputs = min(max(outputs, 0), lv.target - 1)
+        if lv.outputs:
+            lv.first_token_ts = ip.first_token_ts if ip.first_token_ts is not None else start.ts
+        if not ip.running:
+            waiting.append(lv)
+            continue
+        lv.computed = min(max(ip.computed, 0), prompt + lv.outputs - 1 if lv.outputs else prompt - 1)
+        lv.blocks = min(ip.blocks or blocks_for(lv.computed, block_size), pool.free)
+        pool.allocate(lv.blocks)
+        if lv.scheduled_ts is None:
+            lv.scheduled_ts = start.ts
+        running.append(lv)
+    return placed
 
 
 def _trace_step(tracers: list[tuple[LiveRequest, VictimTracer]], pricer: Pricer, plan: StepPlan, now: float,

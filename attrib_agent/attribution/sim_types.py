@@ -42,6 +42,30 @@ class SchedulerConfig:
     warm_prefixes: tuple[tuple[str, int], ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class InProgress:
+    """A request already on the engine when a run starts from an observed state: `computed` tokens in KV
+    (running) or queued (`running` False: waiting, or preempted and back in the queue), `outputs` sampled."""
+
+    request_id: str
+    computed: int
+    outputs: int
+    running: bool
+    blocks: int = 0  # KV blocks it holds (running); 0: as many as `computed` needs
+    scheduled_ts: float | None = None
+    first_token_ts: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SimStart:
+    """The observed engine state a run starts from at `ts` (an engine step's end), instead of an idle engine at
+    the first arrival: requests in `state` are on the engine then, in admission then queue order; the others
+    arrive after `ts`. A window starting here needs none of the history before it (docs/attribution.md)."""
+
+    ts: float
+    state: tuple[InProgress, ...] = ()
+
+
 class StepCost(Protocol):
     """Seconds one engine step takes, from what it computes (the baseline cost model implements this)."""
 

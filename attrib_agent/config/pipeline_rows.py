@@ -72,6 +72,16 @@ ATTRIBUTION: Final[tuple[Setting[Any], ...]] = (
        "TTFTs shorter than this are compared at this scale in a result's quality", "SECONDS"),
     _p("unfinished_end_s", "attribution.unfinished_end_s", v.seconds(1),
        "a request not yet finished is simulated as running this long after its arrival", "SECONDS"),
+    _p("window_lookback_s", "attribution.window_lookback_s", v.seconds(0),
+       "under continuous load a victim is re-simulated from the engine state observed at most this long before "
+       "it arrived", "SECONDS"),
+    _p("window_grid_s", "attribution.window_grid_s", v.seconds(0),
+       "re-simulation windows start on multiples of this, so nearby victims share their runs", "SECONDS"),
+    _p("run_cache_size", "attribution.run_cache_size", v.count(0, 100_000),
+       "re-simulation runs kept for reuse across victims and settle passes", "N"),
+    _p("cost_tolerance", "attribution.cost_tolerance", v.ratio(0.0),
+       "a step-cost refit reprices the re-simulations only when it moves a step's price by more than this "
+       "fraction", "FRACTION"),
     _p("max_results", "max_results", v.count(1, 10_000_000), "results kept in memory for the API", "N"),
     _p("max_result_age_s", "max_result_age_s", v.seconds(1), "results older than this are dropped from memory",
        "SECONDS"),
