@@ -9,26 +9,21 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import chart_check
 import httpx
 import pytest
+from prometheus_server import PrometheusServer, Target, free_port
+from recorded_vllm import RecordedMetricsServer
+
+from dashboards.prom_api import PrometheusApi
 
 REPO = Path(__file__).resolve().parents[2]
-for _path in (REPO, REPO / "tools" / "helm_render"):  # `dashboards` and the chart checker: plain modules
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
-
-import chart_check  # noqa: E402
-from prometheus_server import PrometheusServer, Target, free_port  # noqa: E402
-from recorded_vllm import RecordedMetricsServer  # noqa: E402
-
-from dashboards.prom_api import PrometheusApi  # noqa: E402
 
 RECORDING = REPO / "tests" / "fixtures" / "recordings" / "preempt"
 RULES = REPO / "dashboards" / "rules" / "attrib-agent.rules.yml"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import re
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from itertools import islice
@@ -14,16 +13,12 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # benchmarks/ is not a package on the installed path
-    sys.path.insert(0, str(ROOT))
-
-from attrib_agent.attribution.result_codec import to_dict  # noqa: E402
-from attrib_agent.events import EngineStep, Event, RequestAdded, RequestReceived, RequestSpan  # noqa: E402
-from attrib_agent.pipeline import AttributionPipeline  # noqa: E402
-from attrib_agent.recording import LOG, METRICS, OTLP, Recording  # noqa: E402
-from attrib_agent.sources.replay import ReplaySource  # noqa: E402
-from benchmarks._recordings import (  # noqa: E402
+from attrib_agent.attribution.result_codec import to_dict
+from attrib_agent.events import EngineStep, Event, RequestAdded, RequestReceived, RequestSpan
+from attrib_agent.pipeline import AttributionPipeline
+from attrib_agent.recording import LOG, METRICS, OTLP, Recording
+from attrib_agent.sources.replay import ReplaySource
+from benchmarks._recordings import (
     INPUT_STREAMS,
     BuildInfo,
     CopyRewrite,
@@ -35,7 +30,7 @@ from benchmarks._recordings import (  # noqa: E402
     load_sources,
     plan_copies,
 )
-from benchmarks.memory import active_stream, copied_result, real_results  # noqa: E402
+from benchmarks.memory import active_stream, copied_result, real_results
 
 _STAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
 

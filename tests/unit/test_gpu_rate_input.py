@@ -4,21 +4,15 @@ them, no idle gap, no restart, ids unique per copy, and a format-v1 recording re
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # benchmarks/ is not a package on the installed path
-    sys.path.insert(0, str(ROOT))
-
-from attrib_agent.events import EngineStep, Event, RequestReceived, RequestSpan  # noqa: E402
-from attrib_agent.lab.playback import read_streams  # noqa: E402
-from attrib_agent.recording import FORMAT_VERSION, LOG, METRICS, OTLP, Recording  # noqa: E402
-from attrib_agent.sources.replay import ReplaySource  # noqa: E402
-from benchmarks._gpu_rate import (  # noqa: E402
+from attrib_agent.events import EngineStep, Event, RequestReceived, RequestSpan
+from attrib_agent.lab.playback import read_streams
+from attrib_agent.recording import FORMAT_VERSION, LOG, METRICS, OTLP, Recording
+from attrib_agent.sources.replay import ReplaySource
+from benchmarks._gpu_rate import (
     GPU_RATE_SOURCES,
     GpuRateInfo,
     GpuSource,
@@ -28,7 +22,7 @@ from benchmarks._gpu_rate import (  # noqa: E402
     load_source,
     measure,
 )
-from benchmarks._recordings import FIXTURES  # noqa: E402
+from benchmarks._recordings import FIXTURES
 
 MAX_IDLE_S = 0.02
 STAMP_S = 0.002  # log stamps are whole milliseconds: a gap read from them is off by up to a stamp either side

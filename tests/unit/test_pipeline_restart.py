@@ -8,21 +8,16 @@ iteration numbers and counters start again as a restarted vLLM's do."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # benchmarks/ is not a package on the installed path
-    sys.path.insert(0, str(ROOT))
+from attrib_agent.events import Event, RequestSpan
+from attrib_agent.pipeline import AttributionPipeline, PipelineConfig
+from attrib_agent.sources.replay import ReplaySource
+from benchmarks._recordings import build_concatenated, load_sources
 
-from attrib_agent.events import Event, RequestSpan  # noqa: E402
-from attrib_agent.pipeline import AttributionPipeline, PipelineConfig  # noqa: E402
-from attrib_agent.sources.replay import ReplaySource  # noqa: E402
-from benchmarks._recordings import build_concatenated, load_sources  # noqa: E402
-
-FIXTURES = ROOT / "tests" / "fixtures" / "recordings"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "recordings"
 
 
 @pytest.fixture(scope="module")
