@@ -9,8 +9,10 @@ was a preemption rather than an unreported finish or a mis-inferred membership.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from attrib_agent.timeline.ledger import MetricsSample
 from attrib_agent.timeline.model import RequestLifecycle
@@ -52,6 +54,7 @@ def infer_preemptions(steps: Sequence[tuple[StepInput, StepOutcome]], samples: S
     sightings = [(k, p) for k, (_, out) in enumerate(steps) for p in out.preemptions]
     resumes = [r for _, out in steps for r in out.resumes]
     confirmed, silent = _counter_matches(resumes, samples)
+    ends = _StepEnds(steps) if sightings else None
     result: list[InferredPreemption] = []
     for k, p in sightings:
         resume = next((r for r in resumes if r.request_id == p.request_id and r.seq > p.seq), None)
@@ -65,7 +68,7 @@ def infer_preemptions(steps: Sequence[tuple[StepInput, StepOutcome]], samples: S
             if resume in confirmed:
                 evidence.append("counter_rise")
         lc = lifecycles.get(p.request_id)
-        if lc is not None and _lifecycle_gap(steps, lc):
+        if lc is not None and ends is not None and _lifecycle_gap(ends, lc):
             evidence.append("lifecycle_gap")
         doubt = 1.0
         if resume is not None and resume in silent:
@@ -134,10 +137,24 @@ def _kv_dropped(steps: Sequence[tuple[StepInput, StepOutcome]], k: int, p: Preem
     return before - after >= 0.5 * p.blocks_freed
 
 
-def _lifecycle_gap(steps: Sequence[tuple[StepInput, StepOutcome]], lc: RequestLifecycle) -> bool:
+class _StepEnds:
+    """The steps' ends in milliseconds, read once a pass: counting the steps inside a lifecycle is then a bisection
+    (the timeline's steps end in feed order, never earlier than the one before), not a walk over every step."""
+
+    def __init__(self, steps: Sequence[tuple[StepInput, StepOutcome]]) -> None:
+        self.ms = [si.end_ms for si, _ in steps]
+        self.ordered = all(a <= b for a, b in pairwise(self.ms))
+
+    def between(self, lo_ms: int, hi_ms: int) -> int:
+        """Steps with lo_ms < end_ms <= hi_ms."""
+        if self.ordered:
+            return max(bisect.bisect_right(self.ms, hi_ms) - bisect.bisect_right(self.ms, lo_ms), 0)
+        return sum(1 for m in self.ms if lo_ms < m <= hi_ms)
+
+
+def _lifecycle_gap(ends: _StepEnds, lc: RequestLifecycle) -> bool:
     """A complete lifecycle spanning more steps than it has tokens to show for: it sat out some of them."""
     if not lc.complete or lc.first_token_ts is None or lc.finish_ts is None or not lc.completion_tokens:
         return False
-    first_ms, last_ms = fact_ms(lc.first_token_ts), fact_ms(lc.finish_ts)
-    spanned = sum(1 for si, _ in steps if first_ms < si.end_ms <= last_ms)
+    spanned = ends.between(fact_ms(lc.first_token_ts), fact_ms(lc.finish_ts))
     return spanned > lc.completion_tokens - 1
