@@ -4,13 +4,14 @@ timeline reads instead of walking every step held, checked against the walks the
 from __future__ import annotations
 
 import random
+from dataclasses import fields
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attrib_agent.timeline.model import StepRecord
 from attrib_agent.timeline.preemption import _StepEnds
-from attrib_agent.timeline.sched_state import SchedState, StepInput
+from attrib_agent.timeline.sched_state import SchedState, StepInput, Track
 from attrib_agent.timeline.step_outcome import StepOutcome
 from attrib_agent.timeline.timeline_window import StepWindow
 
@@ -59,5 +60,28 @@ def test_outcomes_follow_inference_rewinds_and_drops() -> None:
 def test_step_ends_count_as_the_walk_does(ms: list[int], lo: int, hi: int, ordered: bool) -> None:
     ends = sorted(ms) if ordered else ms
     steps = [(_si(i, m / 1000.0), _out(i, 0)) for i, m in enumerate(ends)]
-    index = _StepEnds(steps)
-    assert index.between(lo, hi) == sum(1 for si, _ in steps if lo < si.end_ms <= hi)
+    walk = sum(1 for si, _ in steps if lo < si.end_ms <= hi)
+    assert _StepEnds(steps).between(lo, hi) == walk
+    if ordered:
+        assert _StepEnds(steps, in_order=True).between(lo, hi) == walk
+
+
+def test_a_checkpoint_copies_every_field_of_a_track() -> None:
+    """Track.clone lists the fields by hand (dataclasses.replace is slower): a field it misses fails here."""
+    t = Track("r", 1.5, 3)
+    for i, f in enumerate(fields(Track)):
+        value = getattr(t, f.name)
+        new: object = (i + 7,) if isinstance(value, tuple) else (not value) if isinstance(value, bool) else \
+            f"x{i}" if isinstance(value, str) else i + 0.5 if isinstance(value, float) else i + 7
+        setattr(t, f.name, new)
+    c = t.clone()
+    assert c is not t and c.key() == t.key()
+    assert all(getattr(c, f.name) == getattr(t, f.name) for f in fields(Track))
+    st_ = SchedState(running=[t], waiting=[Track("w", 2.0, 4)], cursor=(2.0, 4), budget=9)
+    assert st_.copy().same_as(st_) and st_.copy().running[0] is not t
+
+
+def test_step_input_derives_what_the_inference_reads() -> None:
+    si = StepInput(0, 0, 1, 10.0004, 0.5, 2, 30, 3, 3, 0.5)
+    assert (si.start_ts, si.end_ms, si.scheduled_tokens) == (10.0004 - 0.5, 10000, 33)
+    assert si == StepInput(0, 0, 1, 10.0004, 0.5, 2, 30, 3, 3, 0.5) and "end_ms" not in repr(si)
