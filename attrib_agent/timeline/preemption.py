@@ -50,11 +50,14 @@ class PreemptionCounts:
 
 
 def infer_preemptions(steps: Sequence[tuple[StepInput, StepOutcome]], samples: Sequence[MetricsSample],
-                      lifecycles: Mapping[str, RequestLifecycle], *, in_order: bool = False
-                      ) -> list[InferredPreemption]:
-    """`in_order`: the caller knows its steps end in order (a timeline's do), so nothing checks it."""
-    sightings = [(k, p) for k, (_, out) in enumerate(steps) for p in out.preemptions]
-    resumes = [r for _, out in steps for r in out.resumes]
+                      lifecycles: Mapping[str, RequestLifecycle], *, in_order: bool = False,
+                      eventful: Sequence[int] | None = None) -> list[InferredPreemption]:
+    """`in_order`: the caller knows its steps end in order (a timeline's do), so nothing checks it.
+    `eventful`: the positions, in order, of every step with a preemption or a resumption (the others are
+    not read then)."""
+    marked = range(len(steps)) if eventful is None else eventful
+    sightings = [(k, p) for k in marked for p in steps[k][1].preemptions]
+    resumes = [r for k in marked for r in steps[k][1].resumes]
     confirmed, silent = _counter_matches(resumes, samples)
     ends = _StepEnds(steps, in_order) if sightings else None
     result: list[InferredPreemption] = []

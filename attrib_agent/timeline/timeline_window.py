@@ -33,6 +33,7 @@ class StepWindow:
         # (input, outcome) of the slots inferred so far: always a prefix of the slots (outcomes are set at the
         # computed frontier, which only moves back to re-infer), kept so reading them is a list copy, not a walk
         self._pairs: list[tuple[StepInput, StepOutcome]] = []
+        self._eventful: set[int] = set()  # seqs of inferred steps that saw a preemption or a resumption (rare)
         self.first_seq = 0
         self.next_seq = 0
         self.computed_to = 0  # steps before this seq have outcomes
@@ -67,6 +68,10 @@ class StepWindow:
     def set_outcome(self, slot: StepSlot, outcome: StepOutcome) -> None:
         """Record what was inferred for `slot` (a slot at most one past the last one inferred)."""
         slot.outcome = outcome
+        if outcome.preemptions or outcome.resumes:
+            self._eventful.add(slot.si.seq)
+        else:
+            self._eventful.discard(slot.si.seq)
         i = slot.si.seq - self.first_seq
         if i < len(self._pairs):
             self._pairs[i] = (slot.si, outcome)
@@ -126,6 +131,11 @@ class StepWindow:
     def outcomes(self) -> list[tuple[StepInput, StepOutcome]]:
         return list(self._pairs)
 
+    def eventful(self) -> list[int]:
+        """Positions in `outcomes()` of the steps that saw a preemption or a resumption, in order: the
+        preemption inference reads these few instead of walking every step held."""
+        return sorted(seq - self.first_seq for seq in self._eventful if seq - self.first_seq < len(self._pairs))
+
     def evictable(self, before_ts: float | None) -> int | None:
         """The checkpoint up to which steps may go: all earlier steps end before `before_ts` (or every step
         does), or (None) the first checkpoint that brings the window back within `max_steps`."""
@@ -151,4 +161,5 @@ class StepWindow:
         del self._slots[:n]
         del self._ends[:n]
         del self._pairs[:n]
+        self._eventful = {q for q in self._eventful if q >= seq}
         self.first_seq = seq

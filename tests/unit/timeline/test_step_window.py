@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from attrib_agent.timeline.model import StepRecord
 from attrib_agent.timeline.preemption import _StepEnds
 from attrib_agent.timeline.sched_state import SchedState, StepInput, Track
-from attrib_agent.timeline.step_outcome import StepOutcome
+from attrib_agent.timeline.step_outcome import PreemptionSighting, ResumeSighting, StepOutcome
 from attrib_agent.timeline.timeline_window import StepWindow
 
 
@@ -20,8 +20,11 @@ def _si(seq: int, end: float) -> StepInput:
     return StepInput(seq, 0, seq, end, 0.01, 0, 0, 1, 1, 0.1)
 
 
-def _out(seq: int, tag: int) -> StepOutcome:
-    return StepOutcome(StepRecord(0, seq, float(seq), 0.01, 0, 0, 1, 1, 0.1, membership_error=tag))
+def _out(seq: int, tag: int, event: int = 0) -> StepOutcome:
+    """`event` 1: the step saw a preemption, 2: a resumption."""
+    pre = (PreemptionSighting("p", seq, seq, float(seq), False, 1, 1),) if event == 1 else ()
+    res = (ResumeSighting("p", seq, seq, float(seq), 1),) if event == 2 else ()
+    return StepOutcome(StepRecord(0, seq, float(seq), 0.01, 0, 0, 1, 1, 0.1, membership_error=tag), (), pre, res)
 
 
 def _walk(w: StepWindow) -> list[tuple[StepInput, StepOutcome]]:
@@ -29,7 +32,7 @@ def _walk(w: StepWindow) -> list[tuple[StepInput, StepOutcome]]:
             if w.slot(q).outcome is not None]
 
 
-def test_outcomes_follow_inference_rewinds_and_drops() -> None:
+def test_outcomes_and_eventful_steps_follow_inference_rewinds_and_drops() -> None:
     rng = random.Random(7)
     w = StepWindow(max_steps=400, checkpoint_every=4)
     tag = 0
@@ -43,7 +46,7 @@ def test_outcomes_follow_inference_rewinds_and_drops() -> None:
                 if w.is_checkpoint(slot.si.seq):
                     slot.before = SchedState()
                 tag += 1
-                w.set_outcome(slot, _out(slot.si.seq, tag))
+                w.set_outcome(slot, _out(slot.si.seq, tag, rng.choice((0, 0, 0, 1, 2))))
                 w.computed_to += 1
         elif op < 0.9 and w.computed_to > w.first_seq:
             w.rewind(rng.randrange(w.first_seq, w.computed_to))
@@ -52,6 +55,7 @@ def test_outcomes_follow_inference_rewinds_and_drops() -> None:
             if upto is not None and upto > w.first_seq:
                 w.drop_before(upto)
         assert w.outcomes() == _walk(w)
+        assert w.eventful() == [k for k, (_, o) in enumerate(_walk(w)) if o.preemptions or o.resumes]
     assert w.outcomes() is not w.outcomes()  # a copy each call: callers may keep or change theirs
 
 
