@@ -9,9 +9,51 @@ Only ids, counts and times: no event carries prompt or completion text.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
+_NO_ARG: Any = object()
 
 
+def quick_init(cls: type[_T]) -> type[_T]:
+    """Give a frozen, slotted dataclass an `__init__` that sets its slots through their descriptors.
+
+    The generated one sets each field with `object.__setattr__`, which looks the slot up on the type every time
+    (~0.25 us a field, ~3 us for a 12-field event: a tenth of decoding a log line, and the timeline builds a few
+    such values per step it infers). Same signature, defaults, values and frozen-ness; only classes without
+    `__post_init__`, keyword-only or non-init fields are accepted. Apply it above `@dataclass`.
+    """
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    params = getattr(cls, "__dataclass_params__", None)
+    if params is None or not params.frozen or "__slots__" not in cls.__dict__ or hasattr(cls, "__post_init__") \
+            or any(f.kw_only or not f.init for f in fields):
+        raise TypeError(f"quick_init: {cls.__name__} is not a plain frozen slotted dataclass")
+    ns: dict[str, Any] = {"_NO_ARG": _NO_ARG}
+    args, body = [], []
+    for i, f in enumerate(fields):
+        ns[f"_set{i}"] = getattr(cls, f.name).__set__
+        if f.default_factory is not dataclasses.MISSING:
+            ns[f"_make{i}"] = f.default_factory
+            args.append(f"{f.name}=_NO_ARG")
+            body.append(f"    _set{i}(self, _make{i}() if {f.name} is _NO_ARG else {f.name})")
+            continue
+        if f.default is not dataclasses.MISSING:
+            ns[f"_default{i}"] = f.default
+            args.append(f"{f.name}=_default{i}")
+        else:
+            args.append(f.name)
+        body.append(f"    _set{i}(self, {f.name})")
+    exec(f"def __init__(self, {', '.join(args)}):\n" + "\n".join(body or ["    pass"]), ns)  # noqa: S102
+    init = ns["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__doc__ = cls.__init__.__doc__
+    cls.__init__ = init  # type: ignore[method-assign]
+    return cls
+
+
+@quick_init
 @dataclass(frozen=True, slots=True)
 class MetricsSnapshot:
     """One engine's view from one /metrics scrape (one per `engine`/`model_name` label pair)."""
@@ -34,6 +76,7 @@ class MetricsSnapshot:
     counter_reset: bool = False  # a counter went backwards since the previous scrape: vLLM restarted
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class RequestReceived:
     """`Received request <id>: params: SamplingParams(...)` (the frontend accepted it)."""
@@ -44,6 +87,7 @@ class RequestReceived:
     max_tokens: int | None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class RequestAdded:
     """`Added request <id>-<8 hex>.`: handed to the engine under an internal id."""
@@ -54,6 +98,7 @@ class RequestAdded:
     internal_id: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class RequestAborted:
     ts: float
@@ -61,6 +106,7 @@ class RequestAborted:
     request_id: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class RequestFailed:
     ts: float
@@ -69,6 +115,7 @@ class RequestFailed:
     reason: str  # exception class or short code only, never request content
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class EngineStep:
     """One `Engine NNN: Iteration(i): ...` line: what one engine step did."""
@@ -87,6 +134,7 @@ class EngineStep:
     dummy: bool = False
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class StatsLine:
     """The periodic `Engine NNN: Avg prompt throughput ...` line; optional parts are None when absent."""
@@ -103,6 +151,7 @@ class StatsLine:
     preemptions: int | None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class RequestSpan:
     """vLLM's per-request `llm_request` span, as received over OTLP."""
@@ -124,6 +173,7 @@ class RequestSpan:
     max_tokens: int | None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class GpuSample:
     ts: float
@@ -135,6 +185,7 @@ class GpuSample:
     dram_bw_util_pct: float | None  # GPM DRAM bandwidth utilisation (Hopper and newer)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ScheduledRequest:
     """One request's part in a step, as vLLM's scheduler decided it (exact mode)."""
@@ -145,6 +196,7 @@ class ScheduledRequest:
     cached_tokens: int | None  # prompt tokens found in the prefix cache (on the step that admits it)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class QueueHead:
     """The first waiting request after the step, and the first admission check it fails (docs/exact-mode.md)."""
@@ -156,6 +208,7 @@ class QueueHead:
     preemptions: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class SchedulerStep:
     """One `Scheduler.schedule()` call reported by the step plugin inside vLLM (exact mode)."""
@@ -180,6 +233,7 @@ class SchedulerStep:
     drops: int  # messages the plugin has dropped so far
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class SchedulerHello:
     """The step plugin's first message per scheduler: the pool's geometry as vLLM configured it."""

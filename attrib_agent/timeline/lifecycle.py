@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Final
 
-from attrib_agent.events import RequestAborted, RequestAdded, RequestFailed, RequestReceived, RequestSpan
+from attrib_agent.events import RequestAborted, RequestAdded, RequestFailed, RequestReceived, RequestSpan, quick_init
 from attrib_agent.timeline.model import RequestLifecycle
 
 RequestEvent = RequestReceived | RequestAdded | RequestAborted | RequestFailed | RequestSpan
@@ -38,6 +38,7 @@ def non_generation(request_id: str) -> bool:
     return request_id.startswith(NON_GENERATION_PREFIXES)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class BookEntry:
     """A lifecycle plus what the timeline needs to order it: when it reached the queue and in which order."""
@@ -47,6 +48,7 @@ class BookEntry:
     order: int  # first-seen sequence number: tie-break for equal queue times
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class BookChange:
     """What one event changed: the timeline re-infers the steps that the change can affect."""
@@ -73,6 +75,7 @@ class LifecycleBook:
         self.admit_window_s = admit_window_s
         self.max_unadmitted = max_unadmitted
         self._entries: dict[str, BookEntry] = {}
+        self._lifecycles: dict[str, RequestLifecycle] = {}  # the entries' lifecycles: the step inference's lookup
         self._queue: list[tuple[float, int, str]] = []  # (queue_ts, order, request_id), sorted
         # received, not (yet) in the engine: id -> entry, in receipt order (expired from the front)
         self._unadmitted: OrderedDict[str, BookEntry] = OrderedDict()
@@ -88,8 +91,11 @@ class LifecycleBook:
         return request_id in self._entries
 
     def get(self, request_id: str) -> RequestLifecycle | None:
-        entry = self._entries.get(request_id)
-        return None if entry is None else entry.lifecycle
+        return self._lifecycles.get(request_id)
+
+    def lookup(self) -> Callable[[str], RequestLifecycle | None]:
+        """`get` as one C call (the step inference asks it for every request of every step it infers)."""
+        return self._lifecycles.get
 
     def entry(self, request_id: str) -> BookEntry | None:
         return self._entries.get(request_id)
@@ -148,6 +154,7 @@ class LifecycleBook:
             aborted = True
         if lc != entry.lifecycle:
             self._entries[rid] = replace(entry, lifecycle=lc)
+            self._lifecycles[rid] = lc
         if new:
             self._bound()
         return BookChange(rid, new=new, span_landed=landed, aborted=aborted)
@@ -175,6 +182,7 @@ class LifecycleBook:
             waiting = BookEntry(RequestLifecycle(request_id=rid, engine=self.engine), first, self._next_order)
             self._next_order += 1
         self._entries[rid] = waiting
+        self._lifecycles[rid] = waiting.lifecycle
         bisect.insort(self._queue, (waiting.queue_ts, waiting.order, rid))
         return waiting
 
@@ -192,6 +200,7 @@ class LifecycleBook:
 
     def forget(self, request_id: str) -> None:
         entry = self._entries.pop(request_id, None)
+        self._lifecycles.pop(request_id, None)
         if entry is not None:
             i = bisect.bisect_left(self._queue, (entry.queue_ts, entry.order, request_id))
             if i < len(self._queue) and self._queue[i][2] == request_id:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from attrib_agent.events import quick_init
 
+
+@quick_init
 @dataclass(frozen=True, slots=True)
 class RequestLifecycle:
     """What is known of one request (id as vLLM reports it: `cmpl-<X-Request-Id>-0`, `chatcmpl-...`)."""
@@ -52,6 +55,7 @@ class RequestLifecycle:
         return self.finish_ts if self.finish_ts is not None else self.aborted_ts
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class StepMember:
     """One request's part in one engine step."""
@@ -63,6 +67,7 @@ class StepMember:
     blocks: int  # KV blocks it holds after this step
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class StepRecord:
     """One engine step (`Iteration(i)` line) with the members the timeline inferred for it."""

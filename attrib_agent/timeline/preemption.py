@@ -9,8 +9,10 @@ was a preemption rather than an unreported finish or a mis-inferred membership.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from attrib_agent.timeline.ledger import MetricsSample
 from attrib_agent.timeline.model import RequestLifecycle
@@ -48,10 +50,16 @@ class PreemptionCounts:
 
 
 def infer_preemptions(steps: Sequence[tuple[StepInput, StepOutcome]], samples: Sequence[MetricsSample],
-                      lifecycles: Mapping[str, RequestLifecycle]) -> list[InferredPreemption]:
-    sightings = [(k, p) for k, (_, out) in enumerate(steps) for p in out.preemptions]
-    resumes = [r for _, out in steps for r in out.resumes]
+                      lifecycles: Mapping[str, RequestLifecycle], *, in_order: bool = False,
+                      eventful: Sequence[int] | None = None) -> list[InferredPreemption]:
+    """`in_order`: the caller knows its steps end in order (a timeline's do), so nothing checks it.
+    `eventful`: the positions, in order, of every step with a preemption or a resumption (the others are
+    not read then)."""
+    marked = range(len(steps)) if eventful is None else eventful
+    sightings = [(k, p) for k in marked for p in steps[k][1].preemptions]
+    resumes = [r for k in marked for r in steps[k][1].resumes]
     confirmed, silent = _counter_matches(resumes, samples)
+    ends = _StepEnds(steps, in_order) if sightings else None
     result: list[InferredPreemption] = []
     for k, p in sightings:
         resume = next((r for r in resumes if r.request_id == p.request_id and r.seq > p.seq), None)
@@ -65,7 +73,7 @@ def infer_preemptions(steps: Sequence[tuple[StepInput, StepOutcome]], samples: S
             if resume in confirmed:
                 evidence.append("counter_rise")
         lc = lifecycles.get(p.request_id)
-        if lc is not None and _lifecycle_gap(steps, lc):
+        if lc is not None and ends is not None and _lifecycle_gap(ends, lc):
             evidence.append("lifecycle_gap")
         doubt = 1.0
         if resume is not None and resume in silent:
@@ -134,10 +142,33 @@ def _kv_dropped(steps: Sequence[tuple[StepInput, StepOutcome]], k: int, p: Preem
     return before - after >= 0.5 * p.blocks_freed
 
 
-def _lifecycle_gap(steps: Sequence[tuple[StepInput, StepOutcome]], lc: RequestLifecycle) -> bool:
+class _StepEnds:
+    """Counts the steps inside a lifecycle by bisection over their ends when they end in order (the timeline's
+    steps end in feed order, never earlier than the one before), not by a walk over every step per sighting."""
+
+    def __init__(self, steps: Sequence[tuple[StepInput, StepOutcome]], in_order: bool = False) -> None:
+        self.steps = steps
+        self.ms: list[int] | None = None
+        if not in_order:
+            ms = [si.end_ms for si, _ in steps]
+            if not all(a <= b for a, b in pairwise(ms)):
+                self.ms = ms
+
+    def between(self, lo_ms: int, hi_ms: int) -> int:
+        """Steps with lo_ms < end_ms <= hi_ms."""
+        if self.ms is not None:
+            return sum(1 for m in self.ms if lo_ms < m <= hi_ms)
+        hi = bisect.bisect_right(self.steps, hi_ms, key=_end_ms)
+        return max(hi - bisect.bisect_right(self.steps, lo_ms, key=_end_ms), 0)
+
+
+def _end_ms(step: tuple[StepInput, StepOutcome]) -> int:
+    return step[0].end_ms
+
+
+def _lifecycle_gap(ends: _StepEnds, lc: RequestLifecycle) -> bool:
     """A complete lifecycle spanning more steps than it has tokens to show for: it sat out some of them."""
     if not lc.complete or lc.first_token_ts is None or lc.finish_ts is None or not lc.completion_tokens:
         return False
-    first_ms, last_ms = fact_ms(lc.first_token_ts), fact_ms(lc.finish_ts)
-    spanned = sum(1 for si, _ in steps if first_ms < si.end_ms <= last_ms)
+    spanned = ends.between(fact_ms(lc.first_token_ts), fact_ms(lc.finish_ts))
     return spanned > lc.completion_tokens - 1

@@ -73,8 +73,9 @@ class TimelineInference:
                     self.state, w.computed_to = frontier, valid_to
                     continue
                 slot.before, slot.clock = self.state.copy(), self._clock
-            slot.outcome = infer_step(self.state, slot.si, self.book, self.geometry)
-            for d in slot.outcome.departures:
+            outcome = infer_step(self.state, slot.si, self.book, self.geometry)
+            w.set_outcome(slot, outcome)
+            for d in outcome.departures:
                 self._departed[d.request_id] = (slot.si.seq, d)
             w.computed_to += 1
 

@@ -8,7 +8,7 @@ are the checkpoints the timeline rewinds to when a late span corrects an earlier
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 MS_PER_S = 1000.0
 
@@ -45,7 +45,10 @@ class Geometry:
 
 @dataclass(frozen=True, slots=True)
 class StepInput:
-    """One `Iteration` line, normalised: `seq` is its feed position (iteration numbers restart with vLLM)."""
+    """One `Iteration` line, normalised: `seq` is its feed position (iteration numbers restart with vLLM).
+
+    Its start, integer-millisecond end and scheduled tokens are derived once, at construction: the inference
+    reads them for every request of every step it (re-)infers."""
 
     seq: int
     engine: int
@@ -57,18 +60,15 @@ class StepInput:
     generation_requests: int
     generation_tokens: int
     kv_usage: float
+    start_ts: float = field(init=False, repr=False, compare=False)
+    end_ms: int = field(init=False, repr=False, compare=False)
+    scheduled_tokens: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def start_ts(self) -> float:
-        return self.end_ts - self.elapsed_s
-
-    @property
-    def end_ms(self) -> int:
-        return end_ms(self.end_ts)
-
-    @property
-    def scheduled_tokens(self) -> int:
-        return self.context_tokens + self.generation_tokens
+    def __post_init__(self) -> None:
+        _set = object.__setattr__
+        _set(self, "start_ts", self.end_ts - self.elapsed_s)
+        _set(self, "end_ms", end_ms(self.end_ts))
+        _set(self, "scheduled_tokens", self.context_tokens + self.generation_tokens)
 
 
 @dataclass(slots=True, eq=False)
@@ -105,6 +105,12 @@ class Track:
     def blocks(self, block_size: int) -> int:
         return blocks_for(self.computed, block_size)
 
+    def clone(self) -> Track:
+        """A copy (a checkpoint's): every field, positionally (dataclasses.replace re-reads the field list)."""
+        return Track(self.rid, self.queue_ts, self.order, self.prompt, self.computed, self.outputs, self.prefilled,
+                     self.cached, self.prefix_root, self.admitted_seq, self.first_token_seq, self.resuming,
+                     self.held_before_preempt, self.preempt_seqs, self.resume_seqs)
+
     def key(self) -> tuple[object, ...]:
         return (self.rid, self.queue_ts, self.order, self.prompt, self.computed, self.outputs, self.prefilled,
                 self.cached, self.admitted_seq, self.first_token_seq, self.resuming, self.held_before_preempt,
@@ -123,8 +129,8 @@ class SchedState:
 
     def copy(self) -> SchedState:
         return SchedState(
-            running=[replace(t) for t in self.running],
-            waiting=[replace(t) for t in self.waiting],
+            running=[t.clone() for t in self.running],
+            waiting=[t.clone() for t in self.waiting],
             cursor=self.cursor,
             last_end_ms=self.last_end_ms,
             last_iteration=self.last_iteration,

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from attrib_agent.events import quick_init
 from attrib_agent.timeline.model import StepRecord
 from attrib_agent.timeline.step_counts import Slot
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Departure:
     """A request leaving the scheduler, with what the inference saw of it."""
@@ -28,6 +30,7 @@ class Departure:
     cached: int | None = None  # prompt tokens found in vLLM's prefix cache at admission (None: not seen)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class PreemptionSighting:
     """A running request that left a step without finishing: its KV is dropped and it waits to recompute."""
@@ -41,6 +44,7 @@ class PreemptionSighting:
     blocks_freed: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ResumeSighting:
     request_id: str
@@ -50,6 +54,7 @@ class ResumeSighting:
     recompute_tokens: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class StepOutcome:
     record: StepRecord

@@ -12,6 +12,7 @@ include recomputation after a preemption; a resumed request with output already 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 from attrib_agent.timeline.lifecycle import LifecycleBook
 from attrib_agent.timeline.model import RequestLifecycle, StepMember, StepRecord
@@ -34,24 +35,26 @@ def infer_step(st: SchedState, si: StepInput, book: LifecycleBook, geo: Geometry
         st.waiting.clear()
         st.observed_used = None
     st.budget = max(st.budget, si.scheduled_tokens)
+    get = book.lookup()
     _enqueue(st, book, si)
-    _leave_before(st, book, si, work)
-    _refresh_prompts(st, book, si)
-    work.slots = [Slot(t, t.phase, _known_tokens(t)) for t in st.running]
+    _leave_before(st, get, si, work)
+    work.slots = [_slot(t) for t in st.running]
     preempted = _explain_running(st, si, book, geo, work)
     if not preempted:
         _admit(st, si, work)
     assign_tokens(st, si, geo, work)
     apply_tokens(st, si, book, geo, work)
-    return _finish(st, si, book, geo, work)
+    return _finish(st, si, get, geo, work)
 
 
-def _known_tokens(t: Track) -> int | None:
-    if t.phase == "decode":
-        return 1
-    if t.phase == "prefill" and t.prompt is not None and (not t.resuming or t.computed):
-        return max(t.prompt - t.computed, 1)  # once a resumed prompt is back in, its cached prefix is counted
-    return None  # unknown prompt, or a recompute whose prefix-cache hit is unknown: the counts decide
+def _slot(t: Track) -> Slot:
+    """A running request's candidate part: its phase (as `Track.phase`) and the tokens it is known to take."""
+    if t.outputs:
+        return Slot(t, "recompute", None) if t.resuming else Slot(t, "decode", 1)
+    if t.prompt is not None and (not t.resuming or t.computed):
+        # once a resumed prompt is back in, its cached prefix is counted
+        return Slot(t, "prefill", max(t.prompt - t.computed, 1))
+    return Slot(t, "prefill", None)  # unknown prompt, or a recompute whose prefix-cache hit is unknown: counts decide
 
 
 def _enqueue(st: SchedState, book: LifecycleBook, si: StepInput) -> None:
@@ -71,21 +74,37 @@ def _enqueue(st: SchedState, book: LifecycleBook, si: StepInput) -> None:
         st.waiting.append(Track(lc.request_id, entry.queue_ts, entry.order))
 
 
-def _leave_before(st: SchedState, book: LifecycleBook, si: StepInput, work: StepWork) -> None:
-    """Requests known to have finished by the previous step, or aborted before this one, leave."""
-    for queue in (st.running, st.waiting):
-        for t in list(queue):
-            lc = book.get(t.rid)
+def _leave_before(st: SchedState, get: Callable[[str], RequestLifecycle | None], si: StepInput,
+                  work: StepWork) -> None:
+    """Requests known to have finished by the previous step, or aborted before this one, leave; those that stay
+    bring their known prompts in from spans.
+
+    A checkpoint taken before a span landed may hold a prompt that was taken as cut by the budget although it
+    had ended; with the prompt known, it has produced its first token. (Each request's lifecycle is read once:
+    leaving and the prompt touch only the request itself, so doing both in one pass changes nothing.)
+    """
+    start, last_ms = si.start_ts, st.last_end_ms
+    for running, queue in ((True, st.running), (False, st.waiting)):
+        kept: list[Track] = []
+        for t in queue:
+            lc = get(t.rid)
             if lc is None:  # the book let it go (bounded): a waiting one goes too, a running one when counts say
-                if queue is st.waiting:
-                    queue.remove(t)
+                if running:
+                    kept.append(t)
                 continue
-            if lc.aborted_ts is not None and lc.aborted_ts < si.start_ts:
-                queue.remove(t)
+            if lc.aborted_ts is not None and lc.aborted_ts < start:
                 work.departures.append(_departure(t, si, "aborted", st, before=True))
-            elif _finished_by(lc, t, st.last_end_ms):
-                queue.remove(t)
+                continue
+            if _finished_by(lc, t, last_ms):
                 work.departures.append(_departure(t, si, "finished", st, before=True))
+                continue
+            kept.append(t)
+            if lc.complete and lc.prompt_tokens is not None:
+                t.prompt = lc.prompt_tokens
+                if running and t.outputs == 0 and not t.resuming and t.computed >= t.prompt:
+                    t.outputs, t.first_token_seq = 1, si.seq - 1
+        if len(kept) != len(queue):
+            queue[:] = kept
 
 
 def _finished_by(lc: RequestLifecycle, t: Track, until_ms: int | None) -> bool:
@@ -102,18 +121,6 @@ def _finished_by(lc: RequestLifecycle, t: Track, until_ms: int | None) -> bool:
         return False
     done_ms = fact_ms(lc.finish_ts)
     return done_ms < until_ms or (done_ms == until_ms and lc.completion_tokens is None)
-
-
-def _refresh_prompts(st: SchedState, book: LifecycleBook, si: StepInput) -> None:
-    """Bring known prompts in from spans. A checkpoint taken before a span landed may hold a prompt that was
-    taken as cut by the budget although it had ended; with the prompt known, it has produced its first token."""
-    for running, queue in ((True, st.running), (False, st.waiting)):
-        for t in queue:
-            lc = book.get(t.rid)
-            if lc is not None and lc.complete and lc.prompt_tokens is not None:
-                t.prompt = lc.prompt_tokens
-                if running and t.outputs == 0 and not t.resuming and t.computed >= t.prompt:
-                    t.outputs, t.first_token_seq = 1, si.seq - 1
 
 
 def _explain_running(st: SchedState, si: StepInput, book: LifecycleBook, geo: Geometry, work: StepWork) -> bool:
@@ -206,7 +213,8 @@ def _admit(st: SchedState, si: StepInput, work: StepWork) -> None:
         work.slots.append(Slot(t, phase, known, admitted=True))
 
 
-def _finish(st: SchedState, si: StepInput, book: LifecycleBook, geo: Geometry, work: StepWork) -> StepOutcome:
+def _finish(st: SchedState, si: StepInput, get: Callable[[str], RequestLifecycle | None], geo: Geometry,
+            work: StepWork) -> StepOutcome:
     bs = geo.block_size
     members: list[StepMember] = []
     cr = ct = gr = gt = 0
@@ -214,30 +222,37 @@ def _finish(st: SchedState, si: StepInput, book: LifecycleBook, geo: Geometry, w
         n = s.tokens or 0
         if s.dropped or n <= 0:
             continue
-        members.append(StepMember(s.track.rid, s.phase, n, s.track.computed, blocks_for(s.track.computed, bs)
-                                  if bs else 0))
+        t = s.track
+        c = t.computed
+        members.append(StepMember(t.rid, s.phase, n, c, (-(-c // bs) if c > 0 else 0) if bs else 0))
         if s.phase == "prefill":
             cr, ct = cr + 1, ct + n
         else:
             gr, gt = gr + 1, gt + n
-    for t in list(st.running):  # finished in this step: vLLM frees its blocks before it reports KV usage
-        lc = book.get(t.rid)
-        if lc is not None and t.outputs > 0 and _finished_by(lc, t, si.end_ms):
-            st.running.remove(t)
+    running = st.running
+    until_ms = si.end_ms
+    kept: list[Track] = []
+    for t in running:  # finished in this step: vLLM frees its blocks before it reports KV usage
+        lc = get(t.rid)
+        if lc is not None and t.outputs > 0 and _finished_by(lc, t, until_ms):
             work.departures.append(_departure(t, si, "finished", st))
-    holdings = tuple((t.rid, blocks_for(t.computed, bs)) for t in st.running) if bs else ()
+        else:
+            kept.append(t)
+    if len(kept) != len(running):
+        running[:] = kept
+    holdings = tuple([(t.rid, -(-t.computed // bs) if t.computed > 0 else 0) for t in running]) if bs else ()
     error = (abs(cr - si.context_requests) + abs(ct - si.context_tokens)
              + abs(gr - si.generation_requests) + abs(gt - si.generation_tokens))
     record = StepRecord(si.engine, si.iteration, si.end_ts, si.elapsed_s, si.context_requests, si.context_tokens,
                         si.generation_requests, si.generation_tokens, si.kv_usage, tuple(members), error)
     usable = geo.usable_blocks
     observed = None if usable is None else si.kv_usage * usable
-    predicted = sum(b for _, b in holdings) - _shared_copies(st.running, bs, observed) if bs else None
+    predicted = sum([b for _, b in holdings]) - _shared_copies(running, bs, observed) if bs else None
     if observed is not None and usable is not None and LOG_KV_PRECISION * usable < 1.0:
         st.observed_used = float(round(observed))
     else:
         st.observed_used = float(predicted) if predicted is not None else None
-    st.last_end_ms, st.last_iteration = si.end_ms, si.iteration
+    st.last_end_ms, st.last_iteration = until_ms, si.iteration
     return StepOutcome(record, tuple(work.departures), tuple(work.preemptions), tuple(work.resumes), holdings,
                        predicted, observed)
 
@@ -268,6 +283,8 @@ def _dupes(running: list[Track], bs: int) -> int:
     for t in running:
         if t.cached and t.prefix_root is not None:
             hits.setdefault(t.prefix_root, []).append(t.cached // bs)
+    if not hits:
+        return 0
     ids = {t.rid for t in running if not t.cached}
     return sum(sum(h) - (0 if root in ids else max(h)) for root, h in hits.items())
 

@@ -30,6 +30,10 @@ class StepWindow:
         self.checkpoint_every = checkpoint_every
         self._slots: list[StepSlot] = []
         self._ends: list[float] = []
+        # (input, outcome) of the slots inferred so far: always a prefix of the slots (outcomes are set at the
+        # computed frontier, which only moves back to re-infer), kept so reading them is a list copy, not a walk
+        self._pairs: list[tuple[StepInput, StepOutcome]] = []
+        self._eventful: set[int] = set()  # seqs of inferred steps that saw a preemption or a resumption (rare)
         self.first_seq = 0
         self.next_seq = 0
         self.computed_to = 0  # steps before this seq have outcomes
@@ -60,6 +64,21 @@ class StepWindow:
         if seq is None or not self.first_seq <= seq < self.next_seq:
             return None
         return self._slots[seq - self.first_seq]
+
+    def set_outcome(self, slot: StepSlot, outcome: StepOutcome) -> None:
+        """Record what was inferred for `slot` (a slot at most one past the last one inferred)."""
+        slot.outcome = outcome
+        if outcome.preemptions or outcome.resumes:
+            self._eventful.add(slot.si.seq)
+        else:
+            self._eventful.discard(slot.si.seq)
+        i = slot.si.seq - self.first_seq
+        if i < len(self._pairs):
+            self._pairs[i] = (slot.si, outcome)
+        elif i == len(self._pairs):
+            self._pairs.append((slot.si, outcome))
+        else:
+            raise RuntimeError("outcomes are inferred in order")
 
     def is_checkpoint(self, seq: int) -> bool:
         return seq == self.first_seq or seq % self.checkpoint_every == 0
@@ -110,7 +129,12 @@ class StepWindow:
         return slot.si.end_ms >= m and (prev is None or prev.si.end_ms <= m)
 
     def outcomes(self) -> list[tuple[StepInput, StepOutcome]]:
-        return [(s.si, s.outcome) for s in self._slots if s.outcome is not None]
+        return list(self._pairs)
+
+    def eventful(self) -> list[int]:
+        """Positions in `outcomes()` of the steps that saw a preemption or a resumption, in order: the
+        preemption inference reads these few instead of walking every step held."""
+        return sorted(seq - self.first_seq for seq in self._eventful if seq - self.first_seq < len(self._pairs))
 
     def evictable(self, before_ts: float | None) -> int | None:
         """The checkpoint up to which steps may go: all earlier steps end before `before_ts` (or every step
@@ -136,4 +160,6 @@ class StepWindow:
         n = seq - self.first_seq
         del self._slots[:n]
         del self._ends[:n]
+        del self._pairs[:n]
+        self._eventful = {q for q in self._eventful if q >= seq}
         self.first_seq = seq

@@ -108,3 +108,11 @@ def test_only_a_count_gap_is_weaker_than_corroborated_and_stronger_than_contradi
     (corroborated,) = infer_preemptions(*_preempted_run(counter_rises=True), {})
     assert contradicted.confidence < alone.confidence < corroborated.confidence
     assert alone.confidence <= 0.5
+
+
+def test_reading_only_the_eventful_steps_gives_the_same_preemptions() -> None:
+    steps, samples = _preempted_run(counter_rises=True)
+    lc = RequestLifecycle("v", arrival_ts=9.0, first_token_ts=9.9, finish_ts=13.0, completion_tokens=2, complete=True)
+    walked = infer_preemptions(steps, samples, {"v": lc})
+    assert infer_preemptions(steps, samples, {"v": lc}, in_order=True, eventful=[1, 3]) == walked
+    assert infer_preemptions(steps, samples, {"v": lc}, eventful=[3]) != walked  # the index is what is read
