@@ -27,6 +27,7 @@ from attrib_agent.attribution.sim_step import (
     holders,
     schedule_step,
 )
+from attrib_agent.attribution.sim_stretch import decode_stretch
 from attrib_agent.attribution.sim_trace import Blame, Pricer, StepPrices, VictimTracer, VictimView
 from attrib_agent.attribution.sim_types import (
     SchedulerConfig,
@@ -85,12 +86,22 @@ def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: Step
     depth = 2 if config.async_scheduling else 1  # steps in flight: vLLM's batch queue
     in_flight: deque[tuple[list[tuple[LiveRequest, bool]], float]] = deque()  # (request, samples), end
     steps = preemptions = peak_blocks = peak_tokens = empty_rounds = 0
+    stretches = depth == 1 and on_step is None and not tracers  # alike decode steps in one go (sim_stretch)
     while steps < max_steps and (until_done is None or awaited):
         while pending and pending[0].req.arrival_ts <= now:
             lv = pending.popleft()
             lv.queued_ts = now
             if not lv.refused:
                 waiting.append(lv)
+        if stretches and running:
+            run = decode_stretch(running, waiting, pool, config, pricer, now, model_free,
+                                 pending[0].req.arrival_ts if pending else None, max_steps - steps)
+            if run is not None:
+                steps += len(run.ends)
+                now, model_free, empty_rounds = run.now, run.model_free, 0
+                peak_blocks = max(peak_blocks, usable - pool.free)
+                peak_tokens = max(peak_tokens, len(running))
+                continue
         plan = None
         if running or waiting:
             plan = schedule_step(running, waiting, pool, config, now)
