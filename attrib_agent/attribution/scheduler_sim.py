@@ -28,7 +28,7 @@ from attrib_agent.attribution.sim_step import (
     schedule_step,
 )
 from attrib_agent.attribution.sim_stretch import decode_stretch
-from attrib_agent.attribution.sim_trace import Blame, Pricer, StepPrices, VictimTracer, VictimView
+from attrib_agent.attribution.sim_trace import Blame, Member, Pricer, StepPrices, VictimTracer, VictimView
 from attrib_agent.attribution.sim_types import (
     SchedulerConfig,
     SimOutcome,
@@ -86,7 +86,7 @@ def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: Step
     depth = 2 if config.async_scheduling else 1  # steps in flight: vLLM's batch queue
     in_flight: deque[tuple[list[tuple[LiveRequest, bool]], float]] = deque()  # (request, samples), end
     steps = preemptions = peak_blocks = peak_tokens = empty_rounds = 0
-    stretches = depth == 1 and on_step is None and not tracers  # alike decode steps in one go (sim_stretch)
+    stretches = depth == 1 and on_step is None  # alike decode steps in one go (sim_stretch)
     while steps < max_steps and (until_done is None or awaited):
         while pending and pending[0].req.arrival_ts <= now:
             lv = pending.popleft()
@@ -95,7 +95,8 @@ def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: Step
                 waiting.append(lv)
         if stretches and running:
             run = decode_stretch(running, waiting, pool, config, pricer, now, model_free,
-                                 pending[0].req.arrival_ts if pending else None, max_steps - steps)
+                                 pending[0].req.arrival_ts if pending else None, max_steps - steps,
+                                 _stretch_tracing(tracers, pricer, running, waiting, config) if tracers else None)
             if run is not None:
                 steps += len(run.ends)
                 now, model_free, empty_rounds = run.now, run.model_free, 0
@@ -172,16 +173,35 @@ def _place(start: SimStart, by_id: Mapping[str, LiveRequest], running: list[Live
     return placed
 
 
+def _stretch_tracing(tracers: list[tuple[LiveRequest, VictimTracer]], pricer: Pricer, running: list[LiveRequest],
+                     waiting: deque[LiveRequest], config: SchedulerConfig) -> Callable[[int, float, float], None]:
+    """What the tracers see of a stretch's step j: every running request decoding its `computed + j`-th token,
+    admission stopped where `schedule_step` would stop it, the blocks held as allocated by then."""
+    n, bs = len(running), config.block_size
+    blocked = waiting[0] if waiting and n < config.token_budget and n < config.max_num_seqs else None
+    stop = "empty" if not waiting else "budget" if n >= config.token_budget else "seats" if blocked is None else "kv"
+    base = [(r.req.request_id, r.computed, r.redo_until, r.blocks) for r in running]
+
+    def observe(j: int, begin: float, end: float) -> None:
+        members = [Member(rid, 1, computed + j, True, redo) for rid, computed, redo, _ in base]
+        hold: Blame | None = None
+        if stop == "kv":
+            held = [(rid, max(blocks, -(-(computed + j + 1) // bs))) for rid, computed, _, blocks in base]
+            total = sum(b for _, b in held)
+            hold = tuple((rid, b / total) for rid, b in held if b > 0) if total > 0 else ()
+        _trace_step(tracers, pricer, StepPlan(members, [], stop, blocked), begin, end, running, hold)
+
+    return observe
+
+
 def _trace_step(tracers: list[tuple[LiveRequest, VictimTracer]], pricer: Pricer, plan: StepPlan, now: float,
-                end: float, running: list[LiveRequest]) -> None:
-    """Show one step to every tracer whose request is in flight (the others would ignore it)."""
+                end: float, running: list[LiveRequest], hold: Blame | None = None) -> None:
+    """Show one step to every tracer whose request is in flight (the others would ignore it). `hold`: the
+    block holders' blame when the caller knows it better than the running requests' blocks say."""
     blocked = plan.blocked.req.request_id if plan.blocked is not None else None
-    hold: Blame = ()
-    ids: list[str] = []
-    if plan.stop in ("kv", "preemption"):  # only these stops blame the block holders ...
-        hold = holders(running)
-    elif plan.stop == "seats":  # ... and only this one the running requests
-        ids = [r.req.request_id for r in running]
+    if hold is None:  # only these stops blame the block holders ...
+        hold = holders(running) if plan.stop in ("kv", "preemption") else ()
+    ids = [r.req.request_id for r in running] if plan.stop == "seats" else []  # ... and only this one the running
     prices: StepPrices | None = None
     for victim, tracer in tracers:
         if victim.finish_ts is not None or victim.refused or victim.req.arrival_ts > end:

@@ -11,6 +11,7 @@ an admission that may fit, a prefix block to register) is left to `schedule_step
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from attrib_agent.attribution.block_pool import FreeBlockQueue
@@ -30,13 +31,15 @@ class Stretch:
 
 def decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], pool: FreeBlockQueue,
                    config: SchedulerConfig, pricer: Pricer, now: float, model_free: float,
-                   next_arrival: float | None, max_steps: int) -> Stretch | None:
+                   next_arrival: float | None, max_steps: int,
+                   observe: Callable[[int, float, float], None] | None = None) -> Stretch | None:
     """Run the coming alike decode steps of a synchronous engine at once (None: the next step is not one of them).
     A step is alike when every running request decodes (its KV one token behind, a token already out), the
     budget covers them all, nobody's step finishes it, their new blocks fit in the free ones, no prefix block
     gets cached, and the queue's head cannot be admitted (no budget or seat left, or its whole sequence does not
     fit now: it fits even less as the free blocks shrink). The stretch ends with the step whose end reaches the
-    next arrival (the queue takes it before the following step)."""
+    next arrival (the queue takes it before the following step). `observe(j, begin, end)` sees step j (0-based)
+    before any request is updated: a member's KV then holds its `computed + j` tokens."""
     n = len(running)
     if not n or n > config.token_budget or max_steps < 1:
         return None
@@ -68,6 +71,8 @@ def decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], pool
         begin = now if now >= model_free else model_free
         end = model_free = begin + price((0, n, context + j * n, 0))
         ends.append(end)
+        if observe is not None:
+            observe(j, begin, end)
         if end > now:
             now = end
         if next_arrival is not None and next_arrival <= now:
