@@ -12,6 +12,7 @@ than alone (the step's excess over its own solo cost is a wait). Causes, and who
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from attrib_agent.attribution.sim_types import PrefillAwareStepCost, StepCost, WaitCause
@@ -36,29 +37,34 @@ class Member:
         return (self.tokens, 0, 0, self.tokens * self.prior + self.tokens * (self.tokens + 1) // 2)
 
 
-def _minus(a: Features, b: Features) -> Features:
-    return (a[0] - b[0], a[1] - b[1], a[2] - b[2], a[3] - b[3])
-
-
 class Pricer:
     """Prices a step's members with the cost model (prefill attention too when the model offers it)."""
 
     def __init__(self, cost: StepCost) -> None:
         self._cost = cost
         self._aware = cost if isinstance(cost, PrefillAwareStepCost) else None
+        # the four features in, seconds out: bound once, called per member per traced step
+        self.price4: Callable[[int, int, int, int], float] = (
+            self._aware.step_seconds_with_prefill if self._aware is not None else self._blind)
+
+    def _blind(self, t: int, r: int, c: int, p: int) -> float:
+        return self._cost.step_seconds(t, r, c)
 
     @staticmethod
     def features(members: list[Member]) -> Features:
-        t = r = c = p = 0
+        t = r = c = p = 0  # integer sums: the same in any order
         for m in members:
-            f = m.features()
-            t, r, c, p = t + f[0], r + f[1], c + f[2], p + f[3]
+            if m.decode:
+                r += 1
+                c += m.prior + 1
+            else:
+                n = m.tokens
+                t += n
+                p += n * m.prior + n * (n + 1) // 2
         return (t, r, c, p)
 
     def price(self, f: Features) -> float:
-        if self._aware is not None:
-            return self._aware.step_seconds_with_prefill(f[0], f[1], f[2], f[3])
-        return self._cost.step_seconds(f[0], f[1], f[2])
+        return self.price4(f[0], f[1], f[2], f[3])
 
     def seconds(self, members: list[Member]) -> float:
         return self.price(self.features(members))
@@ -81,10 +87,18 @@ class StepPrices:
         """(marginal cost, of which context bandwidth) of member `m` (bandwidth 0 for a prefill)."""
         got = self._marginals.get(id(m))
         if got is None:
-            f = m.features()
-            price, total, full = self._pricer.price, self.total, self.full
-            marginal = max(full - price(_minus(total, f)), 0.0)
-            bandwidth = min(max(full - price(_minus(total, (0, 0, f[2], 0))), 0.0), marginal) if m.decode else 0.0
+            price, (t, r, c, p), full = self._pricer.price4, self.total, self.full
+            if m.decode:
+                context = m.prior + 1
+                marginal = full - price(t, r - 1, c - context, p)
+                if marginal < 0.0:
+                    marginal = 0.0
+                bandwidth = full - price(t, r, c - context, p)
+                bandwidth = 0.0 if bandwidth < 0.0 else marginal if bandwidth > marginal else bandwidth
+            else:
+                f = m.features()
+                marginal = max(full - price(t - f[0], r, c, p - f[3]), 0.0)
+                bandwidth = 0.0
             got = self._marginals[id(m)] = (marginal, bandwidth)
         return got
 
@@ -152,34 +166,44 @@ class VictimTracer:
     def _contention(self, others: list[Member], prices: StepPrices, seconds: float, ts: float, itl: bool) -> None:
         if seconds <= 0 or not others:
             return
-        parts: dict[str, dict[str, float]] = {"prefill_contention": {}, "decode_batching": {}, "kv_bandwidth": {}}
+        prefill: list[tuple[str, float]] = []
+        batching: list[tuple[str, float]] = []
+        bandwidth: list[tuple[str, float]] = []
+        marginal_of = prices.marginal
         for m in others:
-            marginal, bandwidth = prices.marginal(m)
+            marginal, bw = marginal_of(m)
             if m.decode:
-                parts["kv_bandwidth"][m.request_id] = bandwidth
-                parts["decode_batching"][m.request_id] = marginal - bandwidth
+                bandwidth.append((m.request_id, bw))
+                batching.append((m.request_id, marginal - bw))
             else:
-                parts["prefill_contention"][m.request_id] = marginal
-        spent = sum(sum(p.values()) for p in parts.values())
+                prefill.append((m.request_id, marginal))
+        # summed as the per-cause totals one after the other, each from 0 in member order
+        spent = sum((sum(v for _, v in prefill), sum(v for _, v in batching), sum(v for _, v in bandwidth)))
         if spent <= 0:  # a cost model blind to these members: split evenly by what they computed
-            for m in others:
-                key = "decode_batching" if m.decode else "prefill_contention"
-                parts[key][m.request_id] = float(m.tokens)
+            prefill = [(m.request_id, float(m.tokens)) for m in others if not m.decode]
+            batching = [(m.request_id, float(m.tokens)) for m in others if m.decode]
             spent = float(sum(m.tokens for m in others))
-        for cause, by in parts.items():
-            blame = tuple((rid, v / spent) for rid, v in by.items() if v > 0)
-            self._add(cause, seconds, blame, ts, itl)
+        for cause, by in (("prefill_contention", prefill), ("decode_batching", batching), ("kv_bandwidth", bandwidth)):
+            share = {}
+            for rid, v in by:
+                if v > 0:
+                    w = v / spent
+                    if w > 0:
+                        share[rid] = seconds * w
+            self._merge(cause, seconds, share, ts, itl)
 
     def _add(self, cause: str, seconds: float, blame: Blame, ts: float, itl: bool) -> None:
         """`blame` weights are fractions of `seconds` (they sum to 1 except for one cause of a split step)."""
-        share = {rid: seconds * w for rid, w in blame if w > 0}
+        self._merge(cause, seconds, {rid: seconds * w for rid, w in blame if w > 0}, ts, itl)
+
+    def _merge(self, cause: str, seconds: float, share: dict[str, float], ts: float, itl: bool) -> None:
         if seconds <= 0 or not share:
             return
         key = (cause, itl)
         last = self._last.get(key)
         if last is not None:
             entry = self._entries[last][3]
-            if len(self._entries) >= self._max or set(entry) == set(share):
+            if len(self._entries) >= self._max or entry.keys() == share.keys():
                 for rid, s in share.items():
                     entry[rid] = entry.get(rid, 0.0) + s
                 return
