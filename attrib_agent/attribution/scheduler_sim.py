@@ -116,15 +116,12 @@ def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: Step
                 on_step(plan, running, begin, end)
             if tracers:
                 _trace_step(tracers, pricer, plan, begin, end, running)
-            in_flight.append(([(by_id[m.request_id], _compute(by_id[m.request_id], m.tokens))
-                               for m in plan.members], end))
+            in_flight.append((_compute_all(plan.members, by_id), end))
             steps += 1
         if in_flight and (len(in_flight) >= depth or plan is None or not plan.members):
             done, end = in_flight.popleft()
-            for lv, samples in done:
-                _deliver(lv, samples, end, running, waiting, pool, bs)
-                if lv.finish_ts is not None:
-                    awaited.discard(lv)
+            for lv in _deliver_all(done, end, running, waiting, pool, bs):
+                awaited.discard(lv)
             now = max(now, end)
             empty_rounds = 0
         elif plan is not None and not plan.members:
@@ -224,26 +221,45 @@ def _compute(lv: LiveRequest, tokens: int) -> bool:
     return True
 
 
+def _compute_all(members: list[Member], by_id: Mapping[str, LiveRequest]) -> list[tuple[LiveRequest, bool]]:
+    """`_compute` for every member of a step: (request, whether it samples), in member order."""
+    out = []
+    for m in members:
+        lv = by_id[m.request_id]
+        out.append((lv, _compute(lv, m.tokens)))
+    return out
+
+
 def _deliver(lv: LiveRequest, samples: bool, end: float, running: list[LiveRequest],
              waiting: deque[LiveRequest], pool: FreeBlockQueue, block_size: int) -> None:
     """The step's output is back: a sampled token counts (even for a request preempted meanwhile, as vLLM
     delivers it); done requests free their blocks (the full ones hashed, at the back of the free queue)."""
-    lv.in_flight -= 1
-    if not samples:
-        return
-    lv.pending -= 1
-    lv.outputs += 1
-    lv.token_ts.append(end)
-    if lv.first_token_ts is None:
-        lv.first_token_ts = end
-    if lv.outputs >= lv.target:
-        lv.finish_ts = end
-        if lv in running:
-            running.remove(lv)
-        elif lv in waiting:
-            waiting.remove(lv)
-        pool.release(None, lv.blocks, lv.computed // block_size, lv.shared)
-        lv.blocks, lv.shared = 0, []
+    _deliver_all([(lv, samples)], end, running, waiting, pool, block_size)
+
+
+def _deliver_all(done: list[tuple[LiveRequest, bool]], end: float, running: list[LiveRequest],
+                 waiting: deque[LiveRequest], pool: FreeBlockQueue, block_size: int) -> list[LiveRequest]:
+    """`_deliver` for a whole step, in member order; returns the requests it finished."""
+    finished = []
+    for lv, samples in done:
+        lv.in_flight -= 1
+        if not samples:
+            continue
+        lv.pending -= 1
+        outputs = lv.outputs = lv.outputs + 1
+        lv.token_ts.append(end)
+        if lv.first_token_ts is None:
+            lv.first_token_ts = end
+        if outputs >= lv.target:
+            lv.finish_ts = end
+            if lv in running:
+                running.remove(lv)
+            elif lv in waiting:
+                waiting.remove(lv)
+            pool.release(None, lv.blocks, lv.computed // block_size, lv.shared)
+            lv.blocks, lv.shared = 0, []
+            finished.append(lv)
+    return finished
 
 
 def shapley(players: Sequence[str], value: Callable[[frozenset[str]], float], *, exact_up_to: int = 6,

@@ -21,9 +21,10 @@ Features = tuple[int, int, int, int]  # prefill tokens, decode requests, decode 
 Blame = tuple[tuple[str, float], ...]  # request id -> weight (summing to 1)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Member:
-    """One request's part in one simulated step."""
+    """One request's part in one simulated step. Treated as immutable (hashed by value), but not frozen: a frozen
+    dataclass's constructor costs three times as much, and the simulator makes one per member per step."""
 
     request_id: str
     tokens: int
