@@ -24,6 +24,7 @@ from attrib_agent.attribution.sim_step import (
     LiveRequest,
     StepPlan,
     blocks_for,
+    finish,
     holders,
     schedule_step,
 )
@@ -94,14 +95,16 @@ def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: Step
             if not lv.refused:
                 waiting.append(lv)
         if stretches and running:
+            width = len(running)  # the stretch's step size in tokens (its last step may finish some)
             run = decode_stretch(running, waiting, pool, config, pricer, now, model_free,
                                  pending[0].req.arrival_ts if pending else None, max_steps - steps,
                                  _stretch_tracing(tracers, pricer, running, waiting, config) if tracers else None)
             if run is not None:
+                awaited.difference_update(run.finished)
                 steps += len(run.ends)
                 now, model_free, empty_rounds = run.now, run.model_free, 0
-                peak_blocks = max(peak_blocks, usable - pool.free)
-                peak_tokens = max(peak_tokens, len(running))
+                peak_blocks = max(peak_blocks, usable - run.least_free)
+                peak_tokens = max(peak_tokens, width)
                 continue
         plan = None
         if running or waiting:
@@ -251,13 +254,7 @@ def _deliver_all(done: list[tuple[LiveRequest, bool]], end: float, running: list
         if lv.first_token_ts is None:
             lv.first_token_ts = end
         if outputs >= lv.target:
-            lv.finish_ts = end
-            if lv in running:
-                running.remove(lv)
-            elif lv in waiting:
-                waiting.remove(lv)
-            pool.release(None, lv.blocks, lv.computed // block_size, lv.shared)
-            lv.blocks, lv.shared = 0, []
+            finish(lv, end, running, waiting, pool, block_size)
             finished.append(lv)
     return finished
 

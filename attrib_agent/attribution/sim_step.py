@@ -72,6 +72,19 @@ def holders(running: Sequence[LiveRequest], exclude: LiveRequest | None = None) 
     return tuple((r.req.request_id, r.blocks / total) for r in running if r is not exclude and r.blocks > 0)
 
 
+def finish(lv: LiveRequest, end: float, running: list[LiveRequest], waiting: deque[LiveRequest],
+           pool: FreeBlockQueue, block_size: int) -> None:
+    """Its last token is back: off the engine, its blocks freed (the full ones hashed, at the back of the free
+    queue)."""
+    lv.finish_ts = end
+    if lv in running:
+        running.remove(lv)
+    elif lv in waiting:
+        waiting.remove(lv)
+    pool.release(None, lv.blocks, lv.computed // block_size, lv.shared)
+    lv.blocks, lv.shared = 0, []
+
+
 def _preempt(victim: LiveRequest, pool: FreeBlockQueue, block_size: int) -> None:
     pool.release(victim.index, victim.blocks, victim.computed // block_size, victim.shared)
     victim.shared = []

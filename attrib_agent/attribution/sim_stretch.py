@@ -15,18 +15,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from attrib_agent.attribution.block_pool import FreeBlockQueue
-from attrib_agent.attribution.sim_step import LiveRequest, blocks_for
+from attrib_agent.attribution.sim_step import LiveRequest, blocks_for, finish
 from attrib_agent.attribution.sim_trace import Pricer
 from attrib_agent.attribution.sim_types import SchedulerConfig
 
 
 @dataclass(slots=True)
 class Stretch:
-    """What a stretch did: its steps' end times (one per step), and the engine clock after them."""
+    """What a stretch did: its steps' end times (one per step), the engine clock after them, and the requests
+    its last step finished."""
 
     ends: list[float]
     now: float
     model_free: float
+    finished: list[LiveRequest]
+    least_free: int  # free blocks after its allocations, before the last step's finishes gave some back
 
 
 def decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], pool: FreeBlockQueue,
@@ -35,10 +38,11 @@ def decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], pool
                    observe: Callable[[int, float, float], None] | None = None) -> Stretch | None:
     """Run the coming alike decode steps of a synchronous engine at once (None: the next step is not one of them).
     A step is alike when every running request decodes (its KV one token behind, a token already out), the
-    budget covers them all, nobody's step finishes it, their new blocks fit in the free ones, no prefix block
+    budget covers them all, their new blocks fit in the free ones, no prefix block
     gets cached, and the queue's head cannot be admitted (no budget or seat left, or its whole sequence does not
     fit now: it fits even less as the free blocks shrink). The stretch ends with the step whose end reaches the
-    next arrival (the queue takes it before the following step). `observe(j, begin, end)` sees step j (0-based)
+    next arrival (the queue takes it before the following step), or with the first that finishes a request
+    (delivered as the step loop delivers it: the membership changes after it). `observe(j, begin, end)` sees step j (0-based)
     before any request is updated: a member's KV then holds its `computed + j` tokens."""
     n = len(running)
     if not n or n > config.token_budget or max_steps < 1:
@@ -54,7 +58,7 @@ def decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], pool
         if (r.pending or r.in_flight or outputs < 1 or r.first_token_ts is None
                 or computed + 1 != r.req.prompt_tokens + outputs):
             return None
-        left = r.target - outputs - 1  # steps before the one that finishes it
+        left = r.target - outputs  # steps up to the one that finishes it
         if caching and r.req.prefix_group is not None:
             shared = len(r.shared)
             if shared < r.req.prefix_tokens // bs:  # a prefix block is cached once the tokens reach it
@@ -79,6 +83,7 @@ def decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], pool
             break
     steps = len(ends)
     total = 0
+    done: list[LiveRequest] = []
     for r in running:
         grown = blocks_for(r.computed + steps, bs)
         if grown > r.blocks:
@@ -87,9 +92,14 @@ def decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], pool
         r.computed += steps
         r.outputs += steps
         r.token_ts.extend(ends)
+        if r.outputs >= r.target:
+            done.append(r)
     if total:  # one allocation for all: every block comes off the front of the free queue, in any order
         pool.allocate(total)
-    return Stretch(ends, now, model_free)
+    least_free = pool.free
+    for r in done:  # after every allocation, in member order, as the last step's delivery
+        finish(r, ends[-1], running, waiting, pool, bs)
+    return Stretch(ends, now, model_free, done, least_free)
 
 
 def _head_fits(head: LiveRequest, pool: FreeBlockQueue, config: SchedulerConfig) -> bool:

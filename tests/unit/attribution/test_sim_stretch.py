@@ -87,7 +87,7 @@ def test_a_decode_only_batch_runs_as_one_stretch(monkeypatch: object) -> None:
     assert fast.steps == slow.steps >= 300 and sum(calls) >= 290 and len(calls) <= 3
 
 
-def test_a_stretch_stops_at_the_step_an_arrival_falls_in_and_before_a_finish() -> None:
+def test_a_stretch_ends_with_the_step_that_finishes_a_request_or_that_an_arrival_falls_in() -> None:
     config = SchedulerConfig(block_size=4, num_blocks=100, token_budget=64)
     cost = COSTS[0]  # 0.01 s + 1 ms a decode: two decodes take 12 ms a step
     running = []
@@ -95,15 +95,14 @@ def test_a_stretch_stops_at_the_step_an_arrival_falls_in_and_before_a_finish() -
         lv = LiveRequest(SimRequest(f"r{i}", 0.0, 10, target), i, target, computed=10 + 2, outputs=3,
                          first_token_ts=0.0, blocks=4)
         running.append(lv)
+    short = running[1]
     pool = FreeBlockQueue(99)
     pool.allocate(8)
     run = decode_stretch(running, deque(), pool, config, Pricer(cost), 1.0, 1.0, None, 1000)
-    assert run is not None and len(run.ends) == 5  # r1 has 9 - 3 = 6 tokens to go: its last step is not alike
-    assert running[1].outputs == 8 and running[0].computed == 17 and running[1].blocks == 5
-    assert pool.free == 99 - 10
-    run = decode_stretch(running, deque(), pool, config, Pricer(cost), run.now, run.model_free, None, 1000)
-    assert run is None
-    running.pop()
+    assert run is not None and len(run.ends) == 6  # r1 has 9 - 3 = 6 tokens to go: the 6th step finishes it
+    assert run.finished == [short] and short.finish_ts == run.ends[-1] and running == [running[0]]
+    assert running[0].outputs == 9 and running[0].computed == 18 and running[0].blocks == 5
+    assert pool.free == 99 - 5  # r1's five blocks are back
     arrival = 1.1
     run = decode_stretch(running, deque(), pool, config, Pricer(cost), 1.06, 1.06, arrival, 1000)
-    assert run is not None and run.ends[-1] >= arrival > run.ends[-2]
+    assert run is not None and run.ends[-1] >= arrival > run.ends[-2] and not run.finished
