@@ -75,7 +75,7 @@ class StepPrices:
     """One step's prices, shared by every tracer shown the step: the step's total and, per member, what
     leaving it out would save (all traced victims of a run see the same members)."""
 
-    __slots__ = ("_pricer", "members", "total", "full", "_marginals")
+    __slots__ = ("_pricer", "members", "total", "full", "_marginals", "_all")
 
     def __init__(self, pricer: Pricer, members: list[Member]) -> None:
         self._pricer = pricer
@@ -83,25 +83,37 @@ class StepPrices:
         self.total = pricer.features(members)
         self.full = pricer.price(self.total)
         self._marginals: dict[int, tuple[float, float]] = {}
+        self._all: list[tuple[float, float]] | None = None
 
     def marginal(self, m: Member) -> tuple[float, float]:
         """(marginal cost, of which context bandwidth) of member `m` (bandwidth 0 for a prefill)."""
         got = self._marginals.get(id(m))
         if got is None:
-            price, (t, r, c, p), full = self._pricer.price4, self.total, self.full
-            if m.decode:
-                context = m.prior + 1
-                marginal = full - price(t, r - 1, c - context, p)
-                if marginal < 0.0:
-                    marginal = 0.0
-                bandwidth = full - price(t, r, c - context, p)
-                bandwidth = 0.0 if bandwidth < 0.0 else marginal if bandwidth > marginal else bandwidth
-            else:
-                f = m.features()
-                marginal = max(full - price(t - f[0], r, c, p - f[3]), 0.0)
-                bandwidth = 0.0
-            got = self._marginals[id(m)] = (marginal, bandwidth)
+            got = self._marginals[id(m)] = _marginal(m, self._pricer.price4, self.total, self.full)
         return got
+
+    def marginals(self) -> list[tuple[float, float]]:
+        """`marginal` of every member, in member order (computed once, for every tracer of the step)."""
+        if self._all is None:
+            price, total, full = self._pricer.price4, self.total, self.full
+            self._all = [_marginal(m, price, total, full) for m in self.members]
+        return self._all
+
+
+def _marginal(m: Member, price: Callable[[int, int, int, int], float], total: Features,
+              full: float) -> tuple[float, float]:
+    """What leaving `m` out of a step costing `full` for features `total` would save, and of that the context
+    bandwidth part (0 for a prefill): max(saving, 0), bandwidth clamped to [0, saving]."""
+    t, r, c, p = total
+    if m.decode:
+        context = m.prior + 1
+        marginal = full - price(t, r - 1, c - context, p)
+        if marginal < 0.0:
+            marginal = 0.0
+        bandwidth = full - price(t, r, c - context, p)
+        return marginal, 0.0 if bandwidth < 0.0 else marginal if bandwidth > marginal else bandwidth
+    f = m.features()
+    return max(full - price(t - f[0], r, c, p - f[3]), 0.0), 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,21 +153,24 @@ class VictimTracer:
             prices = StepPrices(self._pricer, members)
         itl = victim.first_token_seen
         if victim.arrival_ts > start:  # arrived while this step ran: waits for it to end
-            self._contention(members, prices, end - victim.arrival_ts, victim.arrival_ts, itl)
+            self._contention(members, None, prices, end - victim.arrival_ts, victim.arrival_ts, itl)
             return
         duration = end - start
-        mine = next((m for m in members if m.request_id == self.request_id), None)
+        mine = None
+        for m in members:
+            if m.request_id == self.request_id:
+                mine = m
+                break
         if mine is not None:
             solo = self._pricer.seconds([mine])
             redo = max(min(mine.prior + mine.tokens, mine.redo_until) - mine.prior, 0)
             if redo:
                 self._add("preemption", solo * redo / mine.tokens, victim.forced_by, start, itl)
-            others = [m for m in members if m is not mine]
-            self._contention(others, prices, duration - solo, start, itl)
+            self._contention(members, mine, prices, duration - solo, start, itl)
         elif victim.preempted_now:
             self._add("preemption", duration, victim.forced_by, start, itl)
         elif victim.running or stop == "budget":
-            self._contention(members, prices, duration, start, itl)
+            self._contention(members, None, prices, duration, start, itl)
         elif stop in ("kv", "preemption") and (blocked is None or blocked == self.request_id):
             self._add("kv_pressure", duration, holders, start, itl)
         elif stop == "kv" and blocked is not None:
@@ -164,15 +179,17 @@ class VictimTracer:
             self._add("decode_batching", duration, tuple((r, 1 / len(running_ids)) for r in running_ids), start,
                       itl)
 
-    def _contention(self, others: list[Member], prices: StepPrices, seconds: float, ts: float, itl: bool) -> None:
-        if seconds <= 0 or not others:
+    def _contention(self, members: list[Member], skip: Member | None, prices: StepPrices, seconds: float, ts: float,
+                    itl: bool) -> None:
+        """The wait split by the marginal cost of the step's members other than `skip` (the victim's own)."""
+        if seconds <= 0 or len(members) <= (skip is not None):
             return
         prefill: list[tuple[str, float]] = []
         batching: list[tuple[str, float]] = []
         bandwidth: list[tuple[str, float]] = []
-        marginal_of = prices.marginal
-        for m in others:
-            marginal, bw = marginal_of(m)
+        for m, (marginal, bw) in zip(members, prices.marginals()):
+            if m is skip:
+                continue
             if m.decode:
                 bandwidth.append((m.request_id, bw))
                 batching.append((m.request_id, marginal - bw))
@@ -181,6 +198,7 @@ class VictimTracer:
         # summed as the per-cause totals one after the other, each from 0 in member order
         spent = sum((sum(v for _, v in prefill), sum(v for _, v in batching), sum(v for _, v in bandwidth)))
         if spent <= 0:  # a cost model blind to these members: split evenly by what they computed
+            others = [m for m in members if m is not skip]
             prefill = [(m.request_id, float(m.tokens)) for m in others if not m.decode]
             batching = [(m.request_id, float(m.tokens)) for m in others if m.decode]
             spent = float(sum(m.tokens for m in others))
