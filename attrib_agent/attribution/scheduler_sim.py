@@ -59,7 +59,7 @@ def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: Step
     """
     if config.block_size < 1 or config.num_blocks < 2 or config.token_budget < 1 or config.max_num_seqs < 1:
         raise ValueError(f"invalid scheduler config {config}")
-    lives = [LiveRequest(replace(r, prompt_tokens=max(r.prompt_tokens, 1)), i, max(r.output_tokens, 1))
+    lives = [LiveRequest(r if r.prompt_tokens >= 1 else replace(r, prompt_tokens=1), i, max(r.output_tokens, 1))
              for i, r in enumerate(requests)]
     by_id = {lv.req.request_id: lv for lv in lives}
     if len(by_id) != len(lives):
@@ -229,7 +229,12 @@ def _compute_all(members: list[Member], by_id: Mapping[str, LiveRequest]) -> lis
     out = []
     for m in members:
         lv = by_id[m.request_id]
-        out.append((lv, _compute(lv, m.tokens)))
+        computed = lv.computed = lv.computed + m.tokens
+        lv.in_flight += 1
+        samples = computed >= lv.req.prompt_tokens + lv.outputs + lv.pending  # num_tokens, inlined
+        if samples:
+            lv.pending += 1
+        out.append((lv, samples))
     return out
 
 
