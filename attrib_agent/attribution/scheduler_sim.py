@@ -181,15 +181,19 @@ def _stretch_tracing(tracers: list[tuple[LiveRequest, VictimTracer]], pricer: Pr
     blocked = waiting[0] if waiting and n < config.token_budget and n < config.max_num_seqs else None
     stop = "empty" if not waiting else "budget" if n >= config.token_budget else "seats" if blocked is None else "kv"
     base = [(r.req.request_id, r.computed, r.redo_until, r.blocks) for r in running]
+    hold: Blame | None = None
+    changes = 0  # the step from which the blocks held change again (each request's next block boundary)
 
     def observe(j: int, begin: float, end: float) -> None:
+        nonlocal hold, changes
         members = [Member(rid, 1, computed + j, True, redo) for rid, computed, redo, _ in base]
-        hold: Blame | None = None
-        if stop == "kv":
-            held = [(rid, max(blocks, -(-(computed + j + 1) // bs))) for rid, computed, _, blocks in base]
-            total = sum(b for _, b in held)
-            hold = tuple((rid, b / total) for rid, b in held if b > 0) if total > 0 else ()
-        _trace_step(tracers, pricer, StepPlan(members, [], stop, blocked), begin, end, running, hold)
+        if stop == "kv" and (hold is None or j >= changes):
+            held = [(rid, max(blocks, -(-(computed + j + 1) // bs)), computed) for rid, computed, _, blocks in base]
+            total = sum(b for _, b, _ in held)
+            hold = tuple((rid, b / total) for rid, b, _ in held if b > 0) if total > 0 else ()
+            changes = min(b * bs - computed for _, b, computed in held)
+        _trace_step(tracers, pricer, StepPlan(members, [], stop, blocked), begin, end, running,
+                    hold if stop == "kv" else None)
 
     return observe
 

@@ -184,31 +184,31 @@ class VictimTracer:
         """The wait split by the marginal cost of the step's members other than `skip` (the victim's own)."""
         if seconds <= 0 or len(members) <= (skip is not None):
             return
-        prefill: list[tuple[str, float]] = []
-        batching: list[tuple[str, float]] = []
-        bandwidth: list[tuple[str, float]] = []
+        prefill: list[str] = []  # ids, and their values in the list below
+        prefill_v: list[float] = []
+        decode: list[str] = []  # decode members: batching and bandwidth values
+        batching_v: list[float] = []
+        bandwidth_v: list[float] = []
         for m, (marginal, bw) in zip(members, prices.marginals()):
             if m is skip:
                 continue
             if m.decode:
-                bandwidth.append((m.request_id, bw))
-                batching.append((m.request_id, marginal - bw))
+                decode.append(m.request_id)
+                bandwidth_v.append(bw)
+                batching_v.append(marginal - bw)
             else:
-                prefill.append((m.request_id, marginal))
+                prefill.append(m.request_id)
+                prefill_v.append(marginal)
         # summed as the per-cause totals one after the other, each from 0 in member order
-        spent = sum((sum(v for _, v in prefill), sum(v for _, v in batching), sum(v for _, v in bandwidth)))
+        spent = sum((sum(prefill_v), sum(batching_v), sum(bandwidth_v)))
         if spent <= 0:  # a cost model blind to these members: split evenly by what they computed
             others = [m for m in members if m is not skip]
-            prefill = [(m.request_id, float(m.tokens)) for m in others if not m.decode]
-            batching = [(m.request_id, float(m.tokens)) for m in others if m.decode]
+            prefill_v = [float(m.tokens) for m in others if not m.decode]
+            batching_v = [float(m.tokens) for m in others if m.decode]
             spent = float(sum(m.tokens for m in others))
-        for cause, by in (("prefill_contention", prefill), ("decode_batching", batching), ("kv_bandwidth", bandwidth)):
-            share = {}
-            for rid, v in by:
-                if v > 0:
-                    w = v / spent
-                    if w > 0:
-                        share[rid] = seconds * w
+        for cause, ids, values in (("prefill_contention", prefill, prefill_v), ("decode_batching", decode, batching_v),
+                                   ("kv_bandwidth", decode, bandwidth_v)):
+            share = {rid: seconds * w for rid, v in zip(ids, values) if v > 0 and (w := v / spent) > 0}
             self._merge(cause, seconds, share, ts, itl)
 
     def _add(self, cause: str, seconds: float, blame: Blame, ts: float, itl: bool) -> None:
