@@ -116,9 +116,9 @@ def _marginal(m: Member, price: Callable[[int, int, int, int], float], total: Fe
     return max(full - price(t - f[0], r, c, p - f[3]), 0.0), 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class VictimView:
-    """The traced request as the scheduler saw it at this step."""
+    """The traced request as the scheduler saw it at this step (built per traced step: not frozen, as `Member`)."""
 
     arrival_ts: float
     in_flight: bool  # queued or running (not yet arrived, refused or finished: False)
