@@ -189,7 +189,7 @@ class VictimTracer:
         decode: list[str] = []  # decode members: batching and bandwidth values
         batching_v: list[float] = []
         bandwidth_v: list[float] = []
-        for m, (marginal, bw) in zip(members, prices.marginals()):
+        for m, (marginal, bw) in zip(members, prices.marginals(), strict=True):
             if m is skip:
                 continue
             if m.decode:
@@ -208,7 +208,7 @@ class VictimTracer:
             spent = float(sum(m.tokens for m in others))
         for cause, ids, values in (("prefill_contention", prefill, prefill_v), ("decode_batching", decode, batching_v),
                                    ("kv_bandwidth", decode, bandwidth_v)):
-            share = {rid: seconds * w for rid, v in zip(ids, values) if v > 0 and (w := v / spent) > 0}
+            share = {rid: seconds * w for rid, v in zip(ids, values, strict=True) if v > 0 and (w := v / spent) > 0}
             self._merge(cause, seconds, share, ts, itl)
 
     def _add(self, cause: str, seconds: float, blame: Blame, ts: float, itl: bool) -> None:

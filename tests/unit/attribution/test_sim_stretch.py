@@ -6,7 +6,9 @@ decode stretches in one go otherwise: the two must agree to the last bit on ever
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +17,7 @@ from attrib_agent.attribution.block_pool import FreeBlockQueue
 from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior
 from attrib_agent.attribution.scheduler_sim import simulate
 from attrib_agent.attribution.sim_step import LiveRequest, StepPlan
-from attrib_agent.attribution.sim_stretch import decode_stretch
+from attrib_agent.attribution.sim_stretch import Stretch, decode_stretch
 from attrib_agent.attribution.sim_trace import Pricer
 from attrib_agent.attribution.sim_types import InProgress, SchedulerConfig, SimRequest, SimStart
 
@@ -66,21 +68,20 @@ def test_stretches_equal_the_step_by_step_run(case: tuple[list[SimRequest], Sche
     assert repr(fast) == repr(slow)
 
 
-def test_a_decode_only_batch_runs_as_one_stretch(monkeypatch: object) -> None:
+def test_a_decode_only_batch_runs_as_one_stretch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Four long decodes with nothing arriving: after the prefill steps, the run is a few stretches, not one
     `schedule_step` per token, and still the step-by-step result."""
     config = SchedulerConfig(block_size=16, num_blocks=200, token_budget=512)
     requests = [SimRequest(f"r{i}", 0.0, 40 + i, 300) for i in range(4)]
     calls: list[int] = []
-    real = scheduler_sim.decode_stretch
 
-    def counted(*args: object) -> object:
-        got = real(*args)  # type: ignore[arg-type]
+    def counted(*args: Any) -> Stretch | None:
+        got = decode_stretch(*args)
         if got is not None:
             calls.append(len(got.ends))
         return got
 
-    monkeypatch.setattr(scheduler_sim, "decode_stretch", counted)  # type: ignore[attr-defined]
+    monkeypatch.setattr(scheduler_sim, "decode_stretch", counted)
     fast = simulate(requests, config, COSTS[1])
     slow = simulate(requests, config, COSTS[1], on_step=_stepwise)
     assert repr(fast) == repr(slow)
