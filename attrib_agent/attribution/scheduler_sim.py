@@ -29,7 +29,7 @@ from attrib_agent.attribution.sim_step import (
     schedule_step,
 )
 from attrib_agent.attribution.sim_stretch import decode_stretch
-from attrib_agent.attribution.sim_trace import Blame, Member, Pricer, StepPrices, VictimTracer, VictimView
+from attrib_agent.attribution.sim_trace import Blame, Features, Member, Pricer, StepPrices, VictimTracer, VictimView
 from attrib_agent.attribution.sim_types import (
     SchedulerConfig,
     SimOutcome,
@@ -113,12 +113,14 @@ def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: Step
             peak_blocks = max(peak_blocks, usable - pool.free)
         if plan is not None and plan.members:
             begin = max(now, model_free)
-            end = model_free = begin + pricer.seconds(plan.members)
+            features = pricer.features(plan.members)
+            seconds = pricer.price(features)
+            end = model_free = begin + seconds
             peak_tokens = max(peak_tokens, sum(m.tokens for m in plan.members))
             if on_step is not None:
                 on_step(plan, running, begin, end)
             if tracers:
-                _trace_step(tracers, pricer, plan, begin, end, running)
+                _trace_step(tracers, pricer, plan, begin, end, running, (features, seconds))
             in_flight.append((_compute_all(plan.members, by_id), end))
             steps += 1
         if in_flight and (len(in_flight) >= depth or plan is None or not plan.members):
@@ -174,7 +176,8 @@ def _place(start: SimStart, by_id: Mapping[str, LiveRequest], running: list[Live
 
 
 def _stretch_tracing(tracers: list[tuple[LiveRequest, VictimTracer]], pricer: Pricer, running: list[LiveRequest],
-                     waiting: deque[LiveRequest], config: SchedulerConfig) -> Callable[[int, float, float], None]:
+                     waiting: deque[LiveRequest], config: SchedulerConfig
+                     ) -> Callable[[int, float, float, float], None]:
     """What the tracers see of a stretch's step j: every running request decoding its `computed + j`-th token,
     admission stopped where `schedule_step` would stop it, the blocks held as allocated by then."""
     n, bs = len(running), config.block_size
@@ -184,7 +187,9 @@ def _stretch_tracing(tracers: list[tuple[LiveRequest, VictimTracer]], pricer: Pr
     hold: Blame | None = None
     changes = 0  # the step from which the blocks held change again (each request's next block boundary)
 
-    def observe(j: int, begin: float, end: float) -> None:
+    context = sum(computed + 1 for _, computed, _, _ in base)
+
+    def observe(j: int, begin: float, end: float, seconds: float) -> None:
         nonlocal hold, changes
         members = [Member(rid, 1, computed + j, True, redo) for rid, computed, redo, _ in base]
         if stop == "kv" and (hold is None or j >= changes):
@@ -193,15 +198,17 @@ def _stretch_tracing(tracers: list[tuple[LiveRequest, VictimTracer]], pricer: Pr
             hold = tuple((rid, b / total) for rid, b, _ in held if b > 0) if total > 0 else ()
             changes = min(b * bs - computed for _, b, computed in held)
         _trace_step(tracers, pricer, StepPlan(members, [], stop, blocked), begin, end, running,
-                    hold if stop == "kv" else None)
+                    ((0, n, context + j * n, 0), seconds), hold if stop == "kv" else None)
 
     return observe
 
 
 def _trace_step(tracers: list[tuple[LiveRequest, VictimTracer]], pricer: Pricer, plan: StepPlan, now: float,
-                end: float, running: list[LiveRequest], hold: Blame | None = None) -> None:
-    """Show one step to every tracer whose request is in flight (the others would ignore it). `hold`: the
-    block holders' blame when the caller knows it better than the running requests' blocks say."""
+                end: float, running: list[LiveRequest], priced: tuple[Features, float],
+                hold: Blame | None = None) -> None:
+    """Show one step to every tracer whose request is in flight (the others would ignore it). `priced`: the
+    step's features and price; `hold`: the block holders' blame when the caller knows it better than the
+    running requests' blocks say."""
     blocked = plan.blocked.req.request_id if plan.blocked is not None else None
     if hold is None:  # only these stops blame the block holders ...
         hold = holders(running) if plan.stop in ("kv", "preemption") else ()
@@ -211,7 +218,7 @@ def _trace_step(tracers: list[tuple[LiveRequest, VictimTracer]], pricer: Pricer,
         if victim.finish_ts is not None or victim.refused or victim.req.arrival_ts > end:
             continue
         if prices is None:
-            prices = StepPrices(pricer, plan.members)
+            prices = StepPrices(pricer, plan.members, priced)
         view = VictimView(victim.req.arrival_ts, True, victim in running, victim in plan.preempted,
                           victim.first_token_ts is not None, victim.forced_by)
         tracer.step(now, end, plan.members, plan.stop, blocked, hold, ids, view, prices)

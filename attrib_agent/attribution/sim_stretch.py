@@ -35,14 +35,14 @@ class Stretch:
 def decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], pool: FreeBlockQueue,
                    config: SchedulerConfig, pricer: Pricer, now: float, model_free: float,
                    next_arrival: float | None, max_steps: int,
-                   observe: Callable[[int, float, float], None] | None = None) -> Stretch | None:
+                   observe: Callable[[int, float, float, float], None] | None = None) -> Stretch | None:
     """Run the coming alike decode steps of a synchronous engine at once (None: the next step is not one of them).
     A step is alike when every running request decodes (its KV one token behind, a token already out), the
     budget covers them all, their new blocks fit in the free ones, no prefix block gets cached, and the queue's
     head cannot be admitted (no budget or seat left, or its whole sequence does not fit now: it fits even less
     as the free blocks shrink). The stretch ends with the step whose end reaches the next arrival (the queue
     takes it before the following step), or with the first that finishes a request (delivered as the step loop
-    delivers it: the membership changes after it). `observe(j, begin, end)` sees step j (0-based) before any
+    delivers it: the membership changes after it). `observe(j, begin, end, seconds)` sees step j (0-based) before any
     request is updated: a member's KV then holds its `computed + j` tokens."""
     n = len(running)
     if not n or n > config.token_budget or max_steps < 1:
@@ -73,10 +73,11 @@ def decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], pool
     ends: list[float] = []
     for j in range(k):  # as the step loop: same features, same sums in the same order
         begin = now if now >= model_free else model_free
-        end = model_free = begin + price(0, n, context + j * n, 0)
+        seconds = price(0, n, context + j * n, 0)
+        end = model_free = begin + seconds
         ends.append(end)
         if observe is not None:
-            observe(j, begin, end)
+            observe(j, begin, end, seconds)
         if end > now:
             now = end
         if next_arrival is not None and next_arrival <= now:

@@ -77,11 +77,15 @@ class StepPrices:
 
     __slots__ = ("_pricer", "members", "total", "full", "_marginals", "_all")
 
-    def __init__(self, pricer: Pricer, members: list[Member]) -> None:
+    def __init__(self, pricer: Pricer, members: list[Member], priced: tuple[Features, float] | None = None) -> None:
+        """`priced`: the members' features and their price, when the caller has them already."""
         self._pricer = pricer
         self.members = members
-        self.total = pricer.features(members)
-        self.full = pricer.price(self.total)
+        if priced is None:
+            self.total = pricer.features(members)
+            self.full = pricer.price(self.total)
+        else:
+            self.total, self.full = priced
         self._marginals: dict[int, tuple[float, float]] = {}
         self._all: list[tuple[float, float]] | None = None
 
