@@ -24,10 +24,12 @@ from attrib_agent.attribution.sim_step import (
     LiveRequest,
     StepPlan,
     blocks_for,
+    finish,
     holders,
     schedule_step,
 )
-from attrib_agent.attribution.sim_trace import Blame, Pricer, StepPrices, VictimTracer, VictimView
+from attrib_agent.attribution.sim_stretch import decode_stretch
+from attrib_agent.attribution.sim_trace import Blame, Features, Member, Pricer, StepPrices, VictimTracer, VictimView
 from attrib_agent.attribution.sim_types import (
     SchedulerConfig,
     SimOutcome,
@@ -57,7 +59,7 @@ def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: Step
     """
     if config.block_size < 1 or config.num_blocks < 2 or config.token_budget < 1 or config.max_num_seqs < 1:
         raise ValueError(f"invalid scheduler config {config}")
-    lives = [LiveRequest(replace(r, prompt_tokens=max(r.prompt_tokens, 1)), i, max(r.output_tokens, 1))
+    lives = [LiveRequest(r if r.prompt_tokens >= 1 else replace(r, prompt_tokens=1), i, max(r.output_tokens, 1))
              for i, r in enumerate(requests)]
     by_id = {lv.req.request_id: lv for lv in lives}
     if len(by_id) != len(lives):
@@ -85,12 +87,25 @@ def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: Step
     depth = 2 if config.async_scheduling else 1  # steps in flight: vLLM's batch queue
     in_flight: deque[tuple[list[tuple[LiveRequest, bool]], float]] = deque()  # (request, samples), end
     steps = preemptions = peak_blocks = peak_tokens = empty_rounds = 0
+    stretches = depth == 1 and on_step is None  # alike decode steps in one go (sim_stretch)
     while steps < max_steps and (until_done is None or awaited):
         while pending and pending[0].req.arrival_ts <= now:
             lv = pending.popleft()
             lv.queued_ts = now
             if not lv.refused:
                 waiting.append(lv)
+        if stretches and running:
+            width = len(running)  # the stretch's step size in tokens (its last step may finish some)
+            run = decode_stretch(running, waiting, pool, config, pricer, now, model_free,
+                                 pending[0].req.arrival_ts if pending else None, max_steps - steps,
+                                 _stretch_tracing(tracers, pricer, running, waiting, config) if tracers else None)
+            if run is not None:
+                awaited.difference_update(run.finished)
+                steps += len(run.ends)
+                now, model_free, empty_rounds = run.now, run.model_free, 0
+                peak_blocks = max(peak_blocks, usable - run.least_free)
+                peak_tokens = max(peak_tokens, width)
+                continue
         plan = None
         if running or waiting:
             plan = schedule_step(running, waiting, pool, config, now)
@@ -98,21 +113,20 @@ def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: Step
             peak_blocks = max(peak_blocks, usable - pool.free)
         if plan is not None and plan.members:
             begin = max(now, model_free)
-            end = model_free = begin + pricer.seconds(plan.members)
+            features = pricer.features(plan.members)
+            seconds = pricer.price(features)
+            end = model_free = begin + seconds
             peak_tokens = max(peak_tokens, sum(m.tokens for m in plan.members))
             if on_step is not None:
                 on_step(plan, running, begin, end)
             if tracers:
-                _trace_step(tracers, pricer, plan, begin, end, running)
-            in_flight.append(([(by_id[m.request_id], _compute(by_id[m.request_id], m.tokens))
-                               for m in plan.members], end))
+                _trace_step(tracers, pricer, plan, begin, end, running, (features, seconds))
+            in_flight.append((_compute_all(plan.members, by_id), end))
             steps += 1
         if in_flight and (len(in_flight) >= depth or plan is None or not plan.members):
             done, end = in_flight.popleft()
-            for lv, samples in done:
-                _deliver(lv, samples, end, running, waiting, pool, bs)
-                if lv.finish_ts is not None:
-                    awaited.discard(lv)
+            for lv in _deliver_all(done, end, running, waiting, pool, bs):
+                awaited.discard(lv)
             now = max(now, end)
             empty_rounds = 0
         elif plan is not None and not plan.members:
@@ -161,22 +175,50 @@ def _place(start: SimStart, by_id: Mapping[str, LiveRequest], running: list[Live
     return placed
 
 
+def _stretch_tracing(tracers: list[tuple[LiveRequest, VictimTracer]], pricer: Pricer, running: list[LiveRequest],
+                     waiting: deque[LiveRequest], config: SchedulerConfig
+                     ) -> Callable[[int, float, float, float], None]:
+    """What the tracers see of a stretch's step j: every running request decoding its `computed + j`-th token,
+    admission stopped where `schedule_step` would stop it, the blocks held as allocated by then."""
+    n, bs = len(running), config.block_size
+    blocked = waiting[0] if waiting and n < config.token_budget and n < config.max_num_seqs else None
+    stop = "empty" if not waiting else "budget" if n >= config.token_budget else "seats" if blocked is None else "kv"
+    base = [(r.req.request_id, r.computed, r.redo_until, r.blocks) for r in running]
+    hold: Blame | None = None
+    changes = 0  # the step from which the blocks held change again (each request's next block boundary)
+
+    context = sum(computed + 1 for _, computed, _, _ in base)
+
+    def observe(j: int, begin: float, end: float, seconds: float) -> None:
+        nonlocal hold, changes
+        members = [Member(rid, 1, computed + j, True, redo) for rid, computed, redo, _ in base]
+        if stop == "kv" and (hold is None or j >= changes):
+            held = [(rid, max(blocks, -(-(computed + j + 1) // bs)), computed) for rid, computed, _, blocks in base]
+            total = sum(b for _, b, _ in held)
+            hold = tuple((rid, b / total) for rid, b, _ in held if b > 0) if total > 0 else ()
+            changes = min(b * bs - computed for _, b, computed in held)
+        _trace_step(tracers, pricer, StepPlan(members, [], stop, blocked), begin, end, running,
+                    ((0, n, context + j * n, 0), seconds), hold if stop == "kv" else None)
+
+    return observe
+
+
 def _trace_step(tracers: list[tuple[LiveRequest, VictimTracer]], pricer: Pricer, plan: StepPlan, now: float,
-                end: float, running: list[LiveRequest]) -> None:
-    """Show one step to every tracer whose request is in flight (the others would ignore it)."""
+                end: float, running: list[LiveRequest], priced: tuple[Features, float],
+                hold: Blame | None = None) -> None:
+    """Show one step to every tracer whose request is in flight (the others would ignore it). `priced`: the
+    step's features and price; `hold`: the block holders' blame when the caller knows it better than the
+    running requests' blocks say."""
     blocked = plan.blocked.req.request_id if plan.blocked is not None else None
-    hold: Blame = ()
-    ids: list[str] = []
-    if plan.stop in ("kv", "preemption"):  # only these stops blame the block holders ...
-        hold = holders(running)
-    elif plan.stop == "seats":  # ... and only this one the running requests
-        ids = [r.req.request_id for r in running]
+    if hold is None:  # only these stops blame the block holders ...
+        hold = holders(running) if plan.stop in ("kv", "preemption") else ()
+    ids = [r.req.request_id for r in running] if plan.stop == "seats" else []  # ... and only this one the running
     prices: StepPrices | None = None
     for victim, tracer in tracers:
         if victim.finish_ts is not None or victim.refused or victim.req.arrival_ts > end:
             continue
         if prices is None:
-            prices = StepPrices(pricer, plan.members)
+            prices = StepPrices(pricer, plan.members, priced)
         view = VictimView(victim.req.arrival_ts, True, victim in running, victim in plan.preempted,
                           victim.first_token_ts is not None, victim.forced_by)
         tracer.step(now, end, plan.members, plan.stop, blocked, hold, ids, view, prices)
@@ -193,26 +235,44 @@ def _compute(lv: LiveRequest, tokens: int) -> bool:
     return True
 
 
+def _compute_all(members: list[Member], by_id: Mapping[str, LiveRequest]) -> list[tuple[LiveRequest, bool]]:
+    """`_compute` for every member of a step: (request, whether it samples), in member order."""
+    out = []
+    for m in members:
+        lv = by_id[m.request_id]
+        computed = lv.computed = lv.computed + m.tokens
+        lv.in_flight += 1
+        samples = computed >= lv.req.prompt_tokens + lv.outputs + lv.pending  # num_tokens, inlined
+        if samples:
+            lv.pending += 1
+        out.append((lv, samples))
+    return out
+
+
 def _deliver(lv: LiveRequest, samples: bool, end: float, running: list[LiveRequest],
              waiting: deque[LiveRequest], pool: FreeBlockQueue, block_size: int) -> None:
     """The step's output is back: a sampled token counts (even for a request preempted meanwhile, as vLLM
     delivers it); done requests free their blocks (the full ones hashed, at the back of the free queue)."""
-    lv.in_flight -= 1
-    if not samples:
-        return
-    lv.pending -= 1
-    lv.outputs += 1
-    lv.token_ts.append(end)
-    if lv.first_token_ts is None:
-        lv.first_token_ts = end
-    if lv.outputs >= lv.target:
-        lv.finish_ts = end
-        if lv in running:
-            running.remove(lv)
-        elif lv in waiting:
-            waiting.remove(lv)
-        pool.release(None, lv.blocks, lv.computed // block_size, lv.shared)
-        lv.blocks, lv.shared = 0, []
+    _deliver_all([(lv, samples)], end, running, waiting, pool, block_size)
+
+
+def _deliver_all(done: list[tuple[LiveRequest, bool]], end: float, running: list[LiveRequest],
+                 waiting: deque[LiveRequest], pool: FreeBlockQueue, block_size: int) -> list[LiveRequest]:
+    """`_deliver` for a whole step, in member order; returns the requests it finished."""
+    finished = []
+    for lv, samples in done:
+        lv.in_flight -= 1
+        if not samples:
+            continue
+        lv.pending -= 1
+        outputs = lv.outputs = lv.outputs + 1
+        lv.token_ts.append(end)
+        if lv.first_token_ts is None:
+            lv.first_token_ts = end
+        if outputs >= lv.target:
+            finish(lv, end, running, waiting, pool, block_size)
+            finished.append(lv)
+    return finished
 
 
 def shapley(players: Sequence[str], value: Callable[[frozenset[str]], float], *, exact_up_to: int = 6,

@@ -72,6 +72,19 @@ def holders(running: Sequence[LiveRequest], exclude: LiveRequest | None = None) 
     return tuple((r.req.request_id, r.blocks / total) for r in running if r is not exclude and r.blocks > 0)
 
 
+def finish(lv: LiveRequest, end: float, running: list[LiveRequest], waiting: deque[LiveRequest],
+           pool: FreeBlockQueue, block_size: int) -> None:
+    """Its last token is back: off the engine, its blocks freed (the full ones hashed, at the back of the free
+    queue)."""
+    lv.finish_ts = end
+    if lv in running:
+        running.remove(lv)
+    elif lv in waiting:
+        waiting.remove(lv)
+    pool.release(None, lv.blocks, lv.computed // block_size, lv.shared)
+    lv.blocks, lv.shared = 0, []
+
+
 def _preempt(victim: LiveRequest, pool: FreeBlockQueue, block_size: int) -> None:
     pool.release(victim.index, victim.blocks, victim.computed // block_size, victim.shared)
     victim.shared = []
@@ -86,21 +99,27 @@ def schedule_step(running: list[LiveRequest], waiting: deque[LiveRequest], pool:
     """Schedule one step, mutating the queues, the pool and the requests' block counts (not their tokens)."""
     bs = config.block_size
     budget = config.token_budget
+    caching = config.prefix_caching
     members: list[Member] = []
     preempted: list[LiveRequest] = []
     admitted: list[LiveRequest] = []
     i = 0
     while i < len(running) and budget > 0:
         req = running[i]
-        if req.pending and req.computed + 2 - req.pending >= req.req.prompt_tokens + req.target:
+        r = req.req
+        computed, pending, outputs = req.computed, req.pending, req.outputs
+        total = r.prompt_tokens + outputs + pending  # num_tokens, inlined: this loop runs per member per step
+        if pending and computed + 2 - pending >= r.prompt_tokens + req.target:
             i += 1  # async: the token in flight is its last, no step more (vLLM's max_tokens check)
             continue
-        n = min(req.num_tokens - req.computed, budget)
-        need = blocks_for(req.computed + n, bs) - req.blocks
+        n = total - computed
+        if n > budget:
+            n = budget
+        need = -(-(computed + n) // bs) - req.blocks
         victim = None
         while need > pool.free and victim is not req:
             victim = running.pop()
-            victim.forced_by = ((req.req.request_id, 1.0),) if victim is not req else holders(running)
+            victim.forced_by = ((r.request_id, 1.0),) if victim is not req else holders(running)
             _preempt(victim, pool, bs)
             preempted.append(victim)
             waiting.appendleft(victim)
@@ -109,8 +128,10 @@ def schedule_step(running: list[LiveRequest], waiting: deque[LiveRequest], pool:
         if need > 0:
             pool.allocate(need)
             req.blocks += need
-        _cache_blocks(req, req.computed + n, pool, config)
-        members.append(_member(req, n))
+        if caching and r.prefix_group is not None and len(req.shared) < r.prefix_tokens // bs:
+            _cache_blocks(req, computed + n, pool, config)
+        members.append(Member(r.request_id, n, computed,
+                              n == 1 and outputs + pending >= 1 and computed + 1 == total, req.redo_until))
         budget -= n
         i += 1
     if preempted:

@@ -12,6 +12,7 @@ than alone (the step's excess over its own solo cost is a wait). Causes, and who
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from attrib_agent.attribution.sim_types import PrefillAwareStepCost, StepCost, WaitCause
@@ -20,9 +21,10 @@ Features = tuple[int, int, int, int]  # prefill tokens, decode requests, decode 
 Blame = tuple[tuple[str, float], ...]  # request id -> weight (summing to 1)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Member:
-    """One request's part in one simulated step."""
+    """One request's part in one simulated step. Treated as immutable (hashed by value), but not frozen: a frozen
+    dataclass's constructor costs three times as much, and the simulator makes one per member per step."""
 
     request_id: str
     tokens: int
@@ -36,29 +38,34 @@ class Member:
         return (self.tokens, 0, 0, self.tokens * self.prior + self.tokens * (self.tokens + 1) // 2)
 
 
-def _minus(a: Features, b: Features) -> Features:
-    return (a[0] - b[0], a[1] - b[1], a[2] - b[2], a[3] - b[3])
-
-
 class Pricer:
     """Prices a step's members with the cost model (prefill attention too when the model offers it)."""
 
     def __init__(self, cost: StepCost) -> None:
         self._cost = cost
         self._aware = cost if isinstance(cost, PrefillAwareStepCost) else None
+        # the four features in, seconds out: bound once, called per member per traced step
+        self.price4: Callable[[int, int, int, int], float] = (
+            self._aware.step_seconds_with_prefill if self._aware is not None else self._blind)
+
+    def _blind(self, t: int, r: int, c: int, p: int) -> float:
+        return self._cost.step_seconds(t, r, c)
 
     @staticmethod
     def features(members: list[Member]) -> Features:
-        t = r = c = p = 0
+        t = r = c = p = 0  # integer sums: the same in any order
         for m in members:
-            f = m.features()
-            t, r, c, p = t + f[0], r + f[1], c + f[2], p + f[3]
+            if m.decode:
+                r += 1
+                c += m.prior + 1
+            else:
+                n = m.tokens
+                t += n
+                p += n * m.prior + n * (n + 1) // 2
         return (t, r, c, p)
 
     def price(self, f: Features) -> float:
-        if self._aware is not None:
-            return self._aware.step_seconds_with_prefill(f[0], f[1], f[2], f[3])
-        return self._cost.step_seconds(f[0], f[1], f[2])
+        return self.price4(f[0], f[1], f[2], f[3])
 
     def seconds(self, members: list[Member]) -> float:
         return self.price(self.features(members))
@@ -68,30 +75,54 @@ class StepPrices:
     """One step's prices, shared by every tracer shown the step: the step's total and, per member, what
     leaving it out would save (all traced victims of a run see the same members)."""
 
-    __slots__ = ("_pricer", "members", "total", "full", "_marginals")
+    __slots__ = ("_pricer", "members", "total", "full", "_marginals", "_all")
 
-    def __init__(self, pricer: Pricer, members: list[Member]) -> None:
+    def __init__(self, pricer: Pricer, members: list[Member], priced: tuple[Features, float] | None = None) -> None:
+        """`priced`: the members' features and their price, when the caller has them already."""
         self._pricer = pricer
         self.members = members
-        self.total = pricer.features(members)
-        self.full = pricer.price(self.total)
+        if priced is None:
+            self.total = pricer.features(members)
+            self.full = pricer.price(self.total)
+        else:
+            self.total, self.full = priced
         self._marginals: dict[int, tuple[float, float]] = {}
+        self._all: list[tuple[float, float]] | None = None
 
     def marginal(self, m: Member) -> tuple[float, float]:
         """(marginal cost, of which context bandwidth) of member `m` (bandwidth 0 for a prefill)."""
         got = self._marginals.get(id(m))
         if got is None:
-            f = m.features()
-            price, total, full = self._pricer.price, self.total, self.full
-            marginal = max(full - price(_minus(total, f)), 0.0)
-            bandwidth = min(max(full - price(_minus(total, (0, 0, f[2], 0))), 0.0), marginal) if m.decode else 0.0
-            got = self._marginals[id(m)] = (marginal, bandwidth)
+            got = self._marginals[id(m)] = _marginal(m, self._pricer.price4, self.total, self.full)
         return got
 
+    def marginals(self) -> list[tuple[float, float]]:
+        """`marginal` of every member, in member order (computed once, for every tracer of the step)."""
+        if self._all is None:
+            price, total, full = self._pricer.price4, self.total, self.full
+            self._all = [_marginal(m, price, total, full) for m in self.members]
+        return self._all
 
-@dataclass(frozen=True, slots=True)
+
+def _marginal(m: Member, price: Callable[[int, int, int, int], float], total: Features,
+              full: float) -> tuple[float, float]:
+    """What leaving `m` out of a step costing `full` for features `total` would save, and of that the context
+    bandwidth part (0 for a prefill): max(saving, 0), bandwidth clamped to [0, saving]."""
+    t, r, c, p = total
+    if m.decode:
+        context = m.prior + 1
+        marginal = full - price(t, r - 1, c - context, p)
+        if marginal < 0.0:
+            marginal = 0.0
+        bandwidth = full - price(t, r, c - context, p)
+        return marginal, 0.0 if bandwidth < 0.0 else marginal if bandwidth > marginal else bandwidth
+    f = m.features()
+    return max(full - price(t - f[0], r, c, p - f[3]), 0.0), 0.0
+
+
+@dataclass(slots=True, unsafe_hash=True)
 class VictimView:
-    """The traced request as the scheduler saw it at this step."""
+    """The traced request as the scheduler saw it at this step (built per traced step: not frozen, as `Member`)."""
 
     arrival_ts: float
     in_flight: bool  # queued or running (not yet arrived, refused or finished: False)
@@ -126,21 +157,24 @@ class VictimTracer:
             prices = StepPrices(self._pricer, members)
         itl = victim.first_token_seen
         if victim.arrival_ts > start:  # arrived while this step ran: waits for it to end
-            self._contention(members, prices, end - victim.arrival_ts, victim.arrival_ts, itl)
+            self._contention(members, None, prices, end - victim.arrival_ts, victim.arrival_ts, itl)
             return
         duration = end - start
-        mine = next((m for m in members if m.request_id == self.request_id), None)
+        mine = None
+        for m in members:
+            if m.request_id == self.request_id:
+                mine = m
+                break
         if mine is not None:
             solo = self._pricer.seconds([mine])
             redo = max(min(mine.prior + mine.tokens, mine.redo_until) - mine.prior, 0)
             if redo:
                 self._add("preemption", solo * redo / mine.tokens, victim.forced_by, start, itl)
-            others = [m for m in members if m is not mine]
-            self._contention(others, prices, duration - solo, start, itl)
+            self._contention(members, mine, prices, duration - solo, start, itl)
         elif victim.preempted_now:
             self._add("preemption", duration, victim.forced_by, start, itl)
         elif victim.running or stop == "budget":
-            self._contention(members, prices, duration, start, itl)
+            self._contention(members, None, prices, duration, start, itl)
         elif stop in ("kv", "preemption") and (blocked is None or blocked == self.request_id):
             self._add("kv_pressure", duration, holders, start, itl)
         elif stop == "kv" and blocked is not None:
@@ -149,37 +183,50 @@ class VictimTracer:
             self._add("decode_batching", duration, tuple((r, 1 / len(running_ids)) for r in running_ids), start,
                       itl)
 
-    def _contention(self, others: list[Member], prices: StepPrices, seconds: float, ts: float, itl: bool) -> None:
-        if seconds <= 0 or not others:
+    def _contention(self, members: list[Member], skip: Member | None, prices: StepPrices, seconds: float, ts: float,
+                    itl: bool) -> None:
+        """The wait split by the marginal cost of the step's members other than `skip` (the victim's own)."""
+        if seconds <= 0 or len(members) <= (skip is not None):
             return
-        parts: dict[str, dict[str, float]] = {"prefill_contention": {}, "decode_batching": {}, "kv_bandwidth": {}}
-        for m in others:
-            marginal, bandwidth = prices.marginal(m)
+        prefill: list[str] = []  # ids, and their values in the list below
+        prefill_v: list[float] = []
+        decode: list[str] = []  # decode members: batching and bandwidth values
+        batching_v: list[float] = []
+        bandwidth_v: list[float] = []
+        for m, (marginal, bw) in zip(members, prices.marginals(), strict=True):
+            if m is skip:
+                continue
             if m.decode:
-                parts["kv_bandwidth"][m.request_id] = bandwidth
-                parts["decode_batching"][m.request_id] = marginal - bandwidth
+                decode.append(m.request_id)
+                bandwidth_v.append(bw)
+                batching_v.append(marginal - bw)
             else:
-                parts["prefill_contention"][m.request_id] = marginal
-        spent = sum(sum(p.values()) for p in parts.values())
+                prefill.append(m.request_id)
+                prefill_v.append(marginal)
+        # summed as the per-cause totals one after the other, each from 0 in member order
+        spent = sum((sum(prefill_v), sum(batching_v), sum(bandwidth_v)))
         if spent <= 0:  # a cost model blind to these members: split evenly by what they computed
-            for m in others:
-                key = "decode_batching" if m.decode else "prefill_contention"
-                parts[key][m.request_id] = float(m.tokens)
+            others = [m for m in members if m is not skip]
+            prefill_v = [float(m.tokens) for m in others if not m.decode]
+            batching_v = [float(m.tokens) for m in others if m.decode]
             spent = float(sum(m.tokens for m in others))
-        for cause, by in parts.items():
-            blame = tuple((rid, v / spent) for rid, v in by.items() if v > 0)
-            self._add(cause, seconds, blame, ts, itl)
+        for cause, ids, values in (("prefill_contention", prefill, prefill_v), ("decode_batching", decode, batching_v),
+                                   ("kv_bandwidth", decode, bandwidth_v)):
+            share = {rid: seconds * w for rid, v in zip(ids, values, strict=True) if v > 0 and (w := v / spent) > 0}
+            self._merge(cause, seconds, share, ts, itl)
 
     def _add(self, cause: str, seconds: float, blame: Blame, ts: float, itl: bool) -> None:
         """`blame` weights are fractions of `seconds` (they sum to 1 except for one cause of a split step)."""
-        share = {rid: seconds * w for rid, w in blame if w > 0}
+        self._merge(cause, seconds, {rid: seconds * w for rid, w in blame if w > 0}, ts, itl)
+
+    def _merge(self, cause: str, seconds: float, share: dict[str, float], ts: float, itl: bool) -> None:
         if seconds <= 0 or not share:
             return
         key = (cause, itl)
         last = self._last.get(key)
         if last is not None:
             entry = self._entries[last][3]
-            if len(self._entries) >= self._max or set(entry) == set(share):
+            if len(self._entries) >= self._max or entry.keys() == share.keys():
                 for rid, s in share.items():
                     entry[rid] = entry.get(rid, 0.0) + s
                 return
