@@ -10,7 +10,9 @@ stream, so no counter counts a victim twice.
 
 from __future__ import annotations
 
+import zlib
 from collections import Counter, OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from attrib_agent.attribution.attributor import AttributionConfig, Attributor
@@ -113,6 +115,11 @@ class AttributionPipeline:
         self.version = 0  # bumped by every feed and settle: readers cache what they render per version
         self.settles = 0  # settle passes run: readers keep what changes slowly (the forecast's state) per settle
         self._kv_now: tuple[int, KvNow] | None = None
+        # Load shedding (set by the live agent under overload, agent/shedding.py; 1.0 in replay): the share of
+        # newly landed requests attributed, chosen by a hash of the id so the choice is stable and unbiased.
+        self.attribute_share = 1.0
+        self.victims_skipped = 0
+        self._skipped: OrderedDict[str, None] = OrderedDict()  # the last max_pending skipped ids, for status()
 
     # ---- input -------------------------------------------------------------------------------------------
     def feed(self, event: Event) -> list[AttributionResult]:
@@ -199,7 +206,9 @@ class AttributionPipeline:
         self.settles += 1
         self._next_settle = now + self.config.settle_interval_s
         lcs = {lc.request_id: lc for lc in self.timeline.lifecycles()}
-        wanted = set(self._due)
+        wanted = {rid for rid in self._due if self._attributed(rid)}
+        if len(wanted) < len(self._due):
+            self._skip(rid for rid in self._due if rid not in wanted)
         for rid, finished in self._partial.items():
             if now - finished >= self.config.partial_timeout_s or not self._blockers(rid, lcs, now):
                 wanted.add(rid)
@@ -230,6 +239,18 @@ class AttributionPipeline:
         self._count_preemptions({r.request_id for r in out if r.final})
         self.store.expire(now)
         return out
+
+    def _attributed(self, rid: str) -> bool:
+        share = self.attribute_share
+        return share >= 1.0 or zlib.crc32(rid.encode()) < share * 2**32
+
+    def _skip(self, rids: Iterable[str]) -> None:
+        for rid in rids:
+            self.victims_skipped += 1
+            self._skipped[rid] = None
+            self._spans.pop(rid, None)
+        while len(self._skipped) > self.config.max_pending:
+            self._skipped.popitem(last=False)
 
     def _count_preemptions(self, finalised: set[str]) -> None:
         """Count a request's inferred preemptions once, when its result is final: the timeline's own list
@@ -320,12 +341,15 @@ class AttributionPipeline:
 
     def status(self, request_id: str) -> str:
         """`final`, `partial` (culprits still running), `running` (known, not finished), `aborted` (ended without
-        finishing: aborted, failed, or lost when vLLM restarted; no result will come), or `unknown`."""
+        finishing: aborted, failed, or lost when vLLM restarted; no result will come), `skipped` (finished while
+        the agent shed load: not attributed), or `unknown`."""
         r = self.store.get(request_id)
         if r is not None:
             return "final" if r.final else "partial"
         if request_id in self._due:
             return "running"
+        if request_id in self._skipped:
+            return "skipped"
         lc = self.timeline.lifecycle(request_id)
         if lc is None:
             return "unknown"
