@@ -84,6 +84,7 @@ class AgentCore:
         self.shedder = Shedder(budget_cores) if budget_cores is not None else None
         self.results_out = 0
         self._forecast_settle = -1  # the settle the forecast's snapshot was last built for
+        self._forecast_ts = float("-inf")  # ... and the event time then
         # Live: a wall-clock idle settle attributes what is due while vLLM is down. A replay settles on event time
         # only (`replay_into` turns this off): a wall-clock settle would land at a different event on a busy machine
         # and change the results from run to run.
@@ -243,8 +244,9 @@ class AgentCore:
         self.refresh_forecast()  # a no-op unless the batch settled: then the forecast's snapshot, here
         self.state.mode_now = self.pipeline.mode()
         if self.shedder is not None:
-            self.pipeline.attribute_share = self.shedder.update(
-                time.monotonic(), time.thread_time(), self.backlog().oldest_s)
+            p = self.pipeline
+            p.attribute_share = self.shedder.update(time.monotonic(), time.thread_time(), self.backlog().oldest_s)
+            p.pass_gap_s = self.shedder.pass_gap_s(p.config.settle_interval_s)
         return n
 
     def refresh_forecast(self) -> None:
@@ -252,9 +254,12 @@ class AgentCore:
         whale's answer for the gauge), here rather than in the first request or scrape after it: a request
         then costs its own candidate's run only. A no-op when no settle ran since (a forecast bug is counted and
         skipped like a pipeline one: the gauge then computes it at the scrape)."""
-        if self.pipeline.last_event_ts is None or self.pipeline.settles == self._forecast_settle:
+        now = self.pipeline.last_event_ts
+        if now is None or self.pipeline.settles == self._forecast_settle or (
+                now - self._forecast_ts < self.pipeline.pass_gap_s):  # shedding: as rarely as attribution passes
             return
         self._forecast_settle = self.pipeline.settles  # tried once per settle, failing or not
+        self._forecast_ts = now
         try:
             self.state.refresh_reference()
         except Exception:

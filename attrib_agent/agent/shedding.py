@@ -2,7 +2,8 @@
 that finish (chosen by a hash of their id) and count the rest as skipped, rather than fall ever further behind.
 
 Every engine event is still read (the timeline, the KV ledger, the step-cost model stay whole); what is shed is
-the expensive part, each victim's re-simulation. The share follows the pipeline thread's CPU over the last
+the expensive part: each victim's re-simulation, and passes (run `settle_interval_s / share` apart, each taking
+the victims gathered since, since a pass has a fixed cost). The share follows the pipeline thread's CPU over the last
 `WINDOW_S` (its own thread time: renders of the API's bodies included) towards `budget_cores`, and halves while
 the oldest waiting event is more than `MAX_BACKLOG_S` old. It rises again, by at most `RISE` a step, when both
 are under their bounds. Live only: a replay attributes every request (the pipeline's share stays 1).
@@ -17,6 +18,7 @@ WINDOW_S: Final = 10.0  # CPU is averaged over about this much wall time (an exp
 STEP_S: Final = 1.0  # the share is revised at most once this often
 MAX_BACKLOG_S: Final = 2.0  # an event waiting longer than this means the pipeline is behind: shed more
 MIN_SHARE: Final = 0.01  # never below: one request in a hundred still attributed
+MAX_PASS_GAP_S: Final = 10.0  # attribution passes spaced by settle_interval_s / share, at most this much event time
 RISE: Final = 1.25  # at most this factor up a step (and down by at most FALL, unless behind)
 FALL: Final = 0.5
 
@@ -65,3 +67,9 @@ class Shedder:
     @property
     def shedding(self) -> bool:
         return self.share < 1.0
+
+    def pass_gap_s(self, settle_interval_s: float) -> float:
+        """Event time between attribution passes: a pass costs about the same however few victims it takes (the
+        timeline-wide views it builds), so fewer passes, each with the victims gathered since, shed that cost in
+        step with the share; 0 (every settle) when not shedding."""
+        return 0.0 if not self.shedding else min(MAX_PASS_GAP_S, settle_interval_s / self.share)

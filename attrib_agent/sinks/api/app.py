@@ -1,14 +1,15 @@
 """The agent's HTTP API and page: who slowed request X, who slows everyone lately, and the timeline behind it.
 
 Endpoints (JSON; errors are `{"error": "..."}`):
-  GET /v1/requests/{id}/culprits   200 final result (or `aborted`: no result will come), 202 partial or still
-                                   running, 404 unknown, 400 bad id
+  GET /v1/requests/{id}/culprits   200 final result (or `aborted`, `skipped` under load: no result will come),
+                                   202 partial or still running, 404 unknown, 400 bad id
   GET /v1/culprits/top?window=5m&limit=10   culprits ranked by victim seconds caused
   GET /v1/timeline?window=2m&since=&until=&max_steps=   steps, KV ledger, request lanes, victims
                                    (bounded; `window`: the last 2 minutes before the newest step)
   POST /v1/forecast                what admitting a request now would cost the others (api_forecast.py)
   GET /healthz, /readyz            probes (never need the token); /readyz also says whether vLLM is in a
-                                   gap now (`vllm_gap_since`, `vllm_gap_s`) and how many there were
+                                   gap now (`vllm_gap_since`, `vllm_gap_s`) and how many there were, and
+                                   the pipeline's backlog and load shedding (`pipeline`: `degraded`, ...)
   GET /metrics                     the ASGI app the caller passes (Prometheus exposition)
   GET /                            the page (static shell; it fetches /v1/timeline)
 
@@ -70,10 +71,13 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
 
     async def culprits(request: Request) -> Response:
         raw = request.path_params["request_id"]
-        stored = state.result(raw)  # a stored result answers from the store's dict, on the loop
+        stored = state.result(raw)  # a stored result, or a request waiting or skipped: answered on the loop
         if stored is not None:
             status = "final" if stored.final else "partial"
             return json_response(to_dict(stored) | {"status": status}, 200 if stored.final else 202)
+        settled = state.pipeline.settled_status(raw)
+        if settled in ("running", "skipped"):
+            return json_response({"request_id": raw, "status": settled}, 202 if settled == "running" else 200)
         return await state.read(lambda: lookup(raw))
 
     def lookup(raw: str) -> Response:  # where the pipeline lives: status() may read the timeline
