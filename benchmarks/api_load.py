@@ -89,7 +89,7 @@ def serve(n_results: int, cpu: int | None, max_s: float) -> int:
     window = sum(1 for r in stored if r.finished_ts >= t_end - 300)
     ids_file = Path(tempfile.mkstemp(prefix="api-load-ids-", suffix=".json")[1])
     ids_file.write_text(json.dumps(ids))
-    core = app.AgentCore(p)
+    core = app.AgentCore(p, threaded=True)  # as `attrib-agent run` serves: reads on the pipeline thread
     built_s = time.perf_counter() - t0
     gc.collect()  # the build's garbage, as a running agent would have collected it long before
 

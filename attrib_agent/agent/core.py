@@ -47,7 +47,8 @@ IDLE_SETTLE_S = 0.5  # live, with no events arriving (vLLM down), still attribut
 METRICS_MAX_AGE_S = 1.0  # a /metrics body is reused for at most this long (and only while the state is unchanged)
 READS_MAX_STALE_S = 1.0  # /v1/timeline, /v1/culprits/top bodies served up to this old, changes since or not
 REFRESH_S = 0.25  # how often the bodies asked for lately are checked and rebuilt when no longer fresh
-SERVE_STALE_S = 5.0  # past those bounds, a body this young is still served while its successor is built
+SERVE_STALE_S = 30.0  # past those bounds, a body this young is still served while its successor is built
+# (the pipeline thread may be in a long attribution pass: a scrape gets the last body rather than a timeout)
 BATCH_MAX = 512  # events handed to the pipeline thread at once
 BATCH_S = 0.05  # ... and at most this long on it, so reads queued behind a batch wait little
 STOP_DRAIN_S = 5.0  # at stop, what is still queued is fed for at most this long; the rest is counted and dropped

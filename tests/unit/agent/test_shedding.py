@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from attrib_agent.agent.shedding import MAX_BACKLOG_S, MIN_SHARE, Shedder
+from attrib_agent.agent.shedding import MAX_BACKLOG_S, MAX_PASS_GAP_S, MIN_SHARE, Shedder
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.sinks.api.app import api_app
 from tests.unit.sinks.api_replayed import call, events, replayed, state_of
@@ -76,3 +76,30 @@ def test_the_pipeline_skips_by_a_stable_hash_and_counts_it() -> None:
 
 def test_a_replay_attributes_everything() -> None:
     assert replayed("shorts").victims_skipped == 0
+
+
+def test_passes_are_spaced_as_the_share_falls() -> None:
+    s = Shedder(0.25)
+    assert s.pass_gap_s(0.25) == 0.0
+    s.share = 0.5
+    assert s.pass_gap_s(0.25) == 0.5
+    s.share = MIN_SHARE
+    assert s.pass_gap_s(0.25) == MAX_PASS_GAP_S
+
+
+def passes_with(gap_s: float) -> tuple[AttributionPipeline, int]:
+    p = AttributionPipeline()
+    p.pass_gap_s = gap_s
+    passes = sum(bool(p.feed(ev)) for ev in events("shorts"))
+    p.pass_gap_s = 0.0
+    p.settle()
+    return p, passes
+
+
+def test_spaced_passes_gather_the_victims_in_between() -> None:
+    """With passes 5 s of event time apart, fewer passes attribute the same requests (share 1)."""
+    every, n_every = passes_with(0.0)
+    spaced, n_spaced = passes_with(5.0)
+    assert {r.request_id for r in spaced.store} == {r.request_id for r in every.store}
+    assert spaced.victims_skipped == 0
+    assert 0 < n_spaced < n_every
