@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -49,6 +50,7 @@ READS_MAX_STALE_S = 1.0  # /v1/timeline, /v1/culprits/top bodies served up to th
 REFRESH_S = 0.25  # how often the bodies asked for lately are checked and rebuilt when no longer fresh
 SERVE_STALE_S = 30.0  # past those bounds, a body this young is still served while its successor is built
 # (the pipeline thread may be in a long attribution pass: a scrape gets the last body rather than a timeout)
+SWITCH_INTERVAL_S = 0.001
 BATCH_MAX = 512  # events handed to the pipeline thread at once
 BATCH_S = 0.05  # ... and at most this long on it, so reads queued behind a batch wait little
 STOP_DRAIN_S = 5.0  # at stop, what is still queued is fed for at most this long; the rest is counted and dropped
@@ -140,6 +142,9 @@ class AgentCore:
     async def _on_worker(self, fn: Callable[[], Any]) -> Any:
         if self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="attrib-pipeline")
+            # The loop asks for the GIL on every wake-up (a request, an export); a busy pipeline thread hands it
+            # over after the switch interval: 1 ms rather than Python's 5 ms, so a request waits ms, not tens.
+            sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         return await asyncio.get_running_loop().run_in_executor(self._worker, fn)
 
     # ---- intake ------------------------------------------------------------------------------------------
