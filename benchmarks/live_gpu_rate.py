@@ -138,7 +138,7 @@ async def watch_series(api: str, out: list[tuple[float, dict[str, float] | str]]
                 await asyncio.wait_for(stop.wait(), max(0.0, SCRAPE_S - (time.monotonic() - t0)))
 
 
-async def run(path: Path, workdir: Path, every: int, agent_cpu: int | None) -> dict[str, Any]:
+async def run(path: Path, workdir: Path, every: int, agent_cpu: int | None, budget_cores: float) -> dict[str, Any]:
     records = read_streams(path)
     clock = WallClock()
     standin = MetricsStandIn(clock)
@@ -146,7 +146,8 @@ async def run(path: Path, workdir: Path, every: int, agent_cpu: int | None) -> d
     log_file = workdir / "vllm.log"
     log_file.touch()
     standin.add([Due(0.0, METRICS, records[METRICS][0])])
-    proc, api, otlp_url = await asyncio.to_thread(start_agent, workdir, metrics_url, log_file, agent_cpu)
+    proc, api, otlp_url = await asyncio.to_thread(start_agent, workdir, metrics_url, log_file, agent_cpu,
+                                                  ["--attribution-budget-cores", str(budget_cores)])
     follower = Follower(api, clock, every)
     samples: list[tuple[float, float, float]] = []
     stop = asyncio.Event()
@@ -230,11 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of the GPU-rate stream to play")
     ap.add_argument("--sample", type=int, default=20, help="follow one request in N to its final result")
     ap.add_argument("--agent-cpu", type=int, default=1, help="pin the agent to this core (-1: not pinned)")
+    ap.add_argument("--budget-cores", type=float, default=GOAL_CORES,
+                    help="the agent's attribution_budget_cores (default: the goal, as a capped sidecar would run)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     info = cached_gpu_rate(args.duration)
     with tempfile.TemporaryDirectory(prefix="attrib-live-gpu-") as d:
-        out = asyncio.run(run(info.path, Path(d), args.sample, None if args.agent_cpu < 0 else args.agent_cpu))
+        out = asyncio.run(run(info.path, Path(d), args.sample, None if args.agent_cpu < 0 else args.agent_cpu,
+                              args.budget_cores))
     s = summary(out)
     print(machine())
     rejected = s["player_late_s"] > LATE_GATE_S
@@ -254,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
          f"lag {s['lag_s']} s; OTLP POSTs up to {s['otlp_late_s']:.2f} s late, {s['otlp_unplayed']} never sent",
          "none", not backlog),
     ]
+    print(f"agent run with --attribution-budget-cores {args.budget_cores:g}")
     print(f"{s['span_s']:.0f} s of the GPU-rate stream, player late {s['player_late_s'] * 1000:.0f} ms at most "
           f"(gate {LATE_GATE_S * 1000:.0f} ms){' REJECTED' if rejected else ''}; agent alive: {s['alive']}")
     for name, got, goal, ok in rows:
