@@ -144,6 +144,10 @@ class AgentState:
     def status(self, request_id: str) -> str:
         return self.pipeline.status(request_id)
 
+    def settled_status(self, request_id: str) -> str | None:
+        """`status()` when stored, waiting or skipped (None otherwise): no timeline read, safe from the loop."""
+        return self.pipeline.settled_status(request_id)
+
     def top_culprits(self, window_s: float, limit: int) -> tuple[float | None, float | None, TopCulprits]:
         """(since, until, culprits) over the last `window_s` of event time (the agent's clock live, the
         recording's end in replay), read from the store's culprit index."""

@@ -75,7 +75,7 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
         if stored is not None:
             status = "final" if stored.final else "partial"
             return json_response(to_dict(stored) | {"status": status}, 200 if stored.final else 202)
-        settled = state.pipeline.settled_status(raw)
+        settled = state.settled_status(raw)
         if settled in ("running", "skipped"):
             return json_response({"request_id": raw, "status": settled}, 202 if settled == "running" else 200)
         return await state.read(lambda: lookup(raw))
