@@ -10,7 +10,9 @@ stream, so no counter counts a victim twice.
 
 from __future__ import annotations
 
+import zlib
 from collections import Counter, OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from attrib_agent.attribution.attributor import AttributionConfig, Attributor
@@ -113,6 +115,13 @@ class AttributionPipeline:
         self.version = 0  # bumped by every feed and settle: readers cache what they render per version
         self.settles = 0  # settle passes run: readers keep what changes slowly (the forecast's state) per settle
         self._kv_now: tuple[int, KvNow] | None = None
+        # Load shedding (set by the live agent under overload, agent/shedding.py; 1.0 in replay): the share of
+        # newly landed requests attributed, chosen by a hash of the id so the choice is stable and unbiased.
+        self.attribute_share = 1.0
+        self.pass_gap_s = 0.0  # ... in passes at least this much event time apart (a pass has a fixed cost)
+        self._last_pass: float | None = None
+        self.victims_skipped = 0
+        self._skipped: OrderedDict[str, None] = OrderedDict()  # the last max_pending skipped ids, for status()
 
     # ---- input -------------------------------------------------------------------------------------------
     def feed(self, event: Event) -> list[AttributionResult]:
@@ -152,6 +161,7 @@ class AttributionPipeline:
         then start a fresh timeline and time base. Otherwise the steps after the step would pile onto the last
         one before it, the requests after it be forgotten unattributed, and settling wait for the clock to catch
         up. Stored results stay: their age counts from the new time on, so none is dropped for being "new"."""
+        self._last_pass = None  # this pass runs, shedding or not: the timeline it needs goes next
         out = self.settle()
         for rid in list(self._partial):
             r = self.store.get(rid)
@@ -198,8 +208,13 @@ class AttributionPipeline:
         self.version += 1
         self.settles += 1
         self._next_settle = now + self.config.settle_interval_s
+        if self._last_pass is not None and now - self._last_pass < self.pass_gap_s:
+            return []  # shedding: what is due waits (bounded by max_pending) for the next pass
+        self._last_pass = now
         lcs = {lc.request_id: lc for lc in self.timeline.lifecycles()}
-        wanted = set(self._due)
+        wanted = {rid for rid in self._due if self._attributed(rid)}
+        if len(wanted) < len(self._due):
+            self._skip(rid for rid in self._due if rid not in wanted)
         for rid, finished in self._partial.items():
             if now - finished >= self.config.partial_timeout_s or not self._blockers(rid, lcs, now):
                 wanted.add(rid)
@@ -230,6 +245,18 @@ class AttributionPipeline:
         self._count_preemptions({r.request_id for r in out if r.final})
         self.store.expire(now)
         return out
+
+    def _attributed(self, rid: str) -> bool:
+        share = self.attribute_share
+        return share >= 1.0 or zlib.crc32(rid.encode()) < share * 2**32
+
+    def _skip(self, rids: Iterable[str]) -> None:
+        for rid in rids:
+            self.victims_skipped += 1
+            self._skipped[rid] = None
+            self._spans.pop(rid, None)
+        while len(self._skipped) > self.config.max_pending:
+            self._skipped.popitem(last=False)
 
     def _count_preemptions(self, finalised: set[str]) -> None:
         """Count a request's inferred preemptions once, when its result is final: the timeline's own list
@@ -320,16 +347,25 @@ class AttributionPipeline:
 
     def status(self, request_id: str) -> str:
         """`final`, `partial` (culprits still running), `running` (known, not finished), `aborted` (ended without
-        finishing: aborted, failed, or lost when vLLM restarted; no result will come), or `unknown`."""
+        finishing: aborted, failed, or lost when vLLM restarted; no result will come), `skipped` (finished while
+        the agent shed load: not attributed), or `unknown`."""
+        settled = self.settled_status(request_id)
+        if settled is not None:
+            return settled
+        lc = self.timeline.lifecycle(request_id)
+        if lc is None:
+            return "unknown"
+        return "aborted" if (lc.aborted_ts is not None and not lc.complete) or self._lost(lc) else "running"
+
+    def settled_status(self, request_id: str) -> str | None:
+        """`status()` where the settle passes' own maps answer it (stored, waiting, skipped), without reading the
+        timeline: cheap, and safe to ask from another thread than the one feeding (a dict lookup each)."""
         r = self.store.get(request_id)
         if r is not None:
             return "final" if r.final else "partial"
         if request_id in self._due:
             return "running"
-        lc = self.timeline.lifecycle(request_id)
-        if lc is None:
-            return "unknown"
-        return "aborted" if (lc.aborted_ts is not None and not lc.complete) or self._lost(lc) else "running"
+        return "skipped" if request_id in self._skipped else None
 
     def kv_now(self) -> KvNow:
         """The KV picture at the latest step, kept per state version: it reads the ledger's last reconciliation

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from attrib_agent import __version__
 from attrib_agent.attribution.cost_model import StepCostModel
@@ -33,6 +33,30 @@ REFERENCE_MAX_AGE_S = 2.0
 """Event time the reference whale's gauge may lag the state (the agent refreshes it every SINK_FLUSH_S)."""
 OPTIONAL_SOURCES = frozenset({"nvml", "otlp_forward"})  # down or absent, attribution still works: never unready
 SOURCES = ("vllm_metrics", "vllm_log", "otlp", "otlp_forward", "nvml", "replay", "pipeline", "journal")
+
+
+T = TypeVar("T")
+
+
+async def inline(read: Callable[[], Any]) -> Any:
+    """Run a read on the caller's loop: where the pipeline lives when nothing else feeds it (a replay, tests)."""
+    return read()
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """How far the pipeline is behind the stream, and what it sheds to keep up (`/readyz`, the pipeline series)."""
+
+    events: int  # received, not yet fed to the pipeline
+    oldest_s: float  # how long the oldest of them has waited (0 when none)
+    attributed_share: float  # of the requests that finish, the share attributed now (1: all; less while shedding)
+    victims_skipped: int  # requests not attributed because the agent shed load, since start
+    budget_cores: float | None  # the pipeline's CPU budget (None: no shedding, e.g. a replay)
+    cores: float  # the pipeline thread's CPU lately
+
+    @property
+    def shedding(self) -> bool:
+        return self.attributed_share < 1.0
 
 
 @dataclass(frozen=True)
@@ -59,6 +83,23 @@ class AgentState:
     forecasts: ForecastCache = field(default_factory=ForecastCache)  # the forecast's state, once per settle
     _reference: tuple[int, float, int, float] | None = field(default=None, init=False, repr=False)  # the gauge's
     # (settles, event ts, engine, harm)
+    # Where reads of the pipeline run: the thread that feeds it (the live agent's pipeline thread, agent/core.py),
+    # so a read never sees the pipeline halfway through an event and the event loop never waits for a rebuild.
+    reads: Callable[[Callable[[], Any]], Awaitable[Any]] = field(default=inline, repr=False)
+    backlog: Callable[[], Backlog] | None = field(default=None, repr=False)  # the agent's queue, when it has one
+    mode_now: str | None = None  # `mode()` as of the pipeline thread's last batch (probes read it on the loop)
+
+    async def read(self, fn: Callable[[], T]) -> T:
+        """`fn()` run where the pipeline lives (a worker thread live, inline otherwise); awaited, never blocking."""
+        out: T = await self.reads(fn)
+        return out
+
+    def pipeline_backlog(self) -> Backlog:
+        """The agent's backlog (nothing queued and nothing shed without an agent around the pipeline)."""
+        if self.backlog is not None:
+            return self.backlog()
+        p = self.pipeline
+        return Backlog(0, 0.0, p.attribute_share, p.victims_skipped, None, 0.0)
 
     def source(self, name: str) -> SourceHealth:
         """The health record of a source, created on first use."""
@@ -103,6 +144,10 @@ class AgentState:
     def status(self, request_id: str) -> str:
         return self.pipeline.status(request_id)
 
+    def settled_status(self, request_id: str) -> str | None:
+        """`status()` when stored, waiting or skipped (None otherwise): no timeline read, safe from the loop."""
+        return self.pipeline.settled_status(request_id)
+
     def top_culprits(self, window_s: float, limit: int) -> tuple[float | None, float | None, TopCulprits]:
         """(since, until, culprits) over the last `window_s` of event time (the agent's clock live, the
         recording's end in replay), read from the store's culprit index."""
@@ -116,7 +161,7 @@ class AgentState:
 
     def mode(self) -> str:
         """`exact` while vLLM's step plugin reports the steps (docs/exact-mode.md), else `inferred`."""
-        return self.pipeline.mode()
+        return self.mode_now if self.mode_now is not None else self.pipeline.mode()
 
     def stats(self) -> PipelineStats:
         return self.pipeline.stats()

@@ -89,7 +89,7 @@ def serve(n_results: int, cpu: int | None, max_s: float) -> int:
     window = sum(1 for r in stored if r.finished_ts >= t_end - 300)
     ids_file = Path(tempfile.mkstemp(prefix="api-load-ids-", suffix=".json")[1])
     ids_file.write_text(json.dumps(ids))
-    core = app.AgentCore(p)
+    core = app.AgentCore(p, threaded=True)  # as `attrib-agent run` serves: reads on the pipeline thread
     built_s = time.perf_counter() - t0
     gc.collect()  # the build's garbage, as a running agent would have collected it long before
 
@@ -384,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
               + ", ".join(f"{k} {v[0]:.0%}" for k, v in args.mix.items()), flush=True)
         plan = make_plan(ids, args.rate, args.duration, args.seed, args.mix)
         warm = make_plan(ids, 100, 1.0, args.seed + 1)
+        for extra in make_plan(ids, 2000, 1.0, args.seed + 2):  # each path at least once (100 can miss a 1 % one)
+            if extra.endpoint not in {w.endpoint for w in warm}:
+                warm.append(extra)
         gc.collect()
         gc.disable()  # a collector pause here would read as server latency
         cpu0 = process_cpu_s(info["pid"])

@@ -166,13 +166,14 @@ class Poller:
         await self.client.aclose()
 
 
-def start_agent(workdir: Path, metrics_url: str, log_file: Path, cpu: int | None) -> tuple[subprocess.Popen[bytes],
-                                                                                             str, str]:
+def start_agent(workdir: Path, metrics_url: str, log_file: Path, cpu: int | None,
+                extra: Sequence[str] = ()) -> tuple[subprocess.Popen[bytes], str, str]:
     api, otlp = free_port(), free_port()
     exe = Path(sys.executable).with_name("attrib-agent")
     cmd = [str(exe) if exe.exists() else sys.executable, *([] if exe.exists() else ["-m", "attrib_agent"]),
            "run", "--vllm-url", metrics_url, "--log-file", str(log_file), "--otlp-http-port", str(otlp),
-           "--otlp-grpc-port", "0", "--listen", f"127.0.0.1:{api}", "--no-nvml", "--metrics-interval-s", "0.25"]
+           "--otlp-grpc-port", "0", "--listen", f"127.0.0.1:{api}", "--no-nvml", "--metrics-interval-s", "0.25",
+           *extra]
 
     def pin() -> None:
         if cpu is not None:

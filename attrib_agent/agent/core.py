@@ -1,9 +1,13 @@
 """The agent process: live sources (or a replay) -> one bounded queue -> the pure pipeline -> sinks.
 
-Everything runs on one asyncio loop, so the pipeline and the state the API reads are never touched from two
-threads. Sources only enqueue typed events; the consumer feeds them to the pipeline in arrival order and
-hands the results to every registered sink (`sinks/registry.py`) through one multi-sink. A full queue drops events and
-counts them (skipped `queue_full` on the `pipeline` source) instead of growing without bound.
+Sources enqueue typed events on the asyncio loop, which also serves the API and the OTLP receivers. Live
+(`threaded`), the pipeline runs on one worker thread fed batch by batch from the queue: the loop only receives
+and answers, so a settle that re-simulates for a second never makes an OTLP export or a lookup wait. Everything
+else that reads the pipeline (the API's heavier bodies, /metrics) runs on that same thread between batches
+(`AgentState.read`), so the pipeline is never read halfway through an event and needs no locks; lookups of
+stored results read the store's dict directly. Without `threaded` (a replay, tests) all of it runs inline on the
+loop. A full queue drops events and counts them (skipped `queue_full` on the `pipeline` source) instead of growing
+without bound; a stream faster than the pipeline's CPU budget is shed (agent/shedding.py), not queued.
 """
 
 from __future__ import annotations
@@ -11,27 +15,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import make_asgi_app
-from starlette.types import Message
-
 from attrib_agent.agent.gc_freeze import GcFreezer
+from attrib_agent.agent.shedding import Shedder
 from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.config.load import AgentConfig
 from attrib_agent.events import Event
 from attrib_agent.http_server import start_server
 from attrib_agent.pipeline import AttributionPipeline
-from attrib_agent.read_model import AgentState
+from attrib_agent.read_model import AgentState, Backlog, inline
 from attrib_agent.sinks import registry as sink_registry
 from attrib_agent.sinks.api.app import api_app
-from attrib_agent.sinks.api.render_cache import CachedAsgi, RenderCache
+from attrib_agent.sinks.api.render_cache import refresh_forever
 from attrib_agent.sinks.journal import JournalSink
 from attrib_agent.sinks.journal import sink as journal_sink
 from attrib_agent.sinks.prometheus.collector import registry_for
+from attrib_agent.sinks.prometheus.exposition import MetricsEndpoint
 from attrib_agent.sinks.sink import MultiSink, Sink
 
 logger = logging.getLogger("attrib_agent")
@@ -41,6 +47,13 @@ SINK_FLUSH_S = 0.5  # "a restart loses at most the last second"
 IDLE_SETTLE_S = 0.5  # live, with no events arriving (vLLM down), still attribute what is due
 METRICS_MAX_AGE_S = 1.0  # a /metrics body is reused for at most this long (and only while the state is unchanged)
 READS_MAX_STALE_S = 1.0  # /v1/timeline, /v1/culprits/top bodies served up to this old, changes since or not
+REFRESH_S = 0.25  # how often the bodies asked for lately are checked and rebuilt when no longer fresh
+SERVE_STALE_S = 30.0  # past those bounds, a body this young is still served while its successor is built
+# (the pipeline thread may be in a long attribution pass: a scrape gets the last body rather than a timeout)
+SWITCH_INTERVAL_S = 0.001
+BATCH_MAX = 512  # events handed to the pipeline thread at once
+BATCH_S = 0.05  # ... and at most this long on it, so reads queued behind a batch wait little
+STOP_DRAIN_S = 5.0  # at stop, what is still queued is fed for at most this long; the rest is counted and dropped
 
 
 @dataclass(frozen=True)
@@ -56,16 +69,25 @@ class AgentCore:
     """The pipeline and its sinks, without any source: fed by live sources or by a replay."""
 
     def __init__(self, pipeline: AttributionPipeline, *, sinks: Sequence[Sink] = (),
-                 clock: Callable[[], float] = time.time, max_queued: int = MAX_QUEUED_EVENTS) -> None:
+                 clock: Callable[[], float] = time.time, max_queued: int = MAX_QUEUED_EVENTS,
+                 threaded: bool = False, budget_cores: float | None = None) -> None:
         self.state = AgentState(pipeline, clock=clock)
+        self.state.backlog = self.backlog
         self._health = self.state.source("pipeline")
         self.sinks = MultiSink(sinks, on_error=lambda name: self._health.skip(f"{name}_error"))
         journal = self.sinks.get(journal_sink.NAME)
         self.journal = journal.journal if isinstance(journal, JournalSink) else None
-        self._queue: asyncio.Queue[Event] | None = None
+        self._queue: deque[tuple[float, Event]] = deque()  # (monotonic time received, event)
+        self._arrived: asyncio.Event | None = None
+        self._in_flight: tuple[int, float] | None = None  # (events, oldest's monotonic time) on the pipeline thread
         self._max_queued = max_queued
+        self._worker: ThreadPoolExecutor | None = None
+        self._threaded = False
+        self.threaded = threaded
+        self.shedder = Shedder(budget_cores) if budget_cores is not None else None
         self.results_out = 0
         self._forecast_settle = -1  # the settle the forecast's snapshot was last built for
+        self._forecast_ts = float("-inf")  # ... and the event time then
         # Live: a wall-clock idle settle attributes what is due while vLLM is down. A replay settles on event time
         # only (`replay_into` turns this off): a wall-clock settle would land at a different event on a busy machine
         # and change the results from run to run.
@@ -75,7 +97,8 @@ class AgentCore:
     def from_config(cls, cfg: AgentConfig, *, live: bool, clock: Callable[[], float] = time.time) -> AgentCore:
         """The pipeline the settings describe, with every registered sink they turn on (a replay runs only the
         sinks registered `in_replay`)."""
-        core = cls(AttributionPipeline(cfg.pipeline_config()), clock=clock)
+        core = cls(AttributionPipeline(cfg.pipeline_config()), clock=clock, threaded=live,
+                   budget_cores=cfg.attribution_budget_cores if live else None)
         core.state.forecast_settings = cfg.forecast_settings()
         for spec in sink_registry.SINKS:
             if live or spec.in_replay:
@@ -105,19 +128,52 @@ class AgentCore:
             n += 1
         return n
 
+    # ---- threads -----------------------------------------------------------------------------------------
+    @property
+    def threaded(self) -> bool:
+        """Whether the pipeline (and every read of it) runs on the pipeline thread rather than the loop."""
+        return self._threaded
+
+    @threaded.setter
+    def threaded(self, on: bool) -> None:
+        self._threaded = on
+        self.state.reads = self._on_worker if on else inline
+
+    async def _on_worker(self, fn: Callable[[], Any]) -> Any:
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="attrib-pipeline")
+            # The loop asks for the GIL on every wake-up (a request, an export); a busy pipeline thread hands it
+            # over after the switch interval: 1 ms rather than Python's 5 ms, so a request waits ms, not tens.
+            sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
+        return await asyncio.get_running_loop().run_in_executor(self._worker, fn)
+
     # ---- intake ------------------------------------------------------------------------------------------
     def submit(self, event: Event) -> None:
-        """Enqueue from a source callback; never blocks, never raises."""
-        if self._queue is None:
-            self._queue = asyncio.Queue()
-        if self._queue.qsize() >= self._max_queued:
+        """Enqueue from a source callback (on the loop); never blocks, never raises."""
+        if len(self._queue) >= self._max_queued:
             self._health.skip("queue_full")
             return
-        self._queue.put_nowait(event)
+        self._queue.append((time.monotonic(), event))
+        if self._arrived is not None:
+            self._arrived.set()
 
     def submit_many(self, events: Iterable[Event]) -> None:
         for ev in events:
             self.submit(ev)
+
+    def backlog(self) -> Backlog:
+        """What waits for the pipeline (queued and in its hands), and what it sheds (any thread may ask)."""
+        oldest: float | None = None
+        with contextlib.suppress(IndexError):
+            oldest = self._queue[0][0]
+        flight = self._in_flight
+        if flight is not None:
+            oldest = flight[1]
+        shed = self.shedder
+        return Backlog(len(self._queue) + (flight[0] if flight is not None else 0),
+                       0.0 if oldest is None else max(0.0, time.monotonic() - oldest),
+                       self.pipeline.attribute_share, self.pipeline.victims_skipped,
+                       shed.budget_cores if shed is not None else None, shed.cores if shed is not None else 0.0)
 
     def process(self, event: Event) -> list[AttributionResult]:
         """Feed one event through the pipeline and deliver what it settled."""
@@ -142,41 +198,74 @@ class AgentCore:
         self.sinks.on_results(results)
 
     async def consume(self, stop: asyncio.Event) -> None:
-        """Drain the queue into the pipeline until `stop`; flush the journal and settle when idle."""
-        if self._queue is None:
-            self._queue = asyncio.Queue()
+        """Feed the queue to the pipeline in batches until `stop` (on the pipeline thread when `threaded`); flush
+        the sinks every SINK_FLUSH_S and settle when idle."""
         queue = self._queue
+        self._arrived = arrived = asyncio.Event()
         last_flush = time.monotonic()
         while not stop.is_set():
-            try:
-                ev = await asyncio.wait_for(queue.get(), timeout=IDLE_SETTLE_S)
-            except TimeoutError:
-                if self.settle_when_idle:
-                    self.settle()
-                ev = None
-            if ev is not None:
-                self.process(ev)
-                for _ in range(min(queue.qsize(), 256)):  # a batch, then yield to the API and receivers
-                    self.process(queue.get_nowait())
-                self._health.success(self.state.clock())
-                self.refresh_forecast()  # a no-op unless the batch settled: then the forecast's snapshot, here
+            if not queue:
+                arrived.clear()
+                try:
+                    await asyncio.wait_for(arrived.wait(), timeout=IDLE_SETTLE_S)
+                except TimeoutError:
+                    if self.settle_when_idle:
+                        await self.state.read(self.settle)
+            if queue:
+                await self._feed_batch(time.monotonic() + BATCH_S)
             if time.monotonic() - last_flush >= SINK_FLUSH_S:
-                self.flush()
+                await self.state.read(self.flush)
                 last_flush = time.monotonic()
-            await asyncio.sleep(0)
-        while not queue.empty():
-            self.process(queue.get_nowait())
-        self.settle()
-        self.flush()
+            await asyncio.sleep(0)  # the API and the receivers, between batches when inline
+        until = time.monotonic() + STOP_DRAIN_S
+        while queue and time.monotonic() < until:
+            await self._feed_batch(until)
+        if queue:
+            logger.warning("stopping: %d queued events not fed to the pipeline", len(queue))
+            self._health.skip("stopped_queued", len(queue))
+            queue.clear()
+        await self.state.read(self.settle)
+        await self.state.read(self.flush)
+
+    async def _feed_batch(self, deadline: float) -> None:
+        """Hand up to BATCH_MAX queued events to the pipeline; what it did not reach by `deadline` goes back."""
+        queue = self._queue
+        batch = [queue.popleft() for _ in range(min(len(queue), BATCH_MAX))]
+        self._in_flight = (len(batch), batch[0][0])
+        try:
+            done = await self.state.read(lambda: self._run_batch(batch, deadline))
+        finally:
+            self._in_flight = None
+        queue.extendleft(reversed(batch[done:]))
+
+    def _run_batch(self, batch: list[tuple[float, Event]], deadline: float) -> int:
+        """On the pipeline thread: feed events until the batch or the time is up; then what follows a batch."""
+        n = 0
+        for _, ev in batch:
+            self.process(ev)
+            n += 1
+            if time.monotonic() >= deadline:
+                break
+        self._health.success(self.state.clock())
+        self.refresh_forecast()  # a no-op unless the batch settled: then the forecast's snapshot, here
+        self.state.mode_now = self.pipeline.mode()
+        if self.shedder is not None:
+            p = self.pipeline
+            p.attribute_share = self.shedder.update(time.monotonic(), time.thread_time(), self.backlog().oldest_s)
+            p.pass_gap_s = self.shedder.pass_gap_s(p.config.settle_interval_s)
+        return n
 
     def refresh_forecast(self) -> None:
         """After each settle, the forecast's snapshot (state, the future without a candidate, the reference
         whale's answer for the gauge), here rather than in the first request or scrape after it: a request
         then costs its own candidate's run only. A no-op when no settle ran since (a forecast bug is counted and
         skipped like a pipeline one: the gauge then computes it at the scrape)."""
-        if self.pipeline.last_event_ts is None or self.pipeline.settles == self._forecast_settle:
+        now = self.pipeline.last_event_ts
+        if now is None or self.pipeline.settles == self._forecast_settle or (
+                now - self._forecast_ts < self.pipeline.pass_gap_s):  # shedding: as rarely as attribution passes
             return
         self._forecast_settle = self.pipeline.settles  # tried once per settle, failing or not
+        self._forecast_ts = now
         try:
             self.state.refresh_reference()
         except Exception:
@@ -189,16 +278,21 @@ class AgentCore:
 
     def shutdown(self) -> None:
         self.sinks.shutdown()
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
 
     # ---- serving -----------------------------------------------------------------------------------------
     def asgi_app(self, token: str | None) -> Any:
-        # The API's GZipMiddleware compresses /metrics like every other route; prometheus_client's own gzip
-        # beneath it would encode the body twice (Starlette >= 1.0 does not skip an encoded response).
-        metrics = make_asgi_app(registry_for(self.state), disable_compression=True)
+        """The API with /metrics; its heavier bodies built where the pipeline lives (`state.reads`), kept and
+        served while the next is built. `app.state.renderers`: what `serve` keeps fresh ahead of requests."""
         # A scrape reads the clock too (lag, gap seconds): a body is reused for one state version and <= 1 s.
-        cache: RenderCache[list[Message]] = RenderCache(lambda: self.pipeline.version, max_age_s=METRICS_MAX_AGE_S)
-        return api_app(self.state, token=token, metrics_app=CachedAsgi(metrics, cache),
-                       max_stale_s=READS_MAX_STALE_S)
+        metrics = MetricsEndpoint(registry_for(self.state), lambda: self.pipeline.version, self.state.reads,
+                                  max_age_s=METRICS_MAX_AGE_S, serve_stale_s=SERVE_STALE_S)
+        app = api_app(self.state, token=token, metrics_app=metrics, max_stale_s=READS_MAX_STALE_S,
+                      serve_stale_s=SERVE_STALE_S)
+        app.state.renderers = [*app.state.renderers, metrics.renderer]
+        return app
 
     async def serve(self, opts: ServeOptions, stop: asyncio.Event,
                     started: Callable[[int], None] | None = None) -> None:
@@ -208,7 +302,9 @@ class AgentCore:
         # what arrives later is frozen every 30 s once it survived a collection (gc_freeze.py).
         freezer = GcFreezer()
         freezer.start()
-        server, task, port = await start_server(self.asgi_app(opts.token), opts.host, opts.port, "API server")
+        app = self.asgi_app(opts.token)
+        server, task, port = await start_server(app, opts.host, opts.port, "API server")
+        refreshing = asyncio.create_task(refresh_forever(app.state.renderers, stop, REFRESH_S), name="bodies")
 
         async def freeze_survivors() -> None:
             while not stop.is_set():
@@ -223,5 +319,6 @@ class AgentCore:
         await stop.wait()
         server.should_exit = True
         await freezing
+        await refreshing
         with contextlib.suppress(asyncio.CancelledError):
             await task

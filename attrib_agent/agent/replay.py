@@ -27,6 +27,7 @@ async def replay_into(core: AgentCore, path: str | os.PathLike[str], *, speed: f
     core.state.health["replay"] = SourceHealth("replay")
     core.state.replay_done = False
     core.settle_when_idle = False  # event time only: the same results however busy the machine is
+    core.threaded = False  # fed here, on the loop: the API reads it here too
     n = 0
 
     def emit(ev: Event) -> None:

@@ -126,6 +126,7 @@ def samples(tmp_path: Path, token_file: Path) -> dict[str, tuple[object, Any]]:
         "forecast_reference_prompt_tokens": (6000, 6000),
         "forecast_reference_max_tokens": (600, 600),
         "log_level": ("debug", "DEBUG"),
+        "attribution_budget_cores": (0.5, 0.5),
     }
 
 

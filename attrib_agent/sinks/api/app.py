@@ -1,19 +1,23 @@
 """The agent's HTTP API and page: who slowed request X, who slows everyone lately, and the timeline behind it.
 
 Endpoints (JSON; errors are `{"error": "..."}`):
-  GET /v1/requests/{id}/culprits   200 final result (or `aborted`: no result will come), 202 partial or still
-                                   running, 404 unknown, 400 bad id
+  GET /v1/requests/{id}/culprits   200 final result (or `aborted`, `skipped` under load: no result will come),
+                                   202 partial or still running, 404 unknown, 400 bad id
   GET /v1/culprits/top?window=5m&limit=10   culprits ranked by victim seconds caused
   GET /v1/timeline?window=2m&since=&until=&max_steps=   steps, KV ledger, request lanes, victims
                                    (bounded; `window`: the last 2 minutes before the newest step)
   POST /v1/forecast                what admitting a request now would cost the others (api_forecast.py)
   GET /healthz, /readyz            probes (never need the token); /readyz also says whether vLLM is in a
-                                   gap now (`vllm_gap_since`, `vllm_gap_s`) and how many there were
+                                   gap now (`vllm_gap_since`, `vllm_gap_s`) and how many there were, and
+                                   the pipeline's backlog and load shedding (`pipeline`: `degraded`, ...)
   GET /metrics                     the ASGI app the caller passes (Prometheus exposition)
   GET /                            the page (static shell; it fetches /v1/timeline)
 
-Handlers read the AgentState on the event loop that mutates it, so they see a consistent state without
-locks; every read is bounded (steps, lanes, results), so none holds the loop for long.
+Handlers run on the event loop; whatever reads the pipeline beyond one stored result runs where the pipeline
+lives (`AgentState.read`: the live agent's pipeline thread, between two of its batches), so it sees a
+consistent state without locks and never holds the loop. The heavier bodies (`/v1/timeline`, `/v1/culprits/top`,
+`/metrics`) are kept and rebuilt there ahead of requests (render_cache.py `Renderer`); every read is bounded
+(steps, lanes, results).
 """
 
 from __future__ import annotations
@@ -35,12 +39,13 @@ from attrib_agent.read_model import AgentState
 from attrib_agent.sinks.api.forecast import forecast_routes
 from attrib_agent.sinks.api.ids import BadRequestId, resolve
 from attrib_agent.sinks.api.plumbing import NO_STORE, PAGE_CSP, BearerAuth, error, error_handlers, json_response
-from attrib_agent.sinks.api.render_cache import GZIP_LEVEL, GZIP_MIN_BYTES, Body, RenderCache
+from attrib_agent.sinks.api.render_cache import GZIP_LEVEL, GZIP_MIN_BYTES, Body, Renderer
 from attrib_agent.sinks.api.timeline import parse_max_steps, parse_ts, parse_window
 from attrib_agent.sinks.api.timeline_body import StepTexts, timeline_body
 from attrib_agent.sinks.api.top import BadQuery, parse_duration, parse_limit
 
 DEFAULT_WINDOW: Final = "5m"
+DEGRADED_BACKLOG_S: Final = 1.0  # /readyz says `degraded` while events wait longer than this for the pipeline
 PAGE_FILES: Final = {"index.html": "text/html; charset=utf-8", "page.js": "text/javascript; charset=utf-8",
                      "draw.js": "text/javascript; charset=utf-8", "page.css": "text/css; charset=utf-8"}
 # The probes, and the page's static shell: a browser cannot add a header when it navigates, the shell holds no data.
@@ -48,11 +53,12 @@ OPEN_PATHS: Final = ("/healthz", "/readyz", "/", *(f"/page/{name}" for name in P
 
 
 def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp | None = None,
-            errors: Counter[str] | None = None, max_stale_s: float = 0.0) -> Starlette:
+            errors: Counter[str] | None = None, max_stale_s: float = 0.0, serve_stale_s: float = 0.0) -> Starlette:
     """The API over `state`. With `token`, everything but the probes and the page shell needs the bearer token.
     `/v1/timeline` and `/v1/culprits/top` bodies are kept per state version; `max_stale_s`: how old one built
     before the last change may still be served (render_cache.py; the agent serves with READS_MAX_STALE_S, 0
-    rebuilds after every change).
+    rebuilds after every change); `serve_stale_s`: how old one may be served while its successor is built.
+    `app.state.renderers` are what the agent keeps fresh ahead of requests (`refresh_forever`).
 
     `errors` (also at `app.state.api_errors`) counts rejected requests by kind: bad_id, bad_query,
     unauthorized, http_404, internal ...
@@ -64,8 +70,19 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
     errs: Counter[str] = Counter() if errors is None else errors
 
     async def culprits(request: Request) -> Response:
+        raw = request.path_params["request_id"]
+        stored = state.result(raw)  # a stored result, or a request waiting or skipped: answered on the loop
+        if stored is not None:
+            status = "final" if stored.final else "partial"
+            return json_response(to_dict(stored) | {"status": status}, 200 if stored.final else 202)
+        settled = state.settled_status(raw)
+        if settled in ("running", "skipped"):
+            return json_response({"request_id": raw, "status": settled}, 202 if settled == "running" else 200)
+        return await state.read(lambda: lookup(raw))
+
+    def lookup(raw: str) -> Response:  # where the pipeline lives: status() may read the timeline
         try:
-            found = resolve(request.path_params["request_id"], lambda rid: state.status(rid) != "unknown")
+            found = resolve(raw, lambda rid: state.status(rid) != "unknown")
         except BadRequestId as exc:
             return error(400, str(exc), errs, "bad_id")
         if found.request_id is None and found.candidates:
@@ -77,11 +94,15 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
         rid = found.request_id
         status = state.status(rid)
         result = state.result(rid)
-        if result is None:  # running: ask again (202); aborted: vLLM ended it unfinished, nothing to attribute
-            return json_response({"request_id": rid, "status": status}, 200 if status == "aborted" else 202)
+        if result is None:  # running: ask again (202); aborted, skipped (load shed): no result will come
+            return json_response({"request_id": rid, "status": status}, 202 if status == "running" else 200)
         return json_response(to_dict(result) | {"status": status}, 200 if status == "final" else 202)
 
-    tops: RenderCache[Body] = RenderCache(lambda: state.pipeline.version, max_stale_s=max_stale_s)
+    def renderer() -> Renderer[Body]:
+        return Renderer(lambda: state.pipeline.version, state.reads, max_stale_s=max_stale_s,
+                        serve_stale_s=serve_stale_s)
+
+    tops = renderer()
 
     async def top(request: Request) -> Response:
         try:
@@ -96,9 +117,9 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
                                              "results": top.results, "partial_results": top.partial_results,
                                              "culprits": [t.as_dict() for t in top.culprits]}).body))
 
-        return cached_response(tops.get((window_s, limit), render), request)
+        return cached_response(await tops.get((window_s, limit), render), request)
 
-    timelines: RenderCache[Body] = RenderCache(lambda: state.pipeline.version, max_stale_s=max_stale_s)
+    timelines = renderer()
     step_texts = StepTexts()  # each step's JSON, kept while it is the same step (timeline_body.py)
 
     async def timeline(request: Request) -> Response:
@@ -114,7 +135,7 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
                                       extra={"live": state.live, "version": state.version}))
 
         try:
-            return cached_response(timelines.get(args, render), request)
+            return cached_response(await timelines.get(args, render), request)
         except BadQuery as exc:
             return error(400, str(exc), errs, "bad_query")
 
@@ -127,7 +148,12 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
         # vLLM's gaps (unreachable, or restarted): `vllm_gap_since` is set while one is open.
         gap = {"vllm_gaps": state.vllm_gaps, "vllm_gap_since": state.vllm_gap_since,
                "vllm_gap_s": state.vllm_gap_seconds()}
-        body = {"ready": ready, "missing": list(readiness.reasons), "mode": state.mode()} | gap
+        backlog = state.pipeline_backlog()  # behind the stream, or shedding: degraded, still ready (a sidecar
+        # unready would take vLLM's pod out of service for the agent's sake)
+        load = {"backlog_events": backlog.events, "backlog_s": backlog.oldest_s,
+                "attributed_share": backlog.attributed_share, "victims_skipped": backlog.victims_skipped,
+                "degraded": backlog.shedding or backlog.oldest_s > DEGRADED_BACKLOG_S}
+        body = {"ready": ready, "missing": list(readiness.reasons), "mode": state.mode()} | gap | {"pipeline": load}
         return json_response(body, 200 if ready else 503)
 
     page = {name: resources.files("attrib_agent.sinks.api").joinpath("page", name).read_bytes() for name in PAGE_FILES}
@@ -158,6 +184,7 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
         middleware.append(Middleware(BearerAuth, token=token, open_paths=OPEN_PATHS, errors=errs))
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=error_handlers(errs))
     app.state.api_errors = errs
+    app.state.renderers = [tops, timelines]
     return app
 
 

@@ -111,7 +111,7 @@ def forecast_routes(state: AgentState, errs: Counter[str]) -> list[Route]:
             candidates, load, prompts = parse_body(await request.body())
         except BadForecast as exc:
             return error(400, str(exc), errs, "bad_forecast")
-        answer = state.forecast(candidates, load, prompts)
+        answer = await state.read(lambda: state.forecast(candidates, load, prompts))  # off the loop, live
         if answer is None:
             return error(503, "no engine state yet: the agent has seen no events from vLLM", errs, "no_state")
         now, out = answer

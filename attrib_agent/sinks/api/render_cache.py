@@ -8,15 +8,19 @@ younger than that: under a never-idle engine the version changes every few milli
 the timeline every few seconds does not need it rebuilt (20-50 ms on the loop) more than once a second. At most
 `max_entries` queries are kept (least recently used dropped). A body is kept with its gzip, made once on first
 demand (a 280 KB timeline: ~3 ms at level 6, 7 ms at Starlette's default 9, per request before).
+`Renderer` builds them where the pipeline lives (the agent's pipeline thread) and serves the last one while
+the next is built, so no request waits on the event loop for a rebuild.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gzip
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
-from typing import Final, Generic, TypeVar
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, Final, Generic, TypeVar
 
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -67,19 +71,33 @@ class RenderCache(Generic[T]):
 
     def peek(self, key: Hashable) -> T | None:
         """The body kept for `key` if still valid (counted as a hit), else None (a miss: build and `put` it)."""
-        hit = self._entries.get(key)
-        age = 0.0 if hit is None else self._clock() - hit[1]
-        if hit is not None and (hit[0] == self._version() or age <= self._max_stale_s) and (
-                self._max_age_s is None or age <= self._max_age_s):
+        if self.fresh(key):
             self._entries.move_to_end(key)
             self.hits += 1
-            return hit[2]
+            return self._entries[key][2]
         self.misses += 1
         return None
 
-    def put(self, key: Hashable, body: T) -> None:
-        """Keep `body` as built at the current version and time."""
-        self._entries[key] = (self._version(), self._clock(), body)
+    def fresh(self, key: Hashable) -> bool:
+        """Whether `peek(key)` would hit (not counted)."""
+        hit = self._entries.get(key)
+        if hit is None:
+            return False
+        age = self._clock() - hit[1]
+        return (hit[0] == self._version() or age <= self._max_stale_s) and (
+            self._max_age_s is None or age <= self._max_age_s)
+
+    def entry(self, key: Hashable) -> tuple[int, float, T] | None:
+        """(version, time built, body) kept for `key`, fresh or not."""
+        return self._entries.get(key)
+
+    @property
+    def max_entries(self) -> int:
+        return self._max
+
+    def put(self, key: Hashable, body: T, version: int | None = None) -> None:
+        """Keep `body` as built at `version` (default: the current one) and now."""
+        self._entries[key] = (self._version() if version is None else version, self._clock(), body)
         self._entries.move_to_end(key)
         while len(self._entries) > self._max:
             self._entries.popitem(last=False)
@@ -116,3 +134,75 @@ class CachedAsgi:
             self.cache.put(key, messages)
         for msg in messages:
             await send(msg)
+
+
+class Renderer(Generic[T]):
+    """Bodies built where the pipeline lives (`read`: the agent's pipeline thread) and served from the loop
+    without waiting for a rebuild: a body that is no longer fresh (RenderCache's rules) but younger than
+    `serve_stale_s` is served while its successor is built in the background, and `refresh()` rebuilds ahead of
+    time the bodies asked for in the last `hot_s`. Only a query never asked before (or not for `serve_stale_s`)
+    waits for its first build; concurrent requests for it share that one build."""
+
+    def __init__(self, version: Callable[[], int], read: Callable[[Callable[[], Any]], Awaitable[Any]], *,
+                 max_entries: int = 16, max_age_s: float | None = None, max_stale_s: float = 0.0,
+                 serve_stale_s: float = 0.0, hot_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cache: RenderCache[T] = RenderCache(version, max_entries=max_entries, max_age_s=max_age_s,
+                                                 max_stale_s=max_stale_s, clock=clock)
+        self._version, self._read, self._clock = version, read, clock
+        self._serve_stale_s, self._hot_s = serve_stale_s, hot_s
+        self._builds: dict[Hashable, asyncio.Future[T]] = {}
+        self._asked: OrderedDict[Hashable, tuple[float, Callable[[], T]]] = OrderedDict()  # key -> (when, build)
+        self.stale_served = 0
+
+    async def get(self, key: Hashable, build: Callable[[], T]) -> T:
+        self._asked[key] = (self._clock(), build)
+        self._asked.move_to_end(key)
+        while len(self._asked) > self.cache.max_entries:
+            self._asked.popitem(last=False)
+        body = self.cache.peek(key)
+        if body is not None:
+            return body
+        old = self.cache.entry(key)
+        if old is not None and self._clock() - old[1] <= self._serve_stale_s:
+            self.stale_served += 1
+            if key not in self._builds:
+                self._start(key, build)
+            return old[2]
+        return await (self._builds[key] if key in self._builds else self._start(key, build))
+
+    def _start(self, key: Hashable, build: Callable[[], T]) -> asyncio.Future[T]:
+        async def run() -> T:
+            try:
+                built: tuple[int, T] = await self._read(lambda: (self._version(), build()))
+                version, body = built
+                self.cache.put(key, body, version)
+                return body
+            finally:
+                self._builds.pop(key, None)
+
+        fut = asyncio.ensure_future(run())
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # a failed build is the requester's error
+        self._builds[key] = fut
+        return fut
+
+    async def refresh(self) -> int:
+        """Rebuild, one after another, the bodies asked for lately that are no longer fresh; how many were."""
+        now, n = self._clock(), 0
+        for key, (asked, build) in list(self._asked.items()):
+            if now - asked > self._hot_s:
+                del self._asked[key]
+            elif key not in self._builds and not self.cache.fresh(key):
+                with contextlib.suppress(Exception):  # a failing build answers its next request with the error
+                    await self._start(key, build)
+                    n += 1
+        return n
+
+
+async def refresh_forever(renderers: list[Renderer[Any]], stop: asyncio.Event, every_s: float) -> None:
+    """Keep the hot bodies fresh until `stop` (the agent runs this beside its API)."""
+    while not stop.is_set():
+        for r in renderers:
+            await r.refresh()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every_s)

@@ -46,7 +46,22 @@ def pipeline_families(state: AgentState) -> list[Metric]:
     lag = gauge("attrib_pipeline_lag_seconds")
     if p.last_event_ts is not None:
         lag.add_metric([], state.clock() - p.last_event_ts)
-    return [events, steps, step_s, restarts, preemptions, dropped, stored, evicted, held, lag]
+    return [events, steps, step_s, restarts, preemptions, dropped, stored, evicted, held, lag,
+            *backlog_families(state)]
+
+
+def backlog_families(state: AgentState) -> list[Metric]:
+    """How far behind the stream the pipeline is, and what the agent sheds to keep up."""
+    b = state.pipeline_backlog()
+    events = gauge("attrib_pipeline_backlog_events")
+    events.add_metric([], b.events)
+    waited = gauge("attrib_pipeline_backlog_seconds")
+    waited.add_metric([], b.oldest_s)
+    share = gauge("attrib_attributed_share_ratio")
+    share.add_metric([], b.attributed_share)
+    skipped = counter("attrib_victims_skipped_total")
+    skipped.add_metric([], b.victims_skipped)
+    return [events, waited, share, skipped]
 
 
 def kv_families(state: AgentState) -> list[Metric]:

@@ -111,7 +111,7 @@ def test_a_toy_source_and_sink_run_with_one_registration_each(monkeypatch: pytes
         run = asyncio.create_task(agent.run(stop))
         for _ in range(600):
             await asyncio.sleep(0.05)
-            if any(r.final for r in sink.results) and not agent.core._queue.qsize():  # type: ignore[union-attr]
+            if any(r.final for r in sink.results) and not agent.core.backlog().events:
                 break
         stop.set()
         await run

@@ -139,3 +139,75 @@ def test_cached_asgi_keeps_the_gzipped_answer_apart_from_the_plain_one() -> None
         headers, plain = get(b"identity")
         assert b"content-encoding" not in headers and plain == body
     assert len(calls) == 2  # one build per encoding, replayed after
+
+
+def test_renderer_serves_the_last_body_while_the_next_is_built() -> None:
+    """A body past its freshness but within serve_stale_s answers at once; its successor is built in the
+    background (where the pipeline lives) and served next; a key never built waits, one build for all."""
+    import asyncio
+    import threading
+
+    from attrib_agent.sinks.api.render_cache import Renderer
+
+    version, now, builds = [0], [0.0], []
+    gate = threading.Event()
+    gate.set()
+
+    async def on_thread(fn: Any) -> Any:
+        return await asyncio.to_thread(fn)
+
+    def build() -> str:
+        gate.wait(5)
+        builds.append(version[0])
+        return f"v{version[0]}"
+
+    r: Renderer[str] = Renderer(lambda: version[0], on_thread, serve_stale_s=5.0, clock=lambda: now[0])
+
+    async def main() -> None:
+        a, b = await asyncio.gather(r.get("k", build), r.get("k", build))  # first: waits, one build shared
+        assert (a, b, builds) == ("v0", "v0", [0])
+        version[0], now[0] = 1, 1.0
+        gate.clear()  # the next build is slow
+        assert await asyncio.wait_for(r.get("k", build), 0.5) == "v0"  # stale, at once
+        assert r.stale_served == 1
+        gate.set()
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if builds == [0, 1]:
+                break
+        assert await r.get("k", build) == "v1"
+        now[0] = 10.0
+        version[0] = 2
+        assert await r.get("k", build) == "v2"  # older than serve_stale_s: waits for its build
+        version[0], now[0] = 3, 10.5
+        assert await r.refresh() == 1 and builds[-1] == 3  # asked lately: rebuilt ahead of the next request
+        assert await r.get("k", build) == "v3" and builds.count(3) == 1
+
+    asyncio.run(main())
+
+
+def test_metrics_endpoint_negotiates_like_prometheus_client() -> None:
+    import asyncio
+
+    import httpx
+    from prometheus_client import CollectorRegistry, Counter
+    from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS
+
+    from attrib_agent.read_model import inline
+    from attrib_agent.sinks.prometheus.exposition import MetricsEndpoint
+
+    registry = CollectorRegistry()
+    Counter("toy_total", "A toy.", registry=registry).inc(3)
+    Counter("other_total", "Another.", registry=registry)
+    app = MetricsEndpoint(registry, lambda: 0, inline, max_age_s=1.0)
+
+    async def get(headers: dict[str, str], query: str = "") -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://a") as c:
+            return await c.get("/metrics" + query, headers=headers)
+
+    text = asyncio.run(get({}))
+    assert text.headers["content-type"].startswith("text/plain") and "toy_total 3.0" in text.text
+    om = asyncio.run(get({"accept": "application/openmetrics-text; version=1.0.0"}))
+    assert om.headers["content-type"].startswith(OPENMETRICS) and om.text.endswith("# EOF\n")
+    only = asyncio.run(get({}, "?name[]=toy_total"))
+    assert "toy_total" in only.text and "other_total" not in only.text

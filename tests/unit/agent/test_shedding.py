@@ -1,0 +1,105 @@
+"""Load shedding: the share of finishing requests attributed follows the pipeline's CPU towards its budget and
+drops while events wait; the pipeline skips the rest by a stable hash of the id, counts them, and says so."""
+
+from __future__ import annotations
+
+import pytest
+
+from attrib_agent.agent.shedding import MAX_BACKLOG_S, MAX_PASS_GAP_S, MIN_SHARE, Shedder
+from attrib_agent.pipeline import AttributionPipeline
+from attrib_agent.sinks.api.app import api_app
+from tests.unit.sinks.api_replayed import call, events, replayed, state_of
+
+
+def run(shedder: Shedder, seconds: int, cores: float, backlog_s: float = 0.0, t0: float = 0.0) -> list[float]:
+    """Feed `seconds` of wall time at `cores` of pipeline CPU; the share after each second."""
+    shares = []
+    for i in range(seconds * 4):
+        t = t0 + i * 0.25
+        shares.append(shedder.update(t, cores * t, backlog_s))
+    return shares[3::4]
+
+
+def test_within_budget_everything_is_attributed() -> None:
+    s = Shedder(0.25)
+    assert run(s, 30, cores=0.2)[-1] == 1.0 and not s.shedding
+
+
+def test_over_budget_the_share_falls_until_the_cpu_fits() -> None:
+    s = Shedder(0.25)
+    shares = run(s, 60, cores=1.0)  # the pipeline saturates a core: 4x the budget
+    assert shares[-1] < 0.5 and s.shedding
+    assert all(b <= a for a, b in zip(shares, shares[1:], strict=False))  # only down while over budget
+    assert shares[-1] >= MIN_SHARE
+
+
+def test_it_rises_back_once_load_allows() -> None:
+    s = Shedder(0.25)
+    run(s, 60, cores=1.0)
+    low = s.share
+    assert low < 1.0
+    back = run(s, 120, cores=0.05, t0=60.0)
+    assert back[-1] == 1.0 and not s.shedding
+
+
+def test_a_backlog_halves_the_share_whatever_the_cpu() -> None:
+    s = Shedder(4.0)  # a budget the CPU never reaches
+    shares = run(s, 5, cores=0.1, backlog_s=MAX_BACKLOG_S + 1)
+    assert shares[-1] <= 0.5 ** 3
+
+
+def test_budget_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        Shedder(0.0)
+
+
+def test_the_pipeline_skips_by_a_stable_hash_and_counts_it() -> None:
+    full = replayed("shorts")
+    half = AttributionPipeline()
+    half.attribute_share = 0.5
+    half.feed_all(events("shorts"))
+    half.settle()
+    again = AttributionPipeline()
+    again.attribute_share = 0.5
+    again.feed_all(events("shorts"))
+    again.settle()
+    kept = {r.request_id for r in half.store}
+    assert kept == {r.request_id for r in again.store}  # the same requests every time
+    assert 0 < len(kept) < len(full.store)
+    assert half.victims_skipped == len(full.store) - len(kept)
+    skipped = sorted({r.request_id for r in full.store} - kept)
+    assert all(half.status(rid) == "skipped" for rid in skipped)
+    # Through the API: a skipped request answers 200 `skipped` (no result will come), its series count it.
+    resp = call(api_app(state_of(half)), f"/v1/requests/{skipped[0]}/culprits")
+    assert resp.status_code == 200 and resp.json() == {"request_id": skipped[0], "status": "skipped"}
+
+
+def test_a_replay_attributes_everything() -> None:
+    assert replayed("shorts").victims_skipped == 0
+
+
+def test_passes_are_spaced_as_the_share_falls() -> None:
+    s = Shedder(0.25)
+    assert s.pass_gap_s(0.25) == 0.0
+    s.share = 0.5
+    assert s.pass_gap_s(0.25) == 0.5
+    s.share = MIN_SHARE
+    assert s.pass_gap_s(0.25) == MAX_PASS_GAP_S
+
+
+def passes_with(gap_s: float) -> tuple[AttributionPipeline, int]:
+    p = AttributionPipeline()
+    p.pass_gap_s = gap_s
+    passes = sum(bool(p.feed(ev)) for ev in events("shorts"))
+    p.pass_gap_s = 0.0
+    p.settle()
+    return p, passes
+
+
+def test_spaced_passes_gather_the_victims_in_between() -> None:
+    """With passes 5 s of event time apart, fewer passes attribute the same requests (share 1)."""
+    every, n_every = passes_with(0.0)
+    spaced, n_spaced = passes_with(5.0)
+    assert {r.request_id for r in spaced.store} == {r.request_id for r in every.store}
+    assert spaced.victims_skipped == 0
+    assert 0 < n_spaced < n_every
