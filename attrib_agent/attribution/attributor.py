@@ -125,9 +125,9 @@ class _PeriodPlan:
         """The period without `removed`, run until `readers` finish (traced, if asked): from the run cache
         when an earlier run (of this settle or one before) answers exactly, else simulated and kept there."""
         kept, awaited = self._without(removed, readers)
-        key = RunCache.key(self._start, self._sched, self._version, removed, traced,
+        key = RunCache.key(self._start, self._sched, self._version, removed,
                            self.period[0].arrival_ts if self.period else 0.0)
-        hit = self._runs.get(key, kept, awaited) if self._runs is not None else None
+        hit = self._runs.get(key, kept, awaited, traced) if self._runs is not None else None
         if hit is not None:
             return hit
         start = without(self._start, removed) if self._start is not None else None
@@ -141,8 +141,14 @@ class _PeriodPlan:
         """Every victim reads the run with all whales; the other coalitions only the slowed victims."""
         if present not in self._sims:
             whales = frozenset(self.whales)
-            self._sims[present] = self._simulate(whales - present, self.victims if present == whales else self.needy,
-                                                 False)
+            if present == whales:
+                self._sims[present] = self._simulate(frozenset(), self.victims, False)
+            elif not present or (len(present) == 1 and present <= self.needy):
+                # a slowed victim's world without the other whales: the run its light-crowd split traces, so
+                # traced once here rather than run twice (tracing only observes: same outcomes)
+                self._sims[present] = self.traced(whales - present)
+            else:
+                self._sims[present] = self._simulate(whales - present, self.needy, False)
         return self._sims[present]
 
     def world(self, rid: str, which: str, present: frozenset[str]) -> float:
