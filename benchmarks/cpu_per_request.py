@@ -116,19 +116,19 @@ def measure(events: Sequence[Event], cfg: StreamConfig, marks: Sequence[float],
                                            token_budget=cfg.token_budget))
     out: list[Row] = []
     windows = sorted((T0 + 60.0 * (m - 1.0), T0 + 60.0 * m, m) for m in marks)
-    k, cpu0, finals = 0, None, 0
+    k, cpu0, finals, runs0 = 0, None, 0, 0
+    runs = p.attributor.runs
     for ev in events:
         while k < len(windows) and ev.ts >= windows[k][1]:
-            runs = p.attributor.runs
             out.append((windows[k][2], time.process_time() - cpu0 if cpu0 is not None else 0.0, finals,
                         {**p.timeline.sizes(), "run hits": runs.hits, "run misses": runs.misses,
-                         "cost version": p.attributor.prices.version}))
+                         "runs in the minute": runs.misses - runs0, "cost version": p.attributor.prices.version}))
             on_mark(out[-1])
             k, cpu0, finals = k + 1, None, 0
         if k == len(windows):
             break
         if cpu0 is None and ev.ts >= windows[k][0]:
-            cpu0 = time.process_time()
+            cpu0, runs0 = time.process_time(), runs.misses
         results = p.feed(ev)
         if cpu0 is not None:
             finals += sum(r.final for r in results)
@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         ratio = per / firsts[0]
         print(f"busy {m:>4g} min: {n:5d} results final in the minute before, CPU {cpu:6.2f} s, "
               f"{per * 1000:7.2f} ms/request, {ratio:.2f}x the first (goal <= {GOAL_RATIO}: "
-              f"{'met' if ratio <= GOAL_RATIO else 'MISSED'}); {held}", flush=True)
+              f"{'met' if ratio <= GOAL_RATIO else 'MISSED'}), {held['runs in the minute'] / max(n, 1):.1f} runs "
+              f"simulated a request; {held}", flush=True)
 
     rows = measure(events, cfg, marks, show)
     first = firsts[0]

@@ -15,7 +15,13 @@ from collections import defaultdict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from attrib_agent.attribution.causes import EngineView, engine_view, observed_causes, simulated_causes
+from attrib_agent.attribution.causes import (
+    EngineView,
+    engine_view,
+    observed_causes,
+    preempted_seconds,
+    simulated_causes,
+)
 from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior, StepFeatures
 from attrib_agent.attribution.neighbourhoods import bounded_neighbourhoods
 from attrib_agent.attribution.result import NO_CAUSES, NO_EVIDENCE, AttributionResult, Culprit, itl_gaps
@@ -125,9 +131,9 @@ class _PeriodPlan:
         """The period without `removed`, run until `readers` finish (traced, if asked): from the run cache
         when an earlier run (of this settle or one before) answers exactly, else simulated and kept there."""
         kept, awaited = self._without(removed, readers)
-        key = RunCache.key(self._start, self._sched, self._version, removed, traced,
+        key = RunCache.key(self._start, self._sched, self._version, removed,
                            self.period[0].arrival_ts if self.period else 0.0)
-        hit = self._runs.get(key, kept, awaited) if self._runs is not None else None
+        hit = self._runs.get(key, kept, awaited, traced) if self._runs is not None else None
         if hit is not None:
             return hit
         start = without(self._start, removed) if self._start is not None else None
@@ -141,8 +147,14 @@ class _PeriodPlan:
         """Every victim reads the run with all whales; the other coalitions only the slowed victims."""
         if present not in self._sims:
             whales = frozenset(self.whales)
-            self._sims[present] = self._simulate(whales - present, self.victims if present == whales else self.needy,
-                                                 False)
+            if present == whales:
+                self._sims[present] = self._simulate(frozenset(), self.victims, False)
+            elif not present or (len(present) == 1 and present <= self.needy):
+                # a slowed victim's world without the other whales: the run its light-crowd split traces, so
+                # traced once here rather than run twice (tracing only observes: same outcomes)
+                self._sims[present] = self.traced(whales - present)
+            else:
+                self._sims[present] = self._simulate(whales - present, self.needy, False)
         return self._sims[present]
 
     def world(self, rid: str, which: str, present: frozenset[str]) -> float:
@@ -387,7 +399,8 @@ class Attributor:
             if blame_ttft.get(other, 0.0) + n_gaps * blame_itl.get(other, 0.0) < MIN_CULPRIT_S:
                 blame_ttft.pop(other, None)
                 blame_itl.pop(other, None)
-        mech = observed_causes(v.lc, view)
+        # causes label blamed seconds: a victim nobody is blamed for reports only its preempted time
+        mech = observed_causes(v.lc, view) if base.blamed else None
         if mech is None and base.blamed:
             mech = simulated_causes(plan.traced(frozenset()).outcomes[rid])
         unexplained_ttft = max(0.0, ttft_slow - sum(blame_ttft.values()))
@@ -414,7 +427,7 @@ class Attributor:
             no_interference=ttft_slow == 0.0 and itl_slow == 0.0, quality=max(0.0, fidelity) * membership,
             is_whale=rid in whale_set, engine=v.lc.engine, arrival_ts=v.lc.arrival_ts,
             prompt_tokens=v.lc.prompt_tokens, completion_tokens=v.lc.completion_tokens,
-            preempted_s=mech.preempted_s if mech else 0.0,
+            preempted_s=mech.preempted_s if mech else 0.0 if base.blamed else preempted_seconds(v.lc, view),
             evidence=mech.evidence_for(*(c.causes for c in culprits), *(c.itl_causes for c in culprits))
             if mech else NO_EVIDENCE)
 

@@ -34,6 +34,7 @@ PHASES = ("ttft", "itl")
 _STEP_EPS_S = 0.0005  # log times are stamped to the millisecond
 _HELD_LOOKBACK = 64  # steps scanned back from a preemption for the victim's last step (it ran in the one before)
 _Weights = dict[str, dict[str, dict[str, float]]]  # phase -> culprit -> cause -> seconds
+_Share = tuple[str, bool, float, float]  # a step member's id, decode, prefill or batching seconds, bandwidth seconds
 
 
 @dataclass(eq=False)
@@ -55,6 +56,7 @@ class EngineView:
     # by step (iteration, end: iterations restart with vLLM), shared by the pass's victims
     _heads: dict[tuple[int, float], tuple[RequestLifecycle, int | None] | None] = field(default_factory=dict)
     _prices: dict[tuple[int, float], tuple[StepPrices, float | None]] = field(default_factory=dict)
+    _shares: dict[tuple[int, float], tuple[_Share, ...]] = field(default_factory=dict)
     _max_wait: float = 0.0
 
     def __post_init__(self) -> None:
@@ -132,6 +134,25 @@ class EngineView:
         if got is None:
             bw = self.gpu.bandwidth(step.start_ts, step.end_ts) if self.gpu is not None else None
             got = self._prices[key] = (StepPrices(self.pricer, [_member(m) for m in step.members]), bw)
+        return got
+
+    def shares(self, step: StepRecord) -> tuple[_Share, ...]:
+        """Each member's marginal cost by cause (request id, decode, prefill or batching seconds, bandwidth
+        seconds), in member order: the same for every victim in the step but for leaving out its own."""
+        key = (step.iteration, step.end_ts)
+        got = self._shares.get(key)
+        if got is None:
+            prices, measured = self.prices(step)
+            parts = []
+            for m in prices.members:
+                marginal, bw = prices.marginal(m)
+                if not m.decode:
+                    parts.append((m.request_id, False, marginal, 0.0))
+                    continue
+                if measured is not None and bw > 0:  # the GPU's own figure: the share of the step its DRAM was busy
+                    bw = marginal * measured
+                parts.append((m.request_id, True, marginal - bw, bw))
+            got = self._shares[key] = tuple(parts)
         return got
 
     def _head(self, t: float) -> tuple[RequestLifecycle, int | None] | None:
@@ -217,6 +238,20 @@ def observed_causes(lc: RequestLifecycle, view: EngineView) -> VictimCauses | No
     return out
 
 
+def preempted_seconds(lc: RequestLifecycle, view: EngineView) -> float:
+    """The seconds the victim lost to its observed preemptions (what a result reports when nobody is blamed for
+    its time, so the other causes need not be worked out)."""
+    arrival, end = lc.arrival_ts, lc.end_ts
+    if arrival is None or end is None:
+        return 0.0
+    steps = view.between(arrival, end)
+    if not steps:
+        return 0.0
+    out = VictimCauses()
+    _preempted_steps(lc, steps, view, out)
+    return out.preempted_s
+
+
 def simulated_causes(traced: SimOutcome) -> VictimCauses:
     """The re-simulation's trace of the victim as causes (used when no engine step was observed)."""
     out = VictimCauses()
@@ -300,28 +335,26 @@ def _contention(out: VictimCauses, phase: str, step: StepRecord, seconds: float,
     """The step's time beyond the victim's own cost, by the other members' marginal costs."""
     if not step.members:
         return
-    prices, measured = view.prices(step)
-    others = [m for m in prices.members if m.request_id != rid]
-    if not others or seconds <= 0:
+    shares = view.shares(step)
+    if seconds <= 0 or all(r == rid for r, _, _, _ in shares):
         return
     if mine is not None:
         seconds = min(seconds, step.elapsed_s) - view.pricer.seconds([_member(mine)])
     prefill: dict[str, float] = {}
     batching: dict[str, float] = {}
     bandwidth: dict[str, float] = {}
-    for m in others:
-        marginal, bw = prices.marginal(m)
-        if not m.decode:
-            prefill[m.request_id] = marginal
+    for other, decode, part, bw in shares:
+        if other == rid:
             continue
-        if measured is not None and bw > 0:  # the GPU's own figure: the share of the step its DRAM was busy
-            bw = marginal * measured
-        batching[m.request_id] = marginal - bw
-        bandwidth[m.request_id] = bw
+        if not decode:
+            prefill[other] = part
+            continue
+        batching[other] = part
+        bandwidth[other] = bw
     spent = sum(prefill.values()) + sum(batching.values()) + sum(bandwidth.values())
     if spent <= 0:
         return
-    bw_evidence = Evidence.NVML_BANDWIDTH if measured is not None else Evidence.COST_MODEL
+    bw_evidence = Evidence.NVML_BANDWIDTH if view.prices(step)[1] is not None else Evidence.COST_MODEL
     for cause, by, ev in ((Cause.PREFILL_CONTENTION, prefill, Evidence.COST_MODEL),
                           (Cause.DECODE_BATCHING, batching, Evidence.COST_MODEL),
                           (Cause.KV_BANDWIDTH, bandwidth, bw_evidence)):

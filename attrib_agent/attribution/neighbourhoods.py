@@ -6,8 +6,8 @@ Under continuous load a busy period never closes; each victim is re-simulated in
 the running maximum of the ends, and a window's requests are collected from its latest arrival backwards,
 stopping at `max_len` requests or at the earliest one in flight at its start. Per victim that is
 O(log N + k), k the requests arriving within its window (in flight or ended within it), not O(N): the work no
-longer grows with how long the engine has been busy (the scan it replaces was O(N) per victim and per
-window, quadratic in a long period). Same windows as that scan (a test compares them on random chains).
+longer grows with how long the engine has been busy (a scan would be O(N) per victim and per window,
+quadratic in a long period). Same windows as that scan (a test compares them on random chains).
 """
 
 from __future__ import annotations
@@ -34,12 +34,6 @@ class _Chain:
         """Index of the first request (by arrival) whose end is >= ts; len() when none."""
         return bisect.bisect_left(self.reach, ts)
 
-    def start_of(self, i: int) -> float:
-        """Where victim i's window begins: the earliest arrival among the requests overlapping it, moved back to
-        the earliest arrival among those in flight then (so that they hold the right state when it arrives)."""
-        first = self.arrivals[min(self.earliest_reaching(self.arrivals[i]), i)]
-        return self.arrivals[min(self.earliest_reaching(first), len(self.reqs) - 1)]
-
     def window(self, lo: float, hi: float, most: int) -> list[SimRequest]:
         """The last `most` (by arrival) of the requests ending at or after `lo` that arrived by `hi`."""
         out: list[SimRequest] = []
@@ -51,33 +45,6 @@ class _Chain:
                     break
         out.reverse()
         return out
-
-
-def neighbourhoods(chain: Sequence[tuple[SimRequest, float]], victims: set[str],
-                   max_len: int) -> list[list[SimRequest]]:
-    """The windows of a long busy period (one that never closes under continuous load) that its victims need.
-
-    A victim's re-simulation needs the requests that overlapped it and, so that those hold the right state when
-    it arrives, the requests in flight when the earliest of them arrived. Victims close in time share one
-    window (and so its simulations); a window is at most `max_len` requests (the latest arrivals kept). Cost per
-    settle pass is then bounded by the concurrency, not by how long the engine has been busy. Each request's end
-    must not precede its arrival (unfinished ones are given a far end by the caller)."""
-    c = _Chain(chain)
-    out: list[list[SimRequest]] = []
-    group: tuple[float, float] | None = None
-    for i, req in enumerate(c.reqs):
-        if req.request_id not in victims:
-            continue
-        lo, end = c.start_of(i), c.ends[i]
-        if group is not None and len(c.window(min(group[0], lo), max(group[1], end), max_len + 1)) <= max_len:
-            group = (min(group[0], lo), max(group[1], end))
-            continue
-        if group is not None:
-            out.append(c.window(*group, max_len))
-        group = (lo, end)
-    if group is not None:
-        out.append(c.window(*group, max_len))
-    return out
 
 
 def bounded_neighbourhoods(chain: Sequence[tuple[SimRequest, float]], victims: set[str], max_len: int,

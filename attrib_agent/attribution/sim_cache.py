@@ -96,14 +96,19 @@ class _Entry:
 
 
 class RunCache:
-    """At most `max_runs` runs, least recently used dropped first. Keyed by (start, scheduler limits, cost
-    version, what was removed, traced or not); the requests kept are compared up to the readers' horizon."""
+    """At most `max_runs` runs, least recently used dropped first. Keyed by what a run starts from (the start and
+    the state left once its removed requests leave it, scheduler limits, cost version): the requests removed that
+    were not on the engine at the start only change which requests arrive, and those are compared up to the
+    readers' horizon, so a world without a whale that arrives after its readers finished is answered by the run
+    with it. A traced run also answers untraced questions (tracing only observes)."""
 
     def __init__(self, max_runs: int) -> None:
         if max_runs < 0:
             raise ValueError("max_runs must be >= 0")
         self.max_runs = max_runs
-        self._runs: OrderedDict[RunKey, _Entry] = OrderedDict()
+        self._runs: OrderedDict[int, tuple[RunKey, _Entry]] = OrderedDict()  # by serial, least recent first
+        self._by_key: dict[RunKey, list[int]] = {}
+        self._serial = 0
         self.hits = 0
         self.misses = 0
 
@@ -112,36 +117,46 @@ class RunCache:
 
     @staticmethod
     def key(start: SimStart | None, sched: SchedulerConfig, version: int, removed: frozenset[str],
-            traced: bool, first_arrival: float) -> RunKey:
-        """A run's identity but for its requests (an idle start is the first arrival)."""
-        where = (start.ts, start.state) if start is not None else ("idle", first_arrival)
-        return (where, sched, version, removed, traced)
+            first_arrival: float) -> RunKey:
+        """A run's identity but for the requests arriving in it (an idle start is the first arrival)."""
+        if start is None:
+            return (("idle", first_arrival), sched, version)
+        gone = frozenset(ip.request_id for ip in start.state if ip.request_id in removed) if removed else removed
+        return ((start.ts, start.state), gone, sched, version)
 
-    def get(self, key: RunKey, kept: Sequence[SimRequest], readers: Collection[str]) -> SimResult | None:
-        entry = self._runs.get(key)
-        if entry is None or not _answers(entry, kept, readers):
-            self.misses += 1
-            return None
-        self._runs.move_to_end(key)
-        self.hits += 1
-        return entry.result
+    def get(self, key: RunKey, kept: Sequence[SimRequest], readers: Collection[str],
+            traced: bool = False) -> SimResult | None:
+        """A kept run that gives the readers' outcomes exactly (and their waits, if `traced`), else None."""
+        for serial in reversed(self._by_key.get(key, ())):
+            entry = self._runs[serial][1]
+            if (not traced or entry.traced.issuperset(readers)) and _answers(entry, kept, readers):
+                self._runs.move_to_end(serial)
+                self.hits += 1
+                return entry.result
+        self.misses += 1
+        return None
 
     def put(self, key: RunKey, kept: Sequence[SimRequest], result: SimResult, traced: Collection[str]) -> None:
         if self.max_runs == 0:
             return
-        self._runs[key] = _Entry(tuple(kept), result, frozenset(traced))
-        self._runs.move_to_end(key)
+        serial, self._serial = self._serial, self._serial + 1
+        self._runs[serial] = (key, _Entry(tuple(kept), result, frozenset(traced)))
+        self._by_key.setdefault(key, []).append(serial)
         while len(self._runs) > self.max_runs:
-            self._runs.popitem(last=False)
+            old, (k, _) = self._runs.popitem(last=False)
+            serials = self._by_key[k]
+            serials.remove(old)
+            if not serials:
+                del self._by_key[k]
 
 
 def _answers(entry: _Entry, kept: Sequence[SimRequest], readers: Collection[str]) -> bool:
-    """Whether the cached run gives the readers' outcomes exactly: each finished in it (and was traced, for a
-    traced run), and the requests arriving up to the last of their finishes are the same."""
+    """Whether the cached run gives the readers' outcomes exactly: each finished in it, and the requests arriving
+    up to the last of their finishes are the same."""
     horizon = float("-inf")
     for rid in readers:
         o = entry.result.outcomes.get(rid)
-        if o is None or o.finish_ts is None or (entry.traced and rid not in entry.traced):
+        if o is None or o.finish_ts is None:
             return False
         horizon = max(horizon, o.finish_ts)
     return _upto(entry.kept, horizon) == _upto(kept, horizon)

@@ -82,3 +82,22 @@ def test_a_victim_is_attributed_once_a_pass_though_its_neighbours_windows_hold_i
     finals = [r for r in results if r.final]
     assert len(finals) >= 10 and sum(p.tally.requests.values()) == len(finals)
     assert len({r.request_id for r in finals}) == len(finals)
+
+
+def test_a_world_is_simulated_once_a_window_traced_or_not(events: list[Event], monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """A slowed victim's world without the other whales is the run its light-crowd split traces: one run, traced,
+    not an untraced one for its value and a traced one for the split. (The world with every whale is run before
+    anyone is known to be slowed, for all victims: untraced, and traced again only when a split needs it.)"""
+    asked: dict[int, dict[frozenset[str], set[bool]]] = {}
+    real = attributor_mod._PeriodPlan._simulate
+
+    def spy(plan: attributor_mod._PeriodPlan, removed: frozenset[str], readers: object, traced: bool) -> SimResult:
+        asked.setdefault(id(plan), {}).setdefault(removed, set()).add(traced)
+        return real(plan, removed, readers, traced)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(attributor_mod._PeriodPlan, "_simulate", spy)
+    _, results = run(events, AttributionConfig(run_cache_size=0))
+    assert any(r.culprits for r in results)
+    assert any(True in kinds for by in asked.values() for removed, kinds in by.items() if removed)
+    assert all(len(kinds) == 1 for by in asked.values() for removed, kinds in by.items() if removed)

@@ -121,3 +121,17 @@ def test_preempted_victims_match_vllms_own_per_step_preemptions() -> None:
     got = {sid for sid, r in results(path).items() if named_preemption(r)}
     print(f"\npreempt-steps: vLLM preempted {sorted(truth)}, agent named {sorted(got)}")
     assert truth and got == truth
+
+
+def test_the_preempted_time_alone_is_what_the_full_causes_report() -> None:
+    """A victim nobody is blamed for gets only its preempted seconds (the other causes are not worked out):
+    the same seconds the full cause computation gives, on every request of a preempting recording."""
+    from attrib_agent.attribution.causes import engine_view, observed_causes, preempted_seconds
+    from attrib_agent.attribution.sim_trace import Pricer
+
+    p = AttributionPipeline()
+    p.feed_all(tuple(ReplaySource(FIXTURES / "recordings" / "preempt").events()))
+    view = engine_view(p.timeline, p.attributor.scheduler_config(p.timeline), Pricer(p.attributor.cost))
+    seen = [(preempted_seconds(lc, view), observed_causes(lc, view)) for lc in p.timeline.lifecycles()]
+    assert any(s > 0 for s, _ in seen)
+    assert all(s == (full.preempted_s if full else 0.0) for s, full in seen)

@@ -8,7 +8,7 @@ import pytest
 from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior
 from attrib_agent.attribution.scheduler_sim import simulate
 from attrib_agent.attribution.sim_cache import CostVersions, FrozenCost, RunCache
-from attrib_agent.attribution.sim_types import SchedulerConfig, SimRequest
+from attrib_agent.attribution.sim_types import InProgress, SchedulerConfig, SimRequest, SimStart
 
 SCHED = SchedulerConfig(block_size=16, num_blocks=257, token_budget=256)
 PRIOR = StepCostPrior(intercept_s=0.01, per_prefill_token_s=0.001, per_decode_request_s=0.001,
@@ -21,7 +21,7 @@ def reqs() -> list[SimRequest]:
 
 
 def key(version: int = 1, removed: frozenset[str] = frozenset()) -> tuple[object, ...]:
-    return RunCache.key(None, SCHED, version, removed, False, 0.0)
+    return RunCache.key(None, SCHED, version, removed, 0.0)
 
 
 def test_a_run_answers_readers_that_finished_in_it_when_the_arrivals_before_them_match() -> None:
@@ -37,18 +37,46 @@ def test_a_run_answers_readers_that_finished_in_it_when_the_arrivals_before_them
     assert cache.get(key(), rs, ["a"]) is None
     assert cache.get(key(), [rs[0], SimRequest("b", 0.05, 50, 6), rs[2]], ["b"]) is None
     assert cache.get(key(version=2), rs, ["b"]) is None
-    assert cache.get(key(removed=frozenset({"c"})), rs, ["b"]) is None
-    assert (cache.hits, cache.misses) == (2, 4)
+    assert (cache.hits, cache.misses) == (2, 3)
+
+
+def test_a_world_without_a_request_arriving_after_the_readers_finished_is_the_run_with_it() -> None:
+    cache = RunCache(8)
+    rs = reqs()
+    run = simulate(rs, SCHED, PRIOR_MODEL, until_done=["b"])
+    cache.put(key(), rs, run, ())
+    # c arrives at 5 s, after b finished: removing it cannot change b's outcome
+    assert cache.get(key(removed=frozenset({"c"})), rs[:2], ["b"]) is run
+    alone = simulate(rs[1:], SCHED, PRIOR_MODEL, until_done=["b"])
+    # a arrived before b finished: removing it is another world
+    assert cache.get(key(removed=frozenset({"a"})), rs[1:], ["b"]) is None
+    assert alone.outcomes["b"].finish_ts != run.outcomes["b"].finish_ts
+
+
+def test_requests_removed_from_the_start_state_make_another_run() -> None:
+    start = SimStart(0.1, (InProgress("a", 100, 1, True, 7, 0.0, 0.1),))
+    rs = reqs()
+    full = RunCache.key(start, SCHED, 1, frozenset(), 0.0)
+    assert RunCache.key(start, SCHED, 1, frozenset({"c"}), 0.0) == full  # c was not on the engine at the start
+    assert RunCache.key(start, SCHED, 1, frozenset({"a"}), 0.0) != full
+    cache = RunCache(8)
+    run = simulate(rs, SCHED, PRIOR_MODEL, until_done=["b"], start=start)
+    cache.put(full, rs, run, ())
+    assert cache.get(RunCache.key(start, SCHED, 1, frozenset({"a"}), 0.0), rs[1:], ["b"]) is None
 
 
 def test_a_traced_run_answers_only_for_the_requests_it_traced() -> None:
     cache = RunCache(8)
     rs = reqs()
     run = simulate(rs, SCHED, PRIOR_MODEL, trace=["b"], until_done=["a", "b"])
-    k = RunCache.key(None, SCHED, 1, frozenset(), True, 0.0)
+    k = RunCache.key(None, SCHED, 1, frozenset(), 0.0)
     cache.put(k, rs, run, ["b"])
-    assert cache.get(k, rs, ["b"]) is run
-    assert cache.get(k, rs, ["a"]) is None  # finished in it, but its waits were not traced
+    assert cache.get(k, rs, ["b"], traced=True) is run
+    assert cache.get(k, rs, ["a"], traced=True) is None  # finished in it, but its waits were not traced
+    assert cache.get(k, rs, ["a"]) is run  # its outcome is all an untraced question reads
+    untraced = RunCache(8)
+    untraced.put(k, rs, simulate(rs, SCHED, PRIOR_MODEL, until_done=["a", "b"]), ())
+    assert untraced.get(k, rs, ["b"], traced=True) is None
 
 
 def test_the_cache_is_bounded_least_recently_used_first() -> None:

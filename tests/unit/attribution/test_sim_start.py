@@ -4,12 +4,13 @@ request arriving after it; and the windows of a never-idle period are bounded in
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
 from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior
-from attrib_agent.attribution.neighbourhoods import bounded_neighbourhoods, neighbourhoods
+from attrib_agent.attribution.neighbourhoods import bounded_neighbourhoods
 from attrib_agent.attribution.scheduler_sim import simulate
 from attrib_agent.attribution.sim_start import StepIndex, observed_start, without
 from attrib_agent.attribution.sim_step import blocks_for
@@ -104,7 +105,8 @@ def test_windows_are_bounded_in_time_however_long_the_engine_has_been_busy() -> 
     chain = [(SimRequest("long", 0.0, 300, 5000), 600.0)]
     chain += [(SimRequest(f"s{i:03d}", 1.0 + i, 50, 20), 1.0 + i + 0.8) for i in range(500)]
     victims = {"s100", "s400"}
-    old = neighbourhoods(chain, victims, 64)  # reaching back to t=0, cut at 64 requests: 63 s of steps, for both
+    # without a lookback: reaching back to t=0, cut at 64 requests: 63 s of steps, for both
+    old = [w for _, w, _ in bounded_neighbourhoods(chain, victims, 64, math.inf, lambda t: t)]
     assert [w[0].arrival_ts for w in old] == [38.0, 338.0]
     bounded = bounded_neighbourhoods(chain, victims, 64, 10.0, lambda t: float(int(t)))
     assert [lo for lo, _, _ in bounded] == [91.0, 391.0]
