@@ -26,13 +26,16 @@ from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
 from attrib_agent.events import RequestReceived
 from attrib_agent.lab.score import SLOWED_RATIO, spec_ids
 from attrib_agent.lab.server import LabError
-from attrib_agent.lab.workload import LILO, LISO, RAG, SILO, SISO
+from attrib_agent.lab.workload import LILO, LISO, RAG, RAG_PREFIXES, SILO, SISO
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.recording import Recording
 from attrib_agent.sources.replay import ReplaySource
 
 LOADS = ("learnt", "declared")
 CLASSES = {c.name: c for c in (SISO, SILO, LISO, LILO, RAG)}  # the class names truth.json gives its shorts
+# Prompt tokens a class shares with the others of its stream (RAG: the system prompt and one of the documents),
+# in vLLM's prefix cache once the stream is under way: what a router that knows its traffic declares.
+SHARED_PREFIX = {RAG.name: sum(n for _, n in RAG_PREFIXES[0])}
 
 
 @dataclass
@@ -87,10 +90,13 @@ def declared_load(truth: Mapping[str, Any], at_offset_s: float) -> tuple[Arrival
     unknown = sorted({e["class"] for e in later} - set(CLASSES))
     if unknown:
         raise LabError(f"truth's shorts have a class the score does not know: {unknown[0]!r}")
-    klasses = [CLASSES[e["class"]] for e in later]  # a mix (continuous traffic): its median sizes
+    klasses = [CLASSES[e["class"]] for e in later]  # a mix (continuous traffic): its sizes in turn
     first = later[0]["offset_s"] - at_offset_s
+    mix = tuple((k.prompt_tokens, k.output_tokens) for k in klasses)
+    cached = int(statistics.median(SHARED_PREFIX.get(k.name, 0) for k in klasses))
     return (ArrivalLoad(rate, int(statistics.median(k.prompt_tokens for k in klasses)),
-                        int(statistics.median(k.output_tokens for k in klasses)), first),
+                        int(statistics.median(k.output_tokens for k in klasses)), first,
+                        mix if len(set(mix)) > 1 else (), cached),
             later[-1]["offset_s"] - at_offset_s + 0.5 / rate)
 
 
