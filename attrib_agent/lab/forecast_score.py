@@ -144,8 +144,18 @@ def warmed_cost(truth: Mapping[str, Any], truth_dir: Path) -> StepCostModel | No
     return p.attributor.cost
 
 
-def score_dirs(truth_dirs: Iterable[Path], config: ForecastConfig | None = None, *, warm: bool = False
-               ) -> list[WhaleCase]:
+def self_fitted_cost(recording: Path) -> StepCostModel:
+    """A diagnostic, not a forecast an agent could make: the step-cost model fitted on the whole recording
+    being scored (the whale's own steps included), which isolates the cost model from the rest."""
+    p = AttributionPipeline()
+    p.feed_all(list(ReplaySource(recording).events()))
+    p.attributor.learn(p.timeline)
+    p.attributor.cost.refit()
+    return p.attributor.cost
+
+
+def score_dirs(truth_dirs: Iterable[Path], config: ForecastConfig | None = None, *, warm: bool = False,
+               self_fit: bool = False) -> list[WhaleCase]:
     cfg = config or ForecastConfig()
     out = []
     for d in truth_dirs:
@@ -166,7 +176,7 @@ def score_dirs(truth_dirs: Iterable[Path], config: ForecastConfig | None = None,
                 sent = {k: v["prompt_tokens"] for k, v in truth["whales"].items()}
                 sent |= {k: CLASSES[v["class"]].prompt_tokens for k, v in truth["shorts"].items()}
                 got = forecast_at_arrival(rec, case.whale, Candidate(w["prompt_tokens"], w["output_tokens"]), loads,
-                                          sent, cost)
+                                          sent, self_fitted_cost(rec) if self_fit else cost)
                 spec = spec_ids(Recording(rec))
                 for name, f in got.items():
                     case.forecast_s[name].append(shorts_harm(f, spec, truth["whales"]))
@@ -229,9 +239,9 @@ def format_report(cases: list[WhaleCase]) -> str:
     return "\n".join(lines)
 
 
-def report_command(truth_dirs: list[Path], *, warm: bool, as_json: bool) -> str:
-    """What `attrib-agent lab forecast-score` prints."""
-    cases = score_dirs(truth_dirs, warm=warm)
+def report_command(truth_dirs: list[Path], *, warm: bool, as_json: bool, self_fit: bool = False) -> str:
+    """What `attrib-agent lab forecast-score` prints (`self_fit`: the diagnostic of `self_fitted_cost`)."""
+    cases = score_dirs(truth_dirs, warm=warm, self_fit=self_fit)
     if not as_json:
         return format_report(cases)
     return json.dumps({"warm": warm, "summaries": [summary(cases, k) for k in LOADS],
