@@ -15,7 +15,7 @@ not scheduled yet (or were preempted). What an observer cannot see is estimated,
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -100,7 +100,7 @@ def engine_state(pipeline: PipelineParts, config: StateConfig | None = None,
     ordered = [r for _, r in sorted(running, key=lambda x: x[0])]
     ordered += [r for _, r in sorted(preempted, key=lambda x: x[0])] + waiting
     return EngineState(now, pipeline.attributor.scheduler_config(tl), tuple(ordered),
-                       load if load is not None else learnt_load(lcs, now, cfg),
+                       load if load is not None else learnt_load(lcs, now, cfg, tl.cached_tokens),
                        pipeline.attributor.frontend_offsets()[0], tl.engine)
 
 
@@ -136,9 +136,13 @@ def forecast_cost(pipeline: PipelineParts, max_steps: int = 64) -> StepCostModel
     return ScaledCost(cost, observed / predicted) if observed > 0 and predicted > 0 else cost
 
 
-def learnt_load(lcs: list[RequestLifecycle], now: float, cfg: StateConfig) -> ArrivalLoad | None:
-    """Recent arrivals as an evenly spaced stream of their median size; None with fewer than two (one arrival
-    says nothing of a rate)."""
+def learnt_load(lcs: list[RequestLifecycle], now: float, cfg: StateConfig,
+                cached: Callable[[str], int] | None = None) -> ArrivalLoad | None:
+    """Recent arrivals as an evenly spaced stream of their median size, and the median of the prompt tokens they
+    found in the prefix cache (`cached`, by request id: a shared system prompt or document) as the stream's
+    shared prefix; None with fewer than two (one arrival says nothing of a rate). Their sizes in turn (a mix)
+    were tried: with a few arrivals seen, one whale among them is then expected every few arrivals (whale2/w2's
+    learnt forecast went from 0.9 s to 46 s against 0.69 s); the median ignores a rare whale."""
     since = now - cfg.load_window_s
     recent = [lc for lc in lcs if lc.arrival_ts is not None and since <= lc.arrival_ts <= now]
     if len(recent) < 2:
@@ -148,7 +152,8 @@ def learnt_load(lcs: list[RequestLifecycle], now: float, cfg: StateConfig) -> Ar
     prompt = _median([lc.prompt_tokens for lc in recent if lc.prompt_tokens], cfg.default_prompt_tokens)
     out = _median([lc.max_tokens or lc.completion_tokens or 0 for lc in recent
                    if lc.max_tokens or lc.completion_tokens], cfg.default_output_tokens)
-    return ArrivalLoad(len(recent) / span, prompt, out)
+    shared = _median([cached(lc.request_id) for lc in recent], 0) if cached is not None else 0
+    return ArrivalLoad(len(recent) / span, prompt, out, cached_prefix_tokens=shared)
 
 
 def _remaining(lc: RequestLifecycle, outputs: int, guess: int) -> int:

@@ -126,3 +126,16 @@ def test_an_unconfigured_token_budget_is_a_full_steps_size_else_at_least_vllms_d
     # one rule: the attribution's re-simulation and the forecast read the same budget
     assert small is not None and small.sched.token_budget == DEFAULT_TOKEN_BUDGET
     assert shorts_only.attributor.scheduler_config(shorts_only.timeline).token_budget == DEFAULT_TOKEN_BUDGET
+
+
+def test_the_learnt_load_takes_the_prefix_its_arrivals_found_cached() -> None:
+    from attrib_agent.attribution.forecast_state import learnt_load
+    from attrib_agent.timeline.model import RequestLifecycle
+
+    lcs = [RequestLifecycle(f"r{i}", arrival_ts=10.0 + i, prompt_tokens=1856, max_tokens=32) for i in range(5)]
+    hits = {"r0": 0, "r1": 1792, "r2": 1792, "r3": 1664, "r4": 1792}  # the first computed it; the others hit
+    load = learnt_load(lcs, 15.0, StateConfig(), hits.__getitem__)
+    assert load is not None and load.cached_prefix_tokens == 1792
+    assert (load.prompt_tokens, load.max_tokens) == (1856, 32)
+    plain = learnt_load(lcs, 15.0, StateConfig())
+    assert plain is not None and plain.cached_prefix_tokens == 0 and plain.rate_per_s == load.rate_per_s
