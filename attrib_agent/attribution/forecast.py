@@ -94,7 +94,9 @@ class Forecast:
                 "in_flight": self.in_flight.as_dict(), "expected_arrivals": self.expected.as_dict(),
                 "expected_load": None if self.expected_load is None else {
                     "rate_per_s": self.expected_load.rate_per_s, "prompt_tokens": self.expected_load.prompt_tokens,
-                    "max_tokens": self.expected_load.max_tokens, "first_in_s": self.expected_load.first_in_s},
+                    "max_tokens": self.expected_load.max_tokens, "first_in_s": self.expected_load.first_in_s,
+                    "mix": [list(m) for m in self.expected_load.mix],
+                    "cached_prefix_tokens": self.expected_load.cached_prefix_tokens},
                 "extra_preemptions": self.preemptions}
 
 
