@@ -5,8 +5,11 @@ is vLLM's work between steps (scheduling, output handling) plus the mean of the 
 skewed, and the re-simulation adds up hundreds of them, so the per-step mean matters, not just the typical step.
 The d term is the memory-bandwidth cost of decoding long contexts; the e term is prefill attention (a chunk
 attends to everything before it, so a whale's third chunk costs about twice its first).
-The fit is robust (Huber IRLS) with non-negative coefficients over a bounded window of recent steps; a
-coefficient whose feature the window has not exercised keeps its prior. Until `min_steps` steps are seen the
+The fit is robust (Huber IRLS) with non-negative coefficients over a bounded window of recent steps plus the
+latest prefill steps of each chunk size, kept past the window: a whale's few long chunks are what identify the
+prefill terms, and ~1,000 decode steps later the window alone has forgotten them (decoy's whale: its 2,048-token
+chunks, 1.0-1.8 s, then priced by the prior at 0.19-0.38 s; kept, at 1.04-1.80 s). A coefficient whose feature
+the steps read have not exercised keeps its prior. Until `min_steps` steps are seen the
 configured prior is used as is.
 """
 
@@ -49,6 +52,8 @@ class StepCoefficients:
 
 
 FIT_WINDOW: Final = 1024  # recent steps the fit reads; min_steps (the prior's reign) cannot exceed it
+SIZE_CLASSES: Final = 7  # prefill steps kept past the window by chunk size: 1-3, 4-15, ..., 1,024-4,095, more
+KEPT_PER_SIZE: Final = 32  # ... the latest this many of each size
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +137,9 @@ class StepCostModel:
         self.refit_every = refit_every
         self.min_support = min_support
         self.max_step_gap_s = max_step_gap_s
-        self._rows: deque[tuple[tuple[float, float, float, float, float], float]] = deque(maxlen=max_window)
+        self._rows: deque[tuple[int, _Row, float]] = deque(maxlen=max_window)
+        # Prefill evidence kept past the window, per chunk size (a whale's chunks are rare among decode steps)
+        self._kept: list[deque[tuple[int, _Row, float]]] = [deque(maxlen=KEPT_PER_SIZE) for _ in range(SIZE_CLASSES)]
         self._gaps: deque[float] = deque(maxlen=max_window)
         self._coef = self.prior.as_tuple()
         self._gap_s = self.prior.step_gap_s
@@ -153,7 +160,10 @@ class StepCostModel:
         if not isfinite(elapsed_s) or elapsed_s < 0 or any(v < 0 or not isfinite(v) for v in row):
             self.skipped += 1
             return
-        self._rows.append((row, elapsed_s))
+        seq = self.steps_seen
+        self._rows.append((seq, row, elapsed_s))
+        if features.prefill_tokens > 0:
+            self._kept[min(features.prefill_tokens.bit_length() // 2, SIZE_CLASSES - 1)].append((seq, row, elapsed_s))
         if gap_s is not None and isfinite(gap_s) and abs(gap_s) <= self.max_step_gap_s:  # log stamps jitter
             self._gaps.append(gap_s)
         self.steps_seen += 1
@@ -166,8 +176,11 @@ class StepCostModel:
         self._since_fit = 0
         if len(self._rows) < self.min_steps:
             return
-        rows = [r for r, _ in self._rows]
-        ys = [y for _, y in self._rows]
+        oldest = self._rows[0][0]
+        window = [(r, y) for kept in self._kept for seq, r, y in kept if seq < oldest]
+        window += [(r, y) for _, r, y in self._rows]
+        rows = [r for r, _ in window]
+        ys = [y for _, y in window]
         free = [j == 0 or sum(1 for r in rows if r[j] > 0) >= self.min_support for j in range(5)]
         coef, scale, bias = huber_nonnegative_fit(rows, ys, prior=self.prior.as_tuple(), free=free,
                                                   start=self._coef)

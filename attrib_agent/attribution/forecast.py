@@ -94,7 +94,9 @@ class Forecast:
                 "in_flight": self.in_flight.as_dict(), "expected_arrivals": self.expected.as_dict(),
                 "expected_load": None if self.expected_load is None else {
                     "rate_per_s": self.expected_load.rate_per_s, "prompt_tokens": self.expected_load.prompt_tokens,
-                    "max_tokens": self.expected_load.max_tokens, "first_in_s": self.expected_load.first_in_s},
+                    "max_tokens": self.expected_load.max_tokens, "first_in_s": self.expected_load.first_in_s,
+                    "mix": [list(m) for m in self.expected_load.mix],
+                    "cached_prefix_tokens": self.expected_load.cached_prefix_tokens},
                 "extra_preemptions": self.preemptions}
 
 
@@ -106,8 +108,10 @@ def expected_arrivals(state: EngineState, config: ForecastConfig) -> list[SimReq
     gap = 1.0 / load.rate_per_s
     first = 0.5 * gap if load.first_in_s is None else load.first_in_s
     n = min(config.max_expected, max(int((config.horizon_s - first) / gap) + 1, 0))
-    return [SimRequest(f"{EXPECTED_PREFIX}{i}", state.now + first + i * gap, load.prompt_tokens, load.max_tokens)
-            for i in range(n)]
+    shared = load.cached_prefix_tokens
+    return [SimRequest(f"{EXPECTED_PREFIX}{i}", state.now + first + i * gap, p, m,
+                       EXPECTED_PREFIX if shared else None, min(shared, p - 1))
+            for i, (p, m) in ((i, load.size(i)) for i in range(n))]
 
 
 def base_run(state: EngineState, cost: StepCost, config: ForecastConfig | None = None) -> Run:
@@ -135,7 +139,8 @@ def forecast(state: EngineState, candidates: Sequence[Candidate], cost: StepCost
         cand = SimRequest(cid, state.now, c.prompt_tokens, c.max_tokens)
         usable = state.sched.num_blocks - 1
         refused = blocks_for(c.prompt_tokens + c.max_tokens - 1, state.sched.block_size) > usable
-        run = simulate_from(state, cost, [(cand, c.cached_prefix_tokens), *((r, 0) for r in expected)],
+        run = simulate_from(state, cost, [(cand, c.cached_prefix_tokens),
+                                          *((r, 0) for r in expected)],
                             watch | {cid}, cfg.max_steps, first_token_only=frozenset({cid}),
                             until=window_end(state, cfg))
         first = run.first_token.get(cid)

@@ -26,13 +26,16 @@ from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
 from attrib_agent.events import RequestReceived
 from attrib_agent.lab.score import SLOWED_RATIO, spec_ids
 from attrib_agent.lab.server import LabError
-from attrib_agent.lab.workload import LILO, LISO, RAG, SILO, SISO
+from attrib_agent.lab.workload import LILO, LISO, RAG, RAG_PREFIXES, SILO, SISO
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.recording import Recording
 from attrib_agent.sources.replay import ReplaySource
 
 LOADS = ("learnt", "declared")
 CLASSES = {c.name: c for c in (SISO, SILO, LISO, LILO, RAG)}  # the class names truth.json gives its shorts
+# Prompt tokens a class shares with the others of its stream (RAG: the system prompt and one of the documents),
+# in vLLM's prefix cache once the stream is under way: what a router that knows its traffic declares.
+SHARED_PREFIX = {RAG.name: sum(n for _, n in RAG_PREFIXES[0])}
 
 
 @dataclass
@@ -87,10 +90,13 @@ def declared_load(truth: Mapping[str, Any], at_offset_s: float) -> tuple[Arrival
     unknown = sorted({e["class"] for e in later} - set(CLASSES))
     if unknown:
         raise LabError(f"truth's shorts have a class the score does not know: {unknown[0]!r}")
-    klasses = [CLASSES[e["class"]] for e in later]  # a mix (continuous traffic): its median sizes
+    klasses = [CLASSES[e["class"]] for e in later]  # a mix (continuous traffic): its sizes in turn
     first = later[0]["offset_s"] - at_offset_s
+    mix = tuple((k.prompt_tokens, k.output_tokens) for k in klasses)
+    cached = int(statistics.median(SHARED_PREFIX.get(k.name, 0) for k in klasses))
     return (ArrivalLoad(rate, int(statistics.median(k.prompt_tokens for k in klasses)),
-                        int(statistics.median(k.output_tokens for k in klasses)), first),
+                        int(statistics.median(k.output_tokens for k in klasses)), first,
+                        mix if len(set(mix)) > 1 else (), cached),
             later[-1]["offset_s"] - at_offset_s + 0.5 / rate)
 
 
@@ -138,8 +144,18 @@ def warmed_cost(truth: Mapping[str, Any], truth_dir: Path) -> StepCostModel | No
     return p.attributor.cost
 
 
-def score_dirs(truth_dirs: Iterable[Path], config: ForecastConfig | None = None, *, warm: bool = False
-               ) -> list[WhaleCase]:
+def self_fitted_cost(recording: Path) -> StepCostModel:
+    """A diagnostic, not a forecast an agent could make: the step-cost model fitted on the whole recording
+    being scored (the whale's own steps included), which isolates the cost model from the rest."""
+    p = AttributionPipeline()
+    p.feed_all(list(ReplaySource(recording).events()))
+    p.attributor.learn(p.timeline)
+    p.attributor.cost.refit()
+    return p.attributor.cost
+
+
+def score_dirs(truth_dirs: Iterable[Path], config: ForecastConfig | None = None, *, warm: bool = False,
+               self_fit: bool = False) -> list[WhaleCase]:
     cfg = config or ForecastConfig()
     out = []
     for d in truth_dirs:
@@ -160,7 +176,7 @@ def score_dirs(truth_dirs: Iterable[Path], config: ForecastConfig | None = None,
                 sent = {k: v["prompt_tokens"] for k, v in truth["whales"].items()}
                 sent |= {k: CLASSES[v["class"]].prompt_tokens for k, v in truth["shorts"].items()}
                 got = forecast_at_arrival(rec, case.whale, Candidate(w["prompt_tokens"], w["output_tokens"]), loads,
-                                          sent, cost)
+                                          sent, self_fitted_cost(rec) if self_fit else cost)
                 spec = spec_ids(Recording(rec))
                 for name, f in got.items():
                     case.forecast_s[name].append(shorts_harm(f, spec, truth["whales"]))
@@ -223,9 +239,9 @@ def format_report(cases: list[WhaleCase]) -> str:
     return "\n".join(lines)
 
 
-def report_command(truth_dirs: list[Path], *, warm: bool, as_json: bool) -> str:
-    """What `attrib-agent lab forecast-score` prints."""
-    cases = score_dirs(truth_dirs, warm=warm)
+def report_command(truth_dirs: list[Path], *, warm: bool, as_json: bool, self_fit: bool = False) -> str:
+    """What `attrib-agent lab forecast-score` prints (`self_fit`: the diagnostic of `self_fitted_cost`)."""
+    cases = score_dirs(truth_dirs, warm=warm, self_fit=self_fit)
     if not as_json:
         return format_report(cases)
     return json.dumps({"warm": warm, "summaries": [summary(cases, k) for k in LOADS],

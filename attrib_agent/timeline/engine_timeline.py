@@ -294,11 +294,20 @@ class EngineTimeline:
         return self._inference.geometry.block_size, self._inference.geometry.num_blocks
 
     def token_budget(self) -> int:
-        """vLLM's max_num_batched_tokens: as configured, else the largest step seen (context plus generation
-        tokens; a step cut by the budget fills it), else DEFAULT_TOKEN_BUDGET before any step."""
+        """vLLM's max_num_batched_tokens: as configured; else the size of a step that cut a prefill chunk (the
+        request is still in prefill in the next step: that step was full); else the largest step seen, but at
+        least DEFAULT_TOKEN_BUDGET, the smallest default of vLLM's API servers on GPU and CPU (short traffic
+        never fills a step: a stream of 32-token prompts showed 42, and a whale re-simulated or forecast with
+        that budget ran 42 tokens a step). The one rule the attribution and the forecast both read."""
         if self._configured_budget is not None:
             return self._configured_budget
-        return self._window.largest_step() or DEFAULT_TOKEN_BUDGET
+        steps = self.steps()
+        full = 0
+        for step, after in zip(steps, steps[1:], strict=False):
+            still = {m.request_id for m in after.members if m.phase == "prefill"}
+            if any(m.phase == "prefill" and m.request_id in still for m in step.members):
+                full = max(full, step.context_tokens + step.generation_tokens)
+        return full or max(self._window.largest_step(), DEFAULT_TOKEN_BUDGET)
 
     def membership_quality(self) -> MembershipQuality:
         errors = [r.membership_error for r in self.steps()]

@@ -2,7 +2,8 @@
 
 Body: one candidate `{"prompt_tokens": N, "max_tokens": N[, "cached_prefix_tokens": N]}` or
 `{"candidates": [...]}` (at most MAX_CANDIDATES, each forecast alone), optionally `"load"` (the arrivals a
-router expects: `{"rate_per_s", "prompt_tokens", "max_tokens"[, "first_in_s"]}`, replacing the learnt one) and
+router expects: `{"rate_per_s", "prompt_tokens", "max_tokens"[, "first_in_s", "mix", "cached_prefix_tokens"]}`,
+`mix` a list of at most MAX_MIX `[prompt_tokens, max_tokens]` sizes taken in turn, replacing the learnt one) and
 `"in_flight_prompts"` (`{request id: prompt tokens}` a router knows for requests not prefilled yet). Every
 field is checked; anything else is a 400 naming the field. The forecast runs on the event loop, like the other
 handlers, so it reads a consistent state; its cost is bounded by the forecast's horizon and step limit.
@@ -28,7 +29,9 @@ MAX_CANDIDATES: Final = 16
 MAX_PROMPTS: Final = 1024
 MAX_TOKENS: Final = 10_000_000
 _CANDIDATE_KEYS: Final = frozenset({"prompt_tokens", "max_tokens", "cached_prefix_tokens"})
-_LOAD_KEYS: Final = frozenset({"rate_per_s", "prompt_tokens", "max_tokens", "first_in_s"})
+MAX_MIX: Final = 64
+_LOAD_KEYS: Final = frozenset({"rate_per_s", "prompt_tokens", "max_tokens", "first_in_s", "mix",
+                               "cached_prefix_tokens"})
 
 
 class BadForecast(ValueError):
@@ -72,6 +75,21 @@ def parse_candidate(v: Any, where: str) -> Candidate:
     return Candidate(prompt, max_tokens, cached)
 
 
+def _mix(v: Any) -> tuple[tuple[int, int], ...]:
+    """load.mix: sizes of a mixed stream, `[prompt_tokens, max_tokens]` pairs taken in turn."""
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not 1 <= len(v) <= MAX_MIX:
+        raise BadForecast(f"load.mix must be a list of 1 to {MAX_MIX} [prompt_tokens, max_tokens] pairs")
+    out = []
+    for i, pair in enumerate(v):
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise BadForecast(f"load.mix[{i}] must be a [prompt_tokens, max_tokens] pair")
+        named = dict(zip(("prompt_tokens", "max_tokens"), pair, strict=True))
+        out.append((_int(named, "prompt_tokens", f"load.mix[{i}]."), _int(named, "max_tokens", f"load.mix[{i}].")))
+    return tuple(out)
+
+
 def parse_body(raw: bytes) -> tuple[list[Candidate], ArrivalLoad | None, dict[str, int]]:
     """(candidates, declared load or None, known prompt lengths) from the request body."""
     if len(raw) > MAX_BODY_BYTES:
@@ -97,7 +115,8 @@ def parse_body(raw: bytes) -> tuple[list[Candidate], ArrivalLoad | None, dict[st
         d = _object(top["load"], "load", _LOAD_KEYS)
         load = ArrivalLoad(_number(d, "rate_per_s", "load."), _int(d, "prompt_tokens", "load."),
                            _int(d, "max_tokens", "load."),
-                           _number(d, "first_in_s", "load.") if d.get("first_in_s") is not None else None)
+                           _number(d, "first_in_s", "load.") if d.get("first_in_s") is not None else None,
+                           _mix(d.get("mix")), _int(d, "cached_prefix_tokens", "load.", required=False, low=0))
     prompts = top.get("in_flight_prompts") or {}
     if not isinstance(prompts, dict) or len(prompts) > MAX_PROMPTS:
         raise BadForecast(f"in_flight_prompts must be an object of at most {MAX_PROMPTS} request ids")

@@ -4,6 +4,7 @@ and to expected arrivals, SLO counts, batches, cached prefixes, and the decode f
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -157,3 +158,25 @@ def test_runs_stop_at_the_window_and_every_ttft_is_what_the_full_run_gives(monke
             assert (a.ttft_extra_sum_s, a.ttft_extra_max_s, a.ttft_slo_pushed, a.ttft_extra_by_request) == (
                 b.ttft_extra_sum_s, b.ttft_extra_max_s, b.ttft_slo_pushed, b.ttft_extra_by_request)
     assert windowed[0].in_flight.itl_extra_max_s > 0  # the whale's prefill chunks fall in the window
+
+
+def test_a_mixed_stream_is_forecast_size_by_size_and_a_shared_prefix_is_computed_once() -> None:
+    # A third of the stream is 1,024-token prompts: its median (32) would hide them. In turn, they are there.
+    mix = ((32, 32), (32, 32), (1024, 32))
+    load = ArrivalLoad(3.0, 32, 32, first_in_s=0.05, mix=mix)
+    sizes = [load.size(i) for i in range(6)]
+    assert sizes == [*mix, *mix]
+    cfg = ForecastConfig(horizon_s=3)
+    [mixed] = forecast(EngineState(NOW, SCHED, (), load), [Candidate(6000, 16)], COST, cfg)
+    [median] = forecast(EngineState(NOW, SCHED, (), ArrivalLoad(3.0, 32, 32, first_in_s=0.05)),
+                        [Candidate(6000, 16)], COST, cfg)
+    assert mixed.expected.requests == median.expected.requests == 9
+    assert mixed.expected.ttft_extra_sum_s > median.expected.ttft_extra_sum_s  # long ones queue behind longer
+    # RAG: 1,856-token prompts sharing 1,792 tokens (a system prompt and a document). Computed once, not 9 times.
+    rag = ArrivalLoad(3.0, 1856, 32, first_in_s=0.05)
+    [alone] = forecast(EngineState(NOW, SCHED, (), rag), [Candidate(6000, 16)], COST, cfg)
+    [shared] = forecast(EngineState(NOW, SCHED, (), replace(rag, cached_prefix_tokens=1792)),
+                        [Candidate(6000, 16)], COST, cfg)
+    assert shared.expected.ttft_extra_sum_s < 0.8 * alone.expected.ttft_extra_sum_s
+    with pytest.raises(ValueError):
+        ArrivalLoad(1.0, 32, 32, mix=((0, 5),))

@@ -55,7 +55,8 @@ def test_spearman() -> None:
 
 def test_every_committed_truth_has_its_whales_and_a_declared_load() -> None:
     """The report runs on `tests/fixtures/truth/*`: RAG shorts and mixed short streams (continuous traffic) too;
-    a mixed stream is declared as its median sizes."""
+    a mixed stream is declared as its sizes in turn (its median sizes the single figure), RAG shorts with their
+    shared prefix."""
     import json
 
     from attrib_agent.lab.forecast_score import declared_load, whale_cases
@@ -71,6 +72,31 @@ def test_every_committed_truth_has_its_whales_and_a_declared_load() -> None:
     continuous = json.loads((TRUTH / "continuous" / "truth.json").read_text())
     got = declared_load(continuous, 15.0)
     assert got is not None and (got[0].prompt_tokens, got[0].max_tokens) == (32, 32)  # siso is the median
+    later = sorted((e for e in continuous["shorts"].values() if e["offset_s"] > 15.0), key=lambda e: e["offset_s"])
+    assert len(got[0].mix) == len(later) and got[0].size(0)[0] == (32 if later[0]["class"][0] == "s" else 1024)
+    assert {p for p, _ in got[0].mix} == {32, 1024}  # short and long inputs, in the stream's order
     prefix = json.loads((TRUTH / "prefix" / "truth.json").read_text())
     got = declared_load(prefix, 9.0)
-    assert got is not None and got[0].prompt_tokens == 1856
+    assert got is not None and got[0].prompt_tokens == 1856 and got[0].mix == ()
+    assert got[0].cached_prefix_tokens == 1792  # system prompt and document, shared by the stream
+
+
+def test_the_self_fitted_cost_prices_the_decoy_whales_chunks_from_its_own_steps() -> None:
+    """The diagnostic's cost model: fitted on the whole recording, it keeps the whale's long chunks past the
+    ~1,500 decode steps after them (the fit window alone forgot them and priced a chunk at 0.19-0.38 s)."""
+    from attrib_agent.attribution.cost_model import StepFeatures
+    from attrib_agent.lab.forecast_score import self_fitted_cost
+    from attrib_agent.pipeline import AttributionPipeline
+    from attrib_agent.sources.replay import ReplaySource
+
+    rec = TRUTH / "decoy" / "runs" / "d1+w1-r0"
+    cost = self_fitted_cost(rec)
+    p = AttributionPipeline()
+    p.feed_all(list(ReplaySource(rec).events()))
+    chunks = [(StepFeatures.from_record(o.record), o.record.elapsed_s) for _, o in p.timeline.outcomes()]
+    chunks = [(f, y) for f, y in chunks if f.prefill_tokens >= 2000]
+    assert len(chunks) == 3
+    for f, took in chunks:
+        priced = cost.step_seconds_with_prefill(f.prefill_tokens, f.decode_requests, f.decode_context_sum,
+                                                f.prefill_pairs) - cost.coefficients.step_gap_s
+        assert math.isclose(priced, took, rel_tol=0.25)

@@ -92,9 +92,9 @@ def test_before_the_fit_the_prior_is_scaled_to_the_steps_seen_and_after_it_the_f
     assert forecast_cost(AttributionPipeline()) is not None  # no steps: the prior as it is
 
 
-def test_an_unconfigured_token_budget_is_a_full_steps_size_else_at_least_vllms_default() -> None:
-    from attrib_agent.attribution.forecast_state import inferred_budget
-    from attrib_agent.timeline.engine_timeline import DEFAULT_TOKEN_BUDGET
+def test_an_unconfigured_token_budget_is_a_full_steps_size_else_at_least_vllms_default(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from attrib_agent.timeline.engine_timeline import DEFAULT_TOKEN_BUDGET, EngineTimeline
     from attrib_agent.timeline.model import StepMember, StepRecord
 
     def step(i: int, prefill: int, decodes: int, rid: str = "w") -> StepRecord:
@@ -103,11 +103,18 @@ def test_an_unconfigured_token_budget_is_a_full_steps_size_else_at_least_vllms_d
             members += (StepMember(rid, "prefill", prefill, prefill * (i + 1), 8),)
         return StepRecord(0, i, float(i), 0.1, int(bool(prefill)), prefill, decodes, decodes, 0.5, members)
 
+    def budget(steps: list[StepRecord], largest: int) -> int:
+        tl = EngineTimeline()
+        monkeypatch.setattr(tl, "steps", lambda: steps)
+        monkeypatch.setattr(tl._window, "largest_step", lambda: largest)
+        return tl.token_budget()
+
     shorts = [step(0, 32, 3, "a"), step(1, 32, 4, "b"), step(2, 0, 5)]  # no step was full: 37 is a lower bound
-    assert inferred_budget(shorts, 37) == DEFAULT_TOKEN_BUDGET
-    assert inferred_budget(shorts, 5000) == 5000  # a bigger step than the default was seen: at least that
+    assert budget(shorts, 37) == DEFAULT_TOKEN_BUDGET
+    assert budget(shorts, 5000) == 5000  # a bigger step than the default was seen: at least that
     chunked = [step(0, 504, 8), step(1, 512, 0), step(2, 100, 0)]  # w cut at 504 + 8 = 512 tokens: the budget
-    assert inferred_budget(chunked, 512) == 512
+    assert budget(chunked, 512) == 512
+    assert EngineTimeline(token_budget=300).token_budget() == 300  # configured: as configured
     p = fed_until("whale2", "-w2-")  # a whale's prefill was chunked before: the budget is the lab's 2,048
     state = engine_state(p)
     assert state is not None and state.sched.token_budget == 2048
@@ -115,5 +122,20 @@ def test_an_unconfigured_token_budget_is_a_full_steps_size_else_at_least_vllms_d
     for ev in events("shorts")[:200]:
         shorts_only.feed(ev)
     small = engine_state(shorts_only)
-    assert small is not None and shorts_only.attributor.scheduler_config(shorts_only.timeline).token_budget < 2048
-    assert small.sched.token_budget == DEFAULT_TOKEN_BUDGET
+    assert shorts_only.timeline._window.largest_step() < 2048
+    # one rule: the attribution's re-simulation and the forecast read the same budget
+    assert small is not None and small.sched.token_budget == DEFAULT_TOKEN_BUDGET
+    assert shorts_only.attributor.scheduler_config(shorts_only.timeline).token_budget == DEFAULT_TOKEN_BUDGET
+
+
+def test_the_learnt_load_takes_the_prefix_its_arrivals_found_cached() -> None:
+    from attrib_agent.attribution.forecast_state import learnt_load
+    from attrib_agent.timeline.model import RequestLifecycle
+
+    lcs = [RequestLifecycle(f"r{i}", arrival_ts=10.0 + i, prompt_tokens=1856, max_tokens=32) for i in range(5)]
+    hits = {"r0": 0, "r1": 1792, "r2": 1792, "r3": 1664, "r4": 1792}  # the first computed it; the others hit
+    load = learnt_load(lcs, 15.0, StateConfig(), hits.__getitem__)
+    assert load is not None and load.cached_prefix_tokens == 1792
+    assert (load.prompt_tokens, load.max_tokens) == (1856, 32)
+    plain = learnt_load(lcs, 15.0, StateConfig())
+    assert plain is not None and plain.cached_prefix_tokens == 0 and plain.rate_per_s == load.rate_per_s

@@ -70,9 +70,16 @@ def test_a_batch_a_declared_load_and_known_prompts() -> None:
                                                     "first_in_s": 0.3}}).json()
     small, whale, cached = body["forecasts"]
     assert [f["candidate"] for f in body["forecasts"]] == [{"cached_prefix_tokens": 0} | c for c in cands]
-    assert whale["expected_load"] == {"rate_per_s": 2.0, "prompt_tokens": 32, "max_tokens": 32, "first_in_s": 0.3}
+    assert whale["expected_load"] == {"rate_per_s": 2.0, "prompt_tokens": 32, "max_tokens": 32, "first_in_s": 0.3,
+                                      "mix": [], "cached_prefix_tokens": 0}
     assert small["ttft_extra_sum_s"] < whale["ttft_extra_sum_s"]
     assert cached["own_ttft_s"] < whale["own_ttft_s"]
+    # a mixed stream (a third of 1,024-token prompts) costs the whale's neighbours more than its median size
+    mixed = {"rate_per_s": 2, "prompt_tokens": 32, "max_tokens": 32, "first_in_s": 0.3,
+             "mix": [[32, 32], [32, 32], [1024, 32]]}
+    got = post(app, {"prompt_tokens": 5000, "max_tokens": 600, "load": mixed}).json()["forecasts"][0]
+    assert got["expected_load"]["mix"] == mixed["mix"]
+    assert got["expected_arrivals"]["ttft_extra_sum_s"] > whale["expected_arrivals"]["ttft_extra_sum_s"]
     rid = next(lc.request_id for lc in p.timeline.lifecycles() if "-w1-" in lc.request_id)
     told = post(app, {"prompt_tokens": 5000, "max_tokens": 600, "in_flight_prompts": {rid: 6000}})
     assert told.status_code == 200  # w1's prompt is known from its prefill already: the hint changes nothing
@@ -95,6 +102,10 @@ def test_a_batch_a_declared_load_and_known_prompts() -> None:
     ({"prompt_tokens": 10, "max_tokens": 5, "load": {"rate_per_s": -1, "prompt_tokens": 1, "max_tokens": 1}},
      "load.rate_per_s must be a number"),
     ({"prompt_tokens": 10, "max_tokens": 5, "in_flight_prompts": {"x": -3}}, "in_flight_prompts.x"),
+    ({"prompt_tokens": 10, "max_tokens": 5, "load": {"rate_per_s": 1, "prompt_tokens": 1, "max_tokens": 1,
+                                                     "mix": [[5, 0]]}}, "load.mix[0].max_tokens must be an integer"),
+    ({"prompt_tokens": 10, "max_tokens": 5, "load": {"rate_per_s": 1, "prompt_tokens": 1, "max_tokens": 1,
+                                                     "mix": [5]}}, "load.mix[0] must be a [prompt_tokens"),
     (b"x" * 70_000, "larger than"),
 ])
 def test_bad_bodies_get_a_400_naming_the_problem(body: Any, message: str) -> None:
