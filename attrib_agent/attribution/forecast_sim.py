@@ -18,6 +18,7 @@ from attrib_agent.attribution.block_pool import FreeBlockQueue
 from attrib_agent.attribution.forecast_types import EngineState
 from attrib_agent.attribution.scheduler_sim import _compute, _deliver
 from attrib_agent.attribution.sim_step import LiveRequest, blocks_for, schedule_step
+from attrib_agent.attribution.sim_stretch import fitting_steps
 from attrib_agent.attribution.sim_trace import Pricer
 from attrib_agent.attribution.sim_types import SimRequest, StepCost
 
@@ -139,7 +140,7 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
         if left < most:
             most = left
     n = len(running)
-    k = _alike_steps(running, pool.free, bs, most)
+    k = fitting_steps(running, pool.free, bs, most)
     if k <= 0:
         return 0, now
     first = pricer.price((0, n, context, 0))
@@ -176,25 +177,3 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
         r.outputs += steps
         r.token_ts.extend(ends)
     return steps, now
-
-
-def _alike_steps(running: list[LiveRequest], free: int, bs: int, most: int) -> int:
-    """The most decode steps (up to `most`) whose new KV blocks all fit in the `free` ones: no preemption within
-    them, and a queue head that does not fit now fits even less later."""
-    held = [(r.computed, r.blocks) for r in running]
-
-    def need(k: int) -> int:
-        total = 0
-        for computed, blocks in held:
-            extra = -(-(computed + k) // bs) - blocks  # blocks_for, inlined: this is the forecast's inner loop
-            if extra > 0:
-                total += extra
-        return total
-
-    if most <= 0 or need(most) <= free:
-        return max(most, 0)
-    lo, hi = 0, most  # need(lo) fits, need(hi) does not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if need(mid) <= free else (lo, mid)
-    return lo

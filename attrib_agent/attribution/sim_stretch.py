@@ -66,7 +66,7 @@ def decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], pool
         if left < most:
             most = left
         context += computed + 1
-    k = _fitting_steps(running, pool.free, bs, most)
+    k = fitting_steps(running, pool.free, bs, most)
     if k <= 0:
         return None
     price = pricer.price4
@@ -115,8 +115,9 @@ def _head_fits(head: LiveRequest, pool: FreeBlockQueue, config: SchedulerConfig)
     return blocks_for(head.num_tokens, bs) - len(shared) + sum(b.ref == 0 for b in shared) <= pool.free
 
 
-def _fitting_steps(running: list[LiveRequest], free: int, bs: int, most: int) -> int:
-    """The most decode steps (up to `most`) whose new blocks all fit in the `free` ones: no preemption."""
+def fitting_steps(running: list[LiveRequest], free: int, bs: int, most: int) -> int:
+    """The most decode steps (up to `most`) whose new blocks all fit in the `free` ones: no preemption within
+    them, and a queue head that does not fit now fits even less later (the re-simulation and the forecast)."""
     held = [(r.computed, r.blocks) for r in running]
 
     def need(k: int) -> int:

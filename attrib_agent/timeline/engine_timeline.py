@@ -78,6 +78,7 @@ class EngineTimeline:
         self._version = 0
         self._ledger: tuple[int, KvBlockLedger] | None = None
         self._preempted: tuple[int, list[InferredPreemption]] | None = None
+        self._budget: tuple[int, int] | None = None  # (version, the inferred token budget)
         self._exact = ExactSteps(max_steps, max_requests)  # the step plugin's facts (exact mode), when it reports
         self._overlaid: tuple[int, list[tuple[StepInput, StepOutcome]]] | None = None
         self.skipped: dict[str, int] = {}
@@ -301,13 +302,15 @@ class EngineTimeline:
         that budget ran 42 tokens a step). The one rule the attribution and the forecast both read."""
         if self._configured_budget is not None:
             return self._configured_budget
-        steps = self.steps()
-        full = 0
-        for step, after in zip(steps, steps[1:], strict=False):
-            still = {m.request_id for m in after.members if m.phase == "prefill"}
-            if any(m.phase == "prefill" and m.request_id in still for m in step.members):
-                full = max(full, step.context_tokens + step.generation_tokens)
-        return full or max(self._window.largest_step(), DEFAULT_TOKEN_BUDGET)
+        if self._budget is None or self._budget[0] != self._version:  # a walk over the window: once a version
+            steps = self.steps()
+            full = 0
+            for step, after in zip(steps, steps[1:], strict=False):
+                still = {m.request_id for m in after.members if m.phase == "prefill"}
+                if any(m.phase == "prefill" and m.request_id in still for m in step.members):
+                    full = max(full, step.context_tokens + step.generation_tokens)
+            self._budget = (self._version, full or max(self._window.largest_step(), DEFAULT_TOKEN_BUDGET))
+        return self._budget[1]
 
     def membership_quality(self) -> MembershipQuality:
         errors = [r.membership_error for r in self.steps()]
