@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from attrib_agent.sinks.api.render_cache import Body, CachedAsgi, RenderCache
+from attrib_agent.sinks.api.render_cache import Body, RenderCache
 
 
 def test_reused_only_at_the_same_version() -> None:
@@ -44,39 +44,6 @@ def test_max_age_and_bounded() -> None:
         RenderCache(lambda: 0, max_entries=0)
 
 
-def test_cached_asgi_replays_the_inner_response_per_query_and_version() -> None:
-    version = [0]
-    calls: list[bytes] = []
-
-    async def inner(scope: Any, receive: Any, send: Any) -> None:
-        calls.append(scope["query_string"])
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": f"{len(calls)}".encode()})
-
-    app = CachedAsgi(inner, RenderCache(lambda: version[0]))
-
-    def get(query: bytes) -> bytes:
-        sent: list[Any] = []
-
-        async def send(msg: Any) -> None:
-            sent.append(msg)
-
-        async def receive() -> Any:
-            return {"type": "http.request", "body": b""}
-
-        scope = {"type": "http", "method": "GET", "query_string": query, "headers": [(b"accept", b"text/plain")]}
-        asyncio.run(app(scope, receive, send))
-        assert sent[0]["status"] == 200
-        return bytes(sent[1]["body"])
-
-    assert get(b"") == b"1"
-    assert get(b"") == b"1"
-    assert get(b"name[]=x") == b"2"
-    version[0] += 1
-    assert get(b"") == b"3"
-    assert calls == [b"", b"name[]=x", b""]
-
-
 def test_max_stale_serves_a_body_of_an_older_version_while_young() -> None:
     version, now = [0], [0.0]
     cache: RenderCache[int] = RenderCache(lambda: version[0], max_stale_s=1.0, clock=lambda: now[0])
@@ -107,44 +74,9 @@ def test_a_body_is_gzipped_once_and_only_for_clients_that_take_it() -> None:
     assert small.for_client("gzip") == (small.raw, {"Vary": "Accept-Encoding"})
 
 
-def test_cached_asgi_keeps_the_gzipped_answer_apart_from_the_plain_one() -> None:
-    import gzip
-
-    calls: list[int] = []
-    body = b"x" * 5000
-
-    async def inner(scope: Any, receive: Any, send: Any) -> None:
-        calls.append(1)
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
-        await send({"type": "http.response.body", "body": body})
-
-    app = CachedAsgi(inner, RenderCache(lambda: 0))
-
-    def get(encoding: bytes) -> tuple[dict[bytes, bytes], bytes]:
-        sent: list[Any] = []
-
-        async def send(msg: Any) -> None:
-            sent.append(msg)
-
-        async def receive() -> Any:
-            return {"type": "http.request", "body": b""}
-
-        scope = {"type": "http", "method": "GET", "query_string": b"", "headers": [(b"accept-encoding", encoding)]}
-        asyncio.run(app(scope, receive, send))
-        return dict(sent[0]["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
-
-    for _ in range(2):
-        headers, zipped = get(b"gzip")
-        assert headers[b"content-encoding"] == b"gzip" and gzip.decompress(zipped) == body
-        headers, plain = get(b"identity")
-        assert b"content-encoding" not in headers and plain == body
-    assert len(calls) == 2  # one build per encoding, replayed after
-
-
 def test_renderer_serves_the_last_body_while_the_next_is_built() -> None:
     """A body past its freshness but within serve_stale_s answers at once; its successor is built in the
     background (where the pipeline lives) and served next; a key never built waits, one build for all."""
-    import asyncio
     import threading
 
     from attrib_agent.sinks.api.render_cache import Renderer
@@ -187,7 +119,6 @@ def test_renderer_serves_the_last_body_while_the_next_is_built() -> None:
 
 
 def test_metrics_endpoint_negotiates_like_prometheus_client() -> None:
-    import asyncio
 
     import httpx
     from prometheus_client import CollectorRegistry, Counter
