@@ -243,11 +243,12 @@ class Attributor:
         tid, learnt_to = self._learnt_to
         if tid != id(timeline):
             learnt_to = 0
-        for si, out in timeline.outcomes():
-            if si.seq < learnt_to:
-                continue
-            self.cost.observe_features(StepFeatures.from_record(out.record), out.record.elapsed_s)
-            learnt_to = si.seq + 1
+        with self.cost.deferred():  # one refit a pass, however many steps came since the last
+            for si, out in timeline.outcomes():
+                if si.seq < learnt_to:
+                    continue
+                self.cost.observe_features(StepFeatures.from_record(out.record), out.record.elapsed_s)
+                learnt_to = si.seq + 1
         self._learnt_to = (id(timeline), learnt_to)
 
     def scheduler_config(self, timeline: EngineTimeline) -> SchedulerConfig:

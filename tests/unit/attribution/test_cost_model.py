@@ -203,3 +203,31 @@ def test_a_whales_chunks_are_remembered_past_the_window() -> None:
     predicted = model.step_seconds_with_prefill(2048, 0, 0, chunk.prefill_pairs) - model.coefficients.step_gap_s
     assert predicted == pytest.approx(seconds(chunk), rel=0.1)
     assert model.window_steps == 256 and sum(len(k) for k in model._kept) <= 7 * 32
+
+
+def test_deferred_fits_once_on_the_window_of_the_last_refit_due() -> None:
+    """A batch observed under `deferred()` refits once, at its end, on the window the last refit due in it
+    would have read: the coefficients of refitting all the way, to the IRLS tolerance (only the warm start of
+    superseded refits is missing), and none while the batch runs."""
+    eager, lazy = StepCostModel(min_steps=64, refit_every=128), StepCostModel(min_steps=64, refit_every=128)
+    feed(eager, 1000, seed=5)
+    fits = 0
+    real_fit = lazy._fit
+
+    def counting(*args: object) -> None:
+        nonlocal fits
+        fits += 1
+        real_fit(*args)  # type: ignore[arg-type]
+
+    lazy._fit = counting  # type: ignore[method-assign]
+    with lazy.deferred():
+        feed(lazy, 1000, seed=5)
+        assert not lazy.fitted and fits == 0
+    assert fits == 1 and lazy.fitted
+    assert lazy.steps_seen == eager.steps_seen
+    for a, b in zip(lazy.coefficients.as_tuple(), eager.coefficients.as_tuple(), strict=True):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-12)
+    assert lazy.residual_scale == pytest.approx(eager.residual_scale, rel=1e-5)
+    feed(lazy, 100, seed=6)  # after the batch: refits when due again, as before
+    feed(eager, 100, seed=6)
+    assert lazy.coefficients.as_tuple() == pytest.approx(eager.coefficients.as_tuple(), rel=1e-5, abs=1e-12)
