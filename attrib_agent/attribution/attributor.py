@@ -274,7 +274,6 @@ class Attributor:
             lcs[lc.request_id] = lc
             end = lc.end_ts if lc.end_ts is not None else req.arrival_ts + self.config.unfinished_end_s
             known.append((req, end))
-        kv = {r.request_id: r.block_seconds for r in timeline.ledger.requests()}
         view = engine_view(timeline, cfg, Pricer(self.cost))
         prices = self.prices.current(self.cost)
         plans = []
@@ -292,6 +291,8 @@ class Attributor:
                         self._learn_ttft_offset(v.lc, v.lc.ttft_s - _metric(o, v.req.arrival_ts, "ttft"), view)
                     if o is not None and v.lc.mean_itl_s is not None and o.mean_itl_s is not None:
                         self._itl_offsets.append(v.lc.mean_itl_s - o.mean_itl_s)
+        # a culprit is in its victim's period: block-seconds of those alone, not the ledger of every request held
+        kv = timeline.block_seconds({r.request_id for plan, _ in plans for r in plan.period})
         membership = timeline.membership_quality().exact_share
         offsets = self.frontend_offsets()  # fixed from here on: only the loop above feeds them
         out: list[AttributionResult] = []

@@ -27,7 +27,7 @@ from attrib_agent.events import (
 )
 from attrib_agent.timeline.exact import ExactSteps, certain, exact_iterations
 from attrib_agent.timeline.gpu_samples import GpuSamples
-from attrib_agent.timeline.ledger import KvBlockLedger, KvLatest, MetricsSample, kv_latest
+from attrib_agent.timeline.ledger import KvBlockLedger, KvLatest, MetricsSample, block_seconds, kv_latest
 from attrib_agent.timeline.lifecycle import LifecycleBook
 from attrib_agent.timeline.model import RequestLifecycle, StepRecord
 from attrib_agent.timeline.preemption import InferredPreemption, PreemptionCounts, infer_preemptions, preemption_counts
@@ -271,6 +271,10 @@ class EngineTimeline:
             self._ledger = (self._version, KvBlockLedger(self._inference.geometry, outcomes, list(self._samples),
                                                          lifetimes))
         return self._ledger[1]
+
+    def block_seconds(self, request_ids: Iterable[str]) -> dict[str, float]:
+        """KV block-seconds of these requests over the steps held (the ledger's figures, the ledger not built)."""
+        return block_seconds(self.outcomes(), request_ids)
 
     def kv_latest(self) -> KvLatest:
         """The ledger's latest step, holdings and sample reconciliation, without building the ledger."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from attrib_agent.timeline.sched_state import Geometry, StepInput
@@ -139,6 +139,21 @@ class KvBlockLedger:
             share = bs / (usable * life) if usable and life > 0 else 0.0
             result[rid] = RequestKv(rid, bs, peak[rid], start, end, share)
         return result
+
+
+def block_seconds(steps: Sequence[tuple[StepInput, StepOutcome]], request_ids: Iterable[str]) -> dict[str, float]:
+    """`KvBlockLedger(...).request(rid).block_seconds` of just these requests (those holding none: absent), the
+    same sums in the same order, without building the ledger: an attribution pass names a few culprits, the
+    ledger integrates every request the window holds (a pass's largest fixed cost at GPU rates)."""
+    want = set(request_ids)
+    seconds: dict[str, float] = {}
+    last = len(steps) - 1
+    for k, (si, out) in enumerate(steps):
+        span = steps[k + 1][0].end_ts - si.end_ts if k < last else 0.0
+        for rid, blocks in out.holdings:
+            if rid in want:
+                seconds[rid] = seconds.get(rid, 0.0) + blocks * max(span, 0.0)
+    return seconds
 
 
 def reconcile(geometry: Geometry, steps: Sequence[tuple[StepInput, StepOutcome]], ends: Sequence[float],

@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attrib_agent.timeline.ledger import KvBlockLedger, KvReconciliation, MetricsSample, residual_stats
+from attrib_agent.timeline.ledger import (
+    KvBlockLedger,
+    KvReconciliation,
+    MetricsSample,
+    block_seconds,
+    residual_stats,
+)
 from attrib_agent.timeline.model import RequestLifecycle, StepRecord
 from attrib_agent.timeline.preemption import infer_preemptions, preemption_counts
 from attrib_agent.timeline.sched_state import Geometry, StepInput
@@ -37,6 +43,20 @@ def test_block_seconds_integrate_holdings_between_step_ends() -> None:
     assert [r.request_id for r in ledger.requests()] == ["a", "b"]
     assert ledger.held_at(12.0) == {"a": 2, "b": 1} and ledger.held_at(5.0) == {}
     assert ledger.blocks("b", 102) == 3 and ledger.blocks("a", 102) == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.dictionaries(st.sampled_from("abcd"), st.integers(0, 9), max_size=4), min_size=1, max_size=12),
+       st.lists(st.floats(0.001, 3.0), min_size=12, max_size=12), st.sets(st.sampled_from("abcdz")))
+def test_block_seconds_of_some_requests_are_the_ledgers_figures(holdings: list[dict[str, int]], gaps: list[float],
+                                                                 wanted: set[str]) -> None:
+    """What an attribution pass reads for its culprits instead of the whole ledger: the same sums, bit for bit;
+    requests that held nothing (or are unknown) are absent, as the ledger has no entry for them."""
+    ends = [10.0 + sum(gaps[: k + 1]) for k in range(len(holdings))]
+    steps = [step(k, end, h) for k, (end, h) in enumerate(zip(ends, holdings, strict=True))]
+    ledger = KvBlockLedger(GEO, steps, [], {})
+    got = block_seconds(steps, wanted)
+    assert got == {r: kv.block_seconds for r in wanted if (kv := ledger.request(r)) is not None}
 
 
 def test_metrics_samples_reconcile_with_the_step_whose_state_they_show() -> None:
