@@ -10,6 +10,7 @@ rest is `unexplained`, never spread silently; when it explains more, the parts a
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import defaultdict, deque
 from collections.abc import Iterable, Sequence
@@ -243,10 +244,10 @@ class Attributor:
         tid, learnt_to = self._learnt_to
         if tid != id(timeline):
             learnt_to = 0
+        outcomes = timeline.outcomes()  # in feed order: the new steps are a tail, found by bisection
+        new = outcomes[bisect.bisect_left(outcomes, learnt_to, key=lambda o: o[0].seq):]
         with self.cost.deferred():  # one refit a pass, however many steps came since the last
-            for si, out in timeline.outcomes():
-                if si.seq < learnt_to:
-                    continue
+            for si, out in new:
                 self.cost.observe_features(StepFeatures.from_record(out.record), out.record.elapsed_s)
                 learnt_to = si.seq + 1
         self._learnt_to = (id(timeline), learnt_to)
