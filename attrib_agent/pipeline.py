@@ -211,6 +211,7 @@ class AttributionPipeline:
         if self._last_pass is not None and now - self._last_pass < self.pass_gap_s:
             return []  # shedding: what is due waits (bounded by max_pending) for the next pass
         self._last_pass = now
+        self.attributor.one_refit_a_pass = self.pass_gap_s > 0  # shedding: one cost-model refit a pass
         lcs = {lc.request_id: lc for lc in self.timeline.lifecycles()}
         wanted = {rid for rid in self._due if self._attributed(rid)}
         if len(wanted) < len(self._due):

@@ -14,6 +14,7 @@ import bisect
 import statistics
 from collections import defaultdict, deque
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from attrib_agent.attribution.causes import (
@@ -221,6 +222,10 @@ class Attributor:
         self._clean_ttft_offsets: deque[float] = deque(maxlen=self.config.offset_window)
         self.runs = RunCache(self.config.run_cache_size)  # shared by victims and settles (sim_cache.py)
         self.prices = CostVersions(self.config.cost_tolerance)
+        # Set while the live agent sheds load (passes seconds apart, ~1,000 new steps each): the cost model then
+        # refits once a pass (StepCostModel.deferred: equal to IRLS tolerance, not bit for bit), not every 128
+        # steps. Off (replay, lab), every refit runs where it falls and the results are exactly as before.
+        self.one_refit_a_pass = False
 
     def frontend_offsets(self) -> tuple[float, float]:
         """A low quantile of (observed - simulated): the uncontended overhead outside engine steps."""
@@ -246,7 +251,7 @@ class Attributor:
             learnt_to = 0
         outcomes = timeline.outcomes()  # in feed order: the new steps are a tail, found by bisection
         new = outcomes[bisect.bisect_left(outcomes, learnt_to, key=lambda o: o[0].seq):]
-        with self.cost.deferred():  # one refit a pass, however many steps came since the last
+        with self.cost.deferred() if self.one_refit_a_pass else nullcontext():
             for si, out in new:
                 self.cost.observe_features(StepFeatures.from_record(out.record), out.record.elapsed_s)
                 learnt_to = si.seq + 1
