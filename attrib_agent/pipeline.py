@@ -174,6 +174,7 @@ class AttributionPipeline:
         self.clock_steps_back += 1
         self.timeline = self._new_timeline()
         self.last_event_ts = ts
+        self._last_pass = None  # its time is the old time base's: the new one's passes would wait an hour for it
         self._next_settle = ts + self.config.settle_interval_s
         return out
 
@@ -208,7 +209,7 @@ class AttributionPipeline:
         self.version += 1
         self.settles += 1
         self._next_settle = now + self.config.settle_interval_s
-        if self._last_pass is not None and now - self._last_pass < self.pass_gap_s:
+        if self.pass_gap_s > 0 and self._last_pass is not None and now - self._last_pass < self.pass_gap_s:
             return []  # shedding: what is due waits (bounded by max_pending) for the next pass
         self._last_pass = now
         self.attributor.one_refit_a_pass = self.pass_gap_s > 0  # shedding: one cost-model refit a pass

@@ -105,19 +105,20 @@ class RenderCache(Generic[T]):
 
 class Renderer(Generic[T]):
     """Bodies built where the pipeline lives (`read`: the agent's pipeline thread) and served from the loop
-    without waiting for a rebuild: a body that is no longer fresh (RenderCache's rules) but younger than
-    `serve_stale_s` is served while its successor is built in the background, and `refresh()` rebuilds ahead of
-    time the bodies asked for in the last `hot_s`. Only a query never asked before (or not for `serve_stale_s`)
+    without waiting long for a rebuild: a body that is no longer fresh (RenderCache's rules) but younger than
+    `serve_stale_s` is served if its successor, built in the background, takes over `fresh_wait_s` (a long
+    pass holds the pipeline thread), and `refresh()` rebuilds ahead of time the bodies asked for in the last
+    `hot_s`. Only a query never asked before (or not for `serve_stale_s`)
     waits for its first build; concurrent requests for it share that one build."""
 
     def __init__(self, version: Callable[[], int], read: Callable[[Callable[[], Any]], Awaitable[Any]], *,
                  max_entries: int = 16, max_age_s: float | None = None, max_stale_s: float = 0.0,
-                 serve_stale_s: float = 0.0, hot_s: float = 60.0,
+                 serve_stale_s: float = 0.0, hot_s: float = 60.0, fresh_wait_s: float = 0.1,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.cache: RenderCache[T] = RenderCache(version, max_entries=max_entries, max_age_s=max_age_s,
                                                  max_stale_s=max_stale_s, clock=clock)
         self._version, self._read, self._clock = version, read, clock
-        self._serve_stale_s, self._hot_s = serve_stale_s, hot_s
+        self._serve_stale_s, self._hot_s, self._fresh_wait_s = serve_stale_s, hot_s, fresh_wait_s
         self._builds: dict[Hashable, asyncio.Future[T]] = {}
         self._asked: OrderedDict[Hashable, tuple[float, Callable[[], T]]] = OrderedDict()  # key -> (when, build)
         self.stale_served = 0
@@ -131,12 +132,15 @@ class Renderer(Generic[T]):
         if body is not None:
             return body
         old = self.cache.entry(key)
+        fut = self._builds[key] if key in self._builds else self._start(key, build)
         if old is not None and self._clock() - old[1] <= self._serve_stale_s:
+            # The successor usually comes within a batch (ms): wait that long for it, so a read right after a
+            # change sees the change; the old body only when the pipeline thread is in a long pass.
+            with contextlib.suppress(TimeoutError):
+                return await asyncio.wait_for(asyncio.shield(fut), self._fresh_wait_s)
             self.stale_served += 1
-            if key not in self._builds:
-                self._start(key, build)
             return old[2]
-        return await (self._builds[key] if key in self._builds else self._start(key, build))
+        return await fut
 
     def _start(self, key: Hashable, build: Callable[[], T]) -> asyncio.Future[T]:
         async def run() -> T:

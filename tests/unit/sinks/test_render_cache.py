@@ -142,3 +142,25 @@ def test_metrics_endpoint_negotiates_like_prometheus_client() -> None:
     assert om.headers["content-type"].startswith(OPENMETRICS) and om.text.endswith("# EOF\n")
     only = asyncio.run(get({}, "?name[]=toy_total"))
     assert "toy_total" in only.text and "other_total" not in only.text
+
+
+def test_a_successor_built_within_fresh_wait_is_served_not_the_stale_body() -> None:
+    """A read right after a change sees it when the pipeline thread builds the body promptly (a Prometheus
+    scrape after a result turned final counts it); the stale body only when the build takes longer."""
+    from attrib_agent.sinks.api.render_cache import Renderer
+
+    version, now = [0], [0.0]
+
+    async def on_thread(fn: Any) -> Any:
+        return await asyncio.to_thread(fn)
+
+    r: Renderer[str] = Renderer(lambda: version[0], on_thread, serve_stale_s=5.0, fresh_wait_s=2.0,
+                                clock=lambda: now[0])
+
+    async def main() -> None:
+        assert await r.get("k", lambda: f"v{version[0]}") == "v0"
+        version[0], now[0] = 1, 1.0
+        assert await r.get("k", lambda: f"v{version[0]}") == "v1"
+        assert r.stale_served == 0
+
+    asyncio.run(main())
