@@ -23,6 +23,9 @@ from attrib_agent.attribution.sim_trace import Pricer
 from attrib_agent.attribution.sim_types import SimRequest, StepCost
 
 
+SMALL_STRETCH = 64  # stretches shorter than this get their step ends in plain Python (numpy costs more there)
+
+
 @dataclass(slots=True)
 class Run:
     """One simulated future: per request its first token, its new token times, its preemptions."""
@@ -160,8 +163,11 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
                 mid = (lo + hi) // 2
                 lo, hi = (mid, hi) if end(mid) < next_arrival else (lo, mid)
             k = hi + 1
-        j = np.arange(k, dtype=np.float64)
-        ends = (now + (j + 1) * first + slope * j * (j + 1) / 2).tolist()
+        if k < SMALL_STRETCH:  # the same float operations in the same order as numpy's: the same values
+            ends = [now + (j + 1) * first + slope * j * (j + 1) / 2 for j in range(k)]
+        else:
+            jj = np.arange(k, dtype=np.float64)
+            ends = (now + (jj + 1) * first + slope * jj * (jj + 1) / 2).tolist()
     else:
         t = now
         while len(ends) < k and (next_arrival is None or t < next_arrival):
@@ -169,12 +175,15 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
             ends.append(t)
     steps = len(ends)
     now = ends[-1] if ends else now
+    total = 0
     for r in running:
-        need = blocks_for(r.computed + steps, bs) - r.blocks
-        if need > 0:  # allocation order does not matter: every block comes off the front of the free queue
-            pool.allocate(need)
-            r.blocks += need
+        grown = -(-(r.computed + steps) // bs)  # blocks_for, inlined
+        if grown > r.blocks:
+            total += grown - r.blocks
+            r.blocks = grown
         r.computed += steps
         r.outputs += steps
         r.token_ts.extend(ends)
+    if total:  # one allocation for all: every block comes off the front of the free queue, in any order
+        pool.allocate(total)
     return steps, now
