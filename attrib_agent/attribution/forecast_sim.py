@@ -16,7 +16,7 @@ import numpy as np
 
 from attrib_agent.attribution.block_pool import FreeBlockQueue
 from attrib_agent.attribution.forecast_types import EngineState
-from attrib_agent.attribution.scheduler_sim import _compute, _deliver
+from attrib_agent.attribution.scheduler_sim import _compute_all, _deliver_all
 from attrib_agent.attribution.sim_step import LiveRequest, blocks_for, schedule_step
 from attrib_agent.attribution.sim_stretch import fitting_steps
 from attrib_agent.attribution.sim_trace import Pricer
@@ -111,13 +111,14 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
             continue
         empty = 0
         end = now + pricer.seconds(plan.members)
-        for m in plan.members:
-            lv = by_id[m.request_id]
-            _deliver(lv, _compute(lv, m.tokens), end, running, waiting, pool, bs)  # vLLM's sync scheduling
+        done = _compute_all(plan.members, by_id)  # vLLM's sync scheduling: computed, then delivered at the end
+        _deliver_all(done, end, running, waiting, pool, bs)  # (one member's delivery touches no other member)
+        for lv, _ in done:
             if lv.first_token_ts is not None:
-                unserved.discard(m.request_id)
-                if lv.finish_ts is not None or m.request_id in first_token_only:
-                    awaited.discard(m.request_id)
+                rid = lv.req.request_id
+                unserved.discard(rid)
+                if lv.finish_ts is not None or rid in first_token_only:
+                    awaited.discard(rid)
         now = end
         steps += 1
     return Run({lv.req.request_id: lv.first_token_ts for lv in lives},
@@ -133,6 +134,9 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
     and no arrival is due. Exactly what `schedule_step` would do step by step (the steps that break the pattern
     are left to it). Returns (steps run, new time)."""
     if not running or (waiting and len(running) < max_seqs and blocks_for(waiting[0].num_tokens, bs) <= pool.free):
+        return 0, now
+    last = running[-1]  # the last admitted, most often the one still prefilling: looked at first
+    if last.computed + 1 != last.req.prompt_tokens + last.outputs + last.pending or last.outputs < 1:
         return 0, now
     context, most = 0, max_steps  # one pass: the pattern check, the context and the steps before a finish
     for r in running:
