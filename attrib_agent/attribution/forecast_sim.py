@@ -22,7 +22,6 @@ from attrib_agent.attribution.sim_stretch import fitting_steps
 from attrib_agent.attribution.sim_trace import Pricer
 from attrib_agent.attribution.sim_types import SimRequest, StepCost
 
-
 SMALL_STRETCH = 64  # stretches shorter than this get their step ends in plain Python (numpy costs more there)
 
 
