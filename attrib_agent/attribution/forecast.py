@@ -185,12 +185,23 @@ def _harm(base: Run, run: Run, awaiting: dict[str, float], ids: set[str], offset
             ttft_max = max(ttft_max, extra)
             ttft_pushed += before - arrival + offset_s < cfg.ttft_slo_s <= after - arrival + offset_s
         before_ts, after_ts = _upto(base.tokens.get(rid, []), until), _upto(run.tokens.get(rid, []), until)
-        if len(before_ts) >= 2 and len(after_ts) >= 2:
-            extra = max(_mean_gap(after_ts) - _mean_gap(before_ts), 0.0)
+        if len(before_ts) >= 2 and len(after_ts) >= 2 and after_ts != before_ts:  # equal: no extra, none pushed
+            mean_before, p95_before = _gaps(base, rid, before_ts, until)
+            extra = max(_mean_gap(after_ts) - mean_before, 0.0)
             itl_sum += extra
             itl_max = max(itl_max, extra)
-            itl_pushed += _p95_gap(before_ts) <= cfg.itl_p95_slo_s < _p95_gap(after_ts)
+            itl_pushed += p95_before <= cfg.itl_p95_slo_s < _p95_gap(after_ts)
     return Harm(len(ids), ttft_sum, ttft_max, itl_sum, itl_max, ttft_pushed, itl_pushed, tuple(by_request))
+
+
+def _gaps(base: Run, rid: str, ts: list[float], until: float) -> tuple[float, float]:
+    """The mean and p95 token gap of `rid` in the run without a candidate, up to `until`: kept on the run, which
+    every candidate of a snapshot is compared with (its gaps were most of `_harm`'s cost)."""
+    key = (rid, until)
+    got = base.gaps.get(key)
+    if got is None:
+        got = base.gaps[key] = (_mean_gap(ts), _p95_gap(ts))
+    return got
 
 
 def _upto(ts: list[float], until: float) -> list[float]:

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from attrib_agent.attribution.block_pool import FreeBlockQueue
 from attrib_agent.attribution.forecast_types import EngineState
-from attrib_agent.attribution.scheduler_sim import _compute, _deliver
+from attrib_agent.attribution.scheduler_sim import _compute_all, _deliver_all
 from attrib_agent.attribution.sim_step import LiveRequest, blocks_for, schedule_step
 from attrib_agent.attribution.sim_stretch import fitting_steps
 from attrib_agent.attribution.sim_trace import Pricer
 from attrib_agent.attribution.sim_types import SimRequest, StepCost
+
+SMALL_STRETCH = 64  # stretches shorter than this get their step ends in plain Python (numpy costs more there)
 
 
 @dataclass(slots=True)
@@ -33,6 +35,7 @@ class Run:
     first_stop: str  # why admission stopped in the first step
     first_members: frozenset[str]
     first_blocked: str | None  # the waiting request that did not fit in the first step
+    gaps: dict[tuple[str, float], tuple[float, float]] = field(default_factory=dict)  # `forecast._gaps`' memo
 
 
 def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimRequest, int]],
@@ -107,13 +110,14 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
             continue
         empty = 0
         end = now + pricer.seconds(plan.members)
-        for m in plan.members:
-            lv = by_id[m.request_id]
-            _deliver(lv, _compute(lv, m.tokens), end, running, waiting, pool, bs)  # vLLM's sync scheduling
+        done = _compute_all(plan.members, by_id)  # vLLM's sync scheduling: computed, then delivered at the end
+        _deliver_all(done, end, running, waiting, pool, bs)  # (one member's delivery touches no other member)
+        for lv, _ in done:
             if lv.first_token_ts is not None:
-                unserved.discard(m.request_id)
-                if lv.finish_ts is not None or m.request_id in first_token_only:
-                    awaited.discard(m.request_id)
+                rid = lv.req.request_id
+                unserved.discard(rid)
+                if lv.finish_ts is not None or rid in first_token_only:
+                    awaited.discard(rid)
         now = end
         steps += 1
     return Run({lv.req.request_id: lv.first_token_ts for lv in lives},
@@ -129,6 +133,9 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
     and no arrival is due. Exactly what `schedule_step` would do step by step (the steps that break the pattern
     are left to it). Returns (steps run, new time)."""
     if not running or (waiting and len(running) < max_seqs and blocks_for(waiting[0].num_tokens, bs) <= pool.free):
+        return 0, now
+    last = running[-1]  # the last admitted, most often the one still prefilling: looked at first
+    if last.computed + 1 != last.req.prompt_tokens + last.outputs + last.pending or last.outputs < 1:
         return 0, now
     context, most = 0, max_steps  # one pass: the pattern check, the context and the steps before a finish
     for r in running:
@@ -159,8 +166,11 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
                 mid = (lo + hi) // 2
                 lo, hi = (mid, hi) if end(mid) < next_arrival else (lo, mid)
             k = hi + 1
-        j = np.arange(k, dtype=np.float64)
-        ends = (now + (j + 1) * first + slope * j * (j + 1) / 2).tolist()
+        if k < SMALL_STRETCH:  # the same float operations in the same order as numpy's: the same values
+            ends = [now + (j + 1) * first + slope * j * (j + 1) / 2 for j in range(k)]
+        else:
+            jj = np.arange(k, dtype=np.float64)
+            ends = (now + (jj + 1) * first + slope * jj * (jj + 1) / 2).tolist()
     else:
         t = now
         while len(ends) < k and (next_arrival is None or t < next_arrival):
@@ -168,12 +178,15 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
             ends.append(t)
     steps = len(ends)
     now = ends[-1] if ends else now
+    total = 0
     for r in running:
-        need = blocks_for(r.computed + steps, bs) - r.blocks
-        if need > 0:  # allocation order does not matter: every block comes off the front of the free queue
-            pool.allocate(need)
-            r.blocks += need
+        grown = -(-(r.computed + steps) // bs)  # blocks_for, inlined
+        if grown > r.blocks:
+            total += grown - r.blocks
+            r.blocks = grown
         r.computed += steps
         r.outputs += steps
         r.token_ts.extend(ends)
+    if total:  # one allocation for all: every block comes off the front of the free queue, in any order
+        pool.allocate(total)
     return steps, now

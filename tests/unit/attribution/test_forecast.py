@@ -16,6 +16,7 @@ from attrib_agent.attribution.forecast import (
     EngineState,
     ForecastConfig,
     InFlight,
+    base_run,
     forecast,
 )
 from attrib_agent.attribution.sim_types import SchedulerConfig
@@ -115,6 +116,19 @@ def test_the_decode_fast_path_gives_exactly_the_step_by_step_result(monkeypatch:
         assert f.own_ttft_s == pytest.approx(s.own_ttft_s, abs=1e-9)
         for a, b in ((f.in_flight, s.in_flight), (f.expected, s.expected)):
             assert a.as_dict() == pytest.approx(b.as_dict(), abs=1e-9)
+
+
+def test_stretch_ends_in_plain_python_or_numpy_are_the_same_floats(monkeypatch: pytest.MonkeyPatch) -> None:
+    state = EngineState(NOW, SCHED, (decoding("a", 3000, 10, 400), decoding("b", 40, 2, 30), waiting("c", 900, 64)),
+                        ArrivalLoad(1.5, 64, 48))
+    cands = [Candidate(6000, 200), Candidate(300, 20)]
+    runs = []
+    for small in (0, 10**9):  # every stretch through numpy, then every one in Python
+        monkeypatch.setattr(forecast_sim, "SMALL_STRETCH", small)
+        runs.append((base_run(state, COST), [f.as_dict() for f in forecast(state, cands, COST)]))
+    (base_np, fc_np), (base_py, fc_py) = runs
+    assert base_np.tokens == base_py.tokens and base_np.first_token == base_py.first_token  # exactly, not approx
+    assert fc_np == fc_py
 
 
 def test_bad_candidates_and_configs_are_refused() -> None:
