@@ -27,7 +27,8 @@ def live_run(lab, tmp_path_factory):
         with httpx.Client(trust_env=False, timeout=10) as c:
             def all_final():
                 got = {rid: c.get(f"{agent.api_url}/v1/requests/{rid}/culprits") for rid in ids}
-                return got if all(r.status_code == 200 for r in got.values()) else None
+                return got if all(r.status_code == 200 and r.json().get("status") == "final"
+                                  for r in got.values()) else None  # not `skipped` (load shed)
             answers = poll_until(all_final, 60) or {rid: c.get(f"{agent.api_url}/v1/requests/{rid}/culprits")
                                                    for rid in ids}
             metrics = c.get(f"{agent.api_url}/metrics").text

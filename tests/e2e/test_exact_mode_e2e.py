@@ -30,7 +30,8 @@ def exact_run(tmp_path_factory):
         with httpx.Client(trust_env=False, timeout=10) as c:
             def all_final():
                 got = {rid: c.get(f"{agent.api_url}/v1/requests/{rid}/culprits") for rid in ids}
-                return got if all(r.status_code == 200 for r in got.values()) else None
+                return got if all(r.status_code == 200 and r.json().get("status") == "final"
+                                  for r in got.values()) else None  # not `skipped` (load shed)
             answers = poll_until(all_final, 60)
             ready = c.get(f"{agent.api_url}/readyz").json()
             timeline = c.get(f"{agent.api_url}/v1/timeline", params={"since": "0", "max_steps": "10000"}).json()

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from attrib_agent.agent.shedding import MAX_BACKLOG_S, MAX_PASS_GAP_S, MIN_SHARE, Shedder
+from attrib_agent.agent.shedding import BEHIND_FOR_S, MAX_BACKLOG_S, MAX_PASS_GAP_S, MIN_SHARE, Shedder
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.sinks.api.app import api_app
 from tests.unit.sinks.api_replayed import call, events, replayed, state_of
+
+BEHIND_FOR = int(BEHIND_FOR_S)
 
 
 def run(shedder: Shedder, seconds: int, cores: float, backlog_s: float = 0.0, t0: float = 0.0) -> list[float]:
@@ -42,10 +44,19 @@ def test_it_rises_back_once_load_allows() -> None:
     assert back[-1] == 1.0 and not s.shedding
 
 
-def test_a_backlog_halves_the_share_whatever_the_cpu() -> None:
+def test_a_lasting_backlog_halves_the_share_whatever_the_cpu() -> None:
     s = Shedder(4.0)  # a budget the CPU never reaches
-    shares = run(s, 5, cores=0.1, backlog_s=MAX_BACKLOG_S + 1)
-    assert shares[-1] <= 0.5 ** 3
+    shares = run(s, 15, cores=0.1, backlog_s=MAX_BACKLOG_S + 1)
+    assert shares[:BEHIND_FOR - 1] == [1.0] * (BEHIND_FOR - 1)  # a few seconds behind: a long pass, not shed
+    assert shares[-1] <= 0.5 ** 3  # still behind after BEHIND_FOR_S: halved each second since
+
+
+def test_a_long_pass_is_not_falling_behind() -> None:
+    s = Shedder(1.0)
+    for k in range(6):  # every 10 s one pass holds the queue for 5 s: it catches up between them
+        run(s, 5, cores=0.5, backlog_s=MAX_BACKLOG_S + 3, t0=10.0 * k)
+        run(s, 5, cores=0.5, t0=10.0 * k + 5.0)
+    assert s.share == 1.0 and not s.shedding
 
 
 def test_budget_must_be_positive() -> None:
