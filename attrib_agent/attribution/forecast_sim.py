@@ -18,7 +18,7 @@ from attrib_agent.attribution.block_pool import FreeBlockQueue
 from attrib_agent.attribution.forecast_types import EngineState
 from attrib_agent.attribution.scheduler_sim import _compute_all, _deliver_all
 from attrib_agent.attribution.sim_step import LiveRequest, blocks_for, schedule_step
-from attrib_agent.attribution.sim_stretch import fitting_steps
+from attrib_agent.attribution.sim_stretch import advance, fitting_steps
 from attrib_agent.attribution.sim_trace import Pricer
 from attrib_agent.attribution.sim_types import SimRequest, StepCost
 
@@ -178,15 +178,5 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
             ends.append(t)
     steps = len(ends)
     now = ends[-1] if ends else now
-    total = 0
-    for r in running:
-        grown = -(-(r.computed + steps) // bs)  # blocks_for, inlined
-        if grown > r.blocks:
-            total += grown - r.blocks
-            r.blocks = grown
-        r.computed += steps
-        r.outputs += steps
-        r.token_ts.extend(ends)
-    if total:  # one allocation for all: every block comes off the front of the free queue, in any order
-        pool.allocate(total)
+    advance(running, ends, bs, pool)
     return steps, now

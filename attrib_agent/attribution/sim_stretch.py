@@ -82,21 +82,7 @@ def decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], pool
             now = end
         if next_arrival is not None and next_arrival <= now:
             break
-    steps = len(ends)
-    total = 0
-    done: list[LiveRequest] = []
-    for r in running:
-        grown = -(-(r.computed + steps) // bs)  # blocks_for, inlined
-        if grown > r.blocks:
-            total += grown - r.blocks
-            r.blocks = grown
-        r.computed += steps
-        r.outputs += steps
-        r.token_ts.extend(ends)
-        if r.outputs >= r.target:
-            done.append(r)
-    if total:  # one allocation for all: every block comes off the front of the free queue, in any order
-        pool.allocate(total)
+    done = advance(running, ends, bs, pool)
     least_free = pool.free
     for r in done:  # after every allocation, in member order, as the last step's delivery
         finish(r, ends[-1], running, waiting, pool, bs)
@@ -135,3 +121,24 @@ def fitting_steps(running: list[LiveRequest], free: int, bs: int, most: int) -> 
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if need(mid) <= free else (lo, mid)
     return lo
+
+
+def advance(running: list[LiveRequest], ends: list[float], bs: int, pool: FreeBlockQueue) -> list[LiveRequest]:
+    """Deliver a stretch of alike decode steps ending at `ends` to every running request (its tokens, times and
+    new KV blocks); the requests it finished. The re-simulation and the forecast both take stretches this way."""
+    steps = len(ends)
+    total = 0
+    done: list[LiveRequest] = []
+    for r in running:
+        grown = -(-(r.computed + steps) // bs)  # blocks_for, inlined
+        if grown > r.blocks:
+            total += grown - r.blocks
+            r.blocks = grown
+        r.computed += steps
+        r.outputs += steps
+        r.token_ts.extend(ends)
+        if r.outputs >= r.target:
+            done.append(r)
+    if total:  # one allocation for all: every block comes off the front of the free queue, in any order
+        pool.allocate(total)
+    return done
