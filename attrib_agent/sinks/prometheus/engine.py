@@ -11,7 +11,7 @@ from dataclasses import asdict
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from attrib_agent.read_model import AgentState
-from attrib_agent.sinks.prometheus.families import COST_TERMS, EVENT_KINDS, counter, gauge, snake_case
+from attrib_agent.sinks.prometheus.families import COST_TERMS, EVENT_KINDS, counter, gauge, one, snake_case
 
 
 def pipeline_families(state: AgentState) -> list[Metric]:
@@ -25,21 +25,14 @@ def pipeline_families(state: AgentState) -> list[Metric]:
     for kind, n in by_kind.items():
         events.add_metric([kind], n)
 
-    steps = counter("attrib_engine_steps_total")
-    steps.add_metric([], p.steps_total)
-    step_s = counter("attrib_engine_step_seconds_total")
-    step_s.add_metric([], p.step_seconds_total)
-    restarts = counter("attrib_vllm_restarts_total")
-    restarts.add_metric([], p.vllm_restarts)
-    preemptions = counter("attrib_preemptions_inferred_total")
-    preemptions.add_metric([], p.preemptions_inferred)
-    dropped = counter("attrib_victims_dropped_total")
-    dropped.add_metric([], p.dropped_pending)
+    steps = one(counter("attrib_engine_steps_total"), p.steps_total)
+    step_s = one(counter("attrib_engine_step_seconds_total"), p.step_seconds_total)
+    restarts = one(counter("attrib_vllm_restarts_total"), p.vllm_restarts)
+    preemptions = one(counter("attrib_preemptions_inferred_total"), p.preemptions_inferred)
+    dropped = one(counter("attrib_victims_dropped_total"), p.dropped_pending)
 
-    stored = gauge("attrib_results_stored")
-    stored.add_metric([], p.results_stored)
-    evicted = counter("attrib_results_evicted_total")
-    evicted.add_metric([], p.results_evicted)
+    stored = one(gauge("attrib_results_stored"), p.results_stored)
+    evicted = one(counter("attrib_results_evicted_total"), p.results_evicted)
     held = gauge("attrib_timeline_held")
     for kind, n in p.timeline_held.items():
         held.add_metric([kind], n)
@@ -53,14 +46,10 @@ def pipeline_families(state: AgentState) -> list[Metric]:
 def backlog_families(state: AgentState) -> list[Metric]:
     """How far behind the stream the pipeline is, and what the agent sheds to keep up."""
     b = state.pipeline_backlog()
-    events = gauge("attrib_pipeline_backlog_events")
-    events.add_metric([], b.events)
-    waited = gauge("attrib_pipeline_backlog_seconds")
-    waited.add_metric([], b.oldest_s)
-    share = gauge("attrib_attributed_share_ratio")
-    share.add_metric([], b.attributed_share)
-    skipped = counter("attrib_victims_skipped_total")
-    skipped.add_metric([], b.victims_skipped)
+    events = one(gauge("attrib_pipeline_backlog_events"), b.events)
+    waited = one(gauge("attrib_pipeline_backlog_seconds"), b.oldest_s)
+    share = one(gauge("attrib_attributed_share_ratio"), b.attributed_share)
+    skipped = one(counter("attrib_victims_skipped_total"), b.victims_skipped)
     return [events, waited, share, skipped]
 
 

@@ -11,13 +11,15 @@ import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Final
+from typing import Final, TypeVar
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from attrib_agent.attribution.cost_model import StepCoefficients
 from attrib_agent.attribution.result import Cause
 from attrib_agent.events import Event
+
+M = TypeVar("M", CounterMetricFamily, GaugeMetricFamily)
 
 VICTIM_CLASSES: Final = ("short", "whale")
 CULPRIT_CLASSES: Final = ("whale", "crowd")
@@ -155,6 +157,12 @@ def counter(name: str) -> CounterMetricFamily:
 def gauge(name: str) -> GaugeMetricFamily:
     s = _checked(name, "gauge")
     return GaugeMetricFamily(s.name, s.help, labels=s.labels, unit=s.unit)
+
+
+def one(family: M, value: float) -> M:
+    """A family with its one unlabelled sample (most of the agent's own series)."""
+    family.add_metric([], value)
+    return family
 
 
 def histogram(name: str) -> HistogramMetricFamily:
