@@ -60,9 +60,12 @@ def infer_preemptions(steps: Sequence[tuple[StepInput, StepOutcome]], samples: S
     resumes = [r for k in marked for r in steps[k][1].resumes]
     confirmed, silent = _counter_matches(resumes, samples)
     ends = _StepEnds(steps, in_order) if sightings else None
+    deltas = _counter_deltas(samples) if sightings else []
     result: list[InferredPreemption] = []
     for k, p in sightings:
         resume = next((r for r in resumes if r.request_id == p.request_id and r.seq > p.seq), None)
+        if _refuted(p, resume, lifecycles.get(p.request_id), deltas):
+            continue
         evidence = ["count_gap"]
         if p.kv_pressure:
             evidence.append("kv_pressure")
@@ -131,6 +134,37 @@ def _counter_matches(resumes: Sequence[ResumeSighting],
         else:
             silent.add(r)
     return confirmed, silent
+
+
+def _refuted(p: PreemptionSighting, resume: ResumeSighting | None, lc: RequestLifecycle | None,
+             deltas: Sequence[tuple[float, float, float]]) -> bool:
+    """Whether vLLM's own counter says this sighting was no preemption: the victim produced output after it
+    (its resumption, or its span's first token or finish), and `vllm:num_preemptions_total`, watched without a
+    break from before the sighting until two scrapes after that output, never rose.
+
+    vLLM counts a preemption when the victim's next output is processed (the PREEMPTED event rides on it), so a
+    real one must show by then; only an abort before any further output escapes it, and an aborted request has
+    no finish to read. Such a sighting is dropped, not kept at a low confidence: every reader of the list acts
+    on it (the preemption counter, the `preemption` cause, the timeline's hatching), and the inference that
+    made it was wrong about the step's membership, which is what must be fixed, not hedged."""
+    if not deltas:
+        return False
+    out_ts = resume.ts if resume is not None else None
+    if lc is not None and lc.complete and lc.aborted_ts is None:
+        later = [t for t in (lc.first_token_ts, lc.finish_ts) if t is not None and t > p.ts]
+        out_ts = min([*later, *([] if out_ts is None else [out_ts])], default=out_ts)
+    if out_ts is None:
+        return False
+    i = next((j for j, (t0, t1, _) in enumerate(deltas) if t0 <= p.ts < t1), None)
+    if i is None:
+        return False
+    for j in range(i, len(deltas)):
+        t0, t1, rise = deltas[j]
+        if rise > 0 or (j > i and t0 != deltas[j - 1][1]):  # it rose, or the watch broke (a reset, a gap)
+            return False
+        if t0 >= out_ts:  # the scrape after the one that saw the output: two scrapes after it, still flat
+            return True
+    return False
 
 
 def _kv_dropped(steps: Sequence[tuple[StepInput, StepOutcome]], k: int, p: PreemptionSighting) -> bool:

@@ -30,17 +30,23 @@ def assign_tokens(st: SchedState, si: StepInput, geo: Geometry, work: StepWork) 
                                                   gen_unknown, geo), strict=True):
         s.tokens = n
     left = st.budget
+    wanted: list[tuple[Slot, int]] = []
     for s in live:
         if s.tokens is None:  # an unknown chunk still takes its turn: a resumed prompt roughly its uncached tail
             left -= _resume_estimate(s.track, geo)
             continue
         if s.phase == "prefill":
+            wanted.append((s, s.tokens))
             s.tokens = max(min(s.tokens, left), 0)
         left -= s.tokens
     ctx = [s for s in live if s.phase == "prefill"]
     unknown = [s for s in ctx if s.tokens is None]
     if not unknown:
-        _prefix_hits(ctx, si, st.budget)
+        uncut = _cut_before_last(wanted, live)
+        if uncut:  # the budget did not bind where the known sizes said: they ran whole, less their prefix hits
+            for s, n in wanted:
+                s.tokens = n
+        _prefix_hits(ctx, si, st.budget, uncut=uncut)
         return
     rest = si.context_tokens - sum(s.tokens or 0 for s in ctx)
     shares = split_context(rest, unknown, _kv_misfit(st, si, geo, work, unknown), geo.block_size)
@@ -48,19 +54,29 @@ def assign_tokens(st: SchedState, si: StepInput, geo: Geometry, work: StepWork) 
         s.tokens = n
 
 
-def _prefix_hits(ctx: list[Slot], si: StepInput, budget: int) -> None:
+def _cut_before_last(wanted: list[tuple[Slot, int]], live: list[Slot]) -> bool:
+    """Whether the budget cap cut a member that is not the step's last: vLLM never does (it stops scheduling
+    when its budget runs out, so only the last member can be partial). The line counting the later members
+    means the budget did not bind there; the known sizes were too large, and prefix-cache hits (invisible on
+    the line, found at admission) explain the difference. Left capped, a member would get 0 tokens and fall
+    out of a step the line says it ran in, and the next step would take it for preempted."""
+    return bool(live) and any(s.tokens is not None and s.tokens < n and s is not live[-1] for s, n in wanted)
+
+
+def _prefix_hits(ctx: list[Slot], si: StepInput, budget: int, *, uncut: bool = False) -> None:
     """Known prompts that the line shows computing fewer tokens than they had left found the rest in vLLM's
     prefix cache (the line counts computed tokens only; the cache stops one token short of the prompt).
 
     Only requests whose hit is not settled yet can have one (vLLM looks the cache up at admission; a first
     chunk cut by the budget hides it until the next). When the step did not fill the budget every such
     prefill ended in it, so the hits are what their prompts had left beyond the line's count; when it did,
-    the chunks were capped first and the shortfall is what the hits must explain. Shared evenly.
+    the chunks were capped first and the shortfall is what the hits must explain (`uncut`: the counts showed
+    that cap wrong, so every prefill ended here). Shared evenly.
     """
     open_ = [s for s in ctx if s.track.cached is None and s.track.prompt is not None and not s.track.resuming]
     if not open_:
         return
-    ended = si.scheduled_tokens < budget
+    ended = uncut or si.scheduled_tokens < budget
     rest = {id(s): s.track.prompt - s.track.computed if ended else s.tokens or 0  # type: ignore[operator]
             for s in open_}
     shortfall = sum(rest.values()) + sum(s.tokens or 0 for s in ctx if all(s is not o for o in open_)) \
