@@ -28,7 +28,7 @@ from attrib_agent.attribution.sim_types import SchedulerConfig, SimOutcome
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.gpu_samples import GpuSamples
 from attrib_agent.timeline.model import RequestLifecycle, StepMember, StepRecord
-from attrib_agent.timeline.preemption import InferredPreemption
+from attrib_agent.timeline.preemption import InferredPreemption, actionable
 
 PHASES = ("ttft", "itl")
 _STEP_EPS_S = 0.0005  # log times are stamped to the millisecond
@@ -373,5 +373,6 @@ def _normalised(d: Mapping[str, float]) -> dict[str, float]:
 
 def engine_view(timeline: EngineTimeline, config: SchedulerConfig, pricer: Pricer) -> EngineView:
     """The timeline's steps, requests, preemptions and GPU readings, with the pool the attributor simulates."""
-    return EngineView(timeline.steps(), {lc.request_id: lc for lc in timeline.lifecycles()}, timeline.preemptions(),
+    return EngineView(timeline.steps(), {lc.request_id: lc for lc in timeline.lifecycles()},
+                      actionable(timeline.preemptions()),
                       config.num_blocks, config.block_size, config.token_budget, pricer, timeline.gpu)

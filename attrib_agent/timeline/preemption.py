@@ -29,6 +29,8 @@ EVIDENCE_STRENGTH: Mapping[str, float] = {
     "lifecycle_gap": 0.6,  # its span shows fewer tokens than the steps between its first and last token
 }
 COUNTER_SILENT_FACTOR = 0.3  # the counter was watched across its resumption and did not rise
+# Above a lone count gap: something besides the gap corroborates it and the counter did not count against it.
+ACTIONABLE_CONFIDENCE = EVIDENCE_STRENGTH["count_gap"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,13 @@ def infer_preemptions(steps: Sequence[tuple[StepInput, StepOutcome]], samples: S
             None if resume is None else resume.iteration, None if resume is None else resume.ts,
             round((1.0 - miss) * doubt, 4), tuple(evidence)))
     return result
+
+
+def actionable(inferred: Sequence[InferredPreemption]) -> list[InferredPreemption]:
+    """The sightings an operator may act on: counted in `attrib_preemptions_inferred_total` and blamed as the
+    `preemption` cause. A lone count gap (0.5) is how a mis-inferred membership looks, and a sighting the counter
+    did not confirm (`counter_silent`) is weaker still; the timeline still lists them, with their confidence."""
+    return [p for p in inferred if p.confidence > ACTIONABLE_CONFIDENCE]
 
 
 def preemption_counts(inferred: Sequence[InferredPreemption], samples: Sequence[MetricsSample]) -> PreemptionCounts:

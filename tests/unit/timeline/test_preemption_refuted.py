@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from attrib_agent.timeline.ledger import MetricsSample
 from attrib_agent.timeline.model import RequestLifecycle, StepRecord
-from attrib_agent.timeline.preemption import infer_preemptions
+from attrib_agent.timeline.preemption import actionable, infer_preemptions
 from attrib_agent.timeline.sched_state import Geometry, SchedState, StepInput, Track
 from attrib_agent.timeline.step_counts import Slot
 from attrib_agent.timeline.step_outcome import PreemptionSighting, StepOutcome, StepWork
@@ -73,3 +73,12 @@ def test_a_rise_a_reset_an_abort_or_no_output_seen_keeps_the_sighting() -> None:
     running = {"v": RequestLifecycle("v", arrival_ts=9.0, first_token_ts=9.5)}  # its span has not landed
     assert len(infer_preemptions(STEPS, _scrapes([3.0] * 4), running)) == 1
     assert len(infer_preemptions(STEPS, [], FINISHED_LATER)) == 1  # no counter (--disable-log-stats)
+
+
+def test_only_corroborated_sightings_are_counted_and_blamed() -> None:
+    """A lone count gap is how a mis-inferred membership looks: listed, with its confidence, but not acted on."""
+    (alone,) = infer_preemptions(STEPS, [], {})
+    pressured = PreemptionSighting("w", 1, 1, 10.95, True, 896, 7)
+    (tight,) = infer_preemptions([_step(0, 10.0), _step(1, 11.0, (pressured,))], [], {})
+    assert alone.confidence == 0.5 and tight.confidence > 0.5
+    assert actionable([alone, tight]) == [tight]
