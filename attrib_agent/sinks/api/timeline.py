@@ -3,10 +3,10 @@
 Steps (with members by phase), the KV ledger per request as change points only (a request's blocks change
 every block_size tokens, not every step): each request's exclusive blocks (`kv`) and the prefix blocks several
 share, counted once (`kv_shared`; timeline/kv_share.py), which together are the ledger's blocks in use; request
-lanes, the victims with their top culprits and the GPU's NVML readings. At most `max_steps` steps (and `MAX_MEMBERS` step members) go out: with `since`, the oldest
-ones after it (page on with `next_since`); without, the newest ones, which is what a live view wants. `window`
-keeps only the last that many seconds before the newest step (not before "now": an idle engine keeps its last
-traffic in view).
+lanes, the victims with their top culprits and the GPU's NVML readings. At most `max_steps` steps (and
+`MAX_MEMBERS` step members) go out: with `since`, the oldest ones after it (page on with `next_since`); without,
+the newest ones, which is what a live view wants. `window` keeps only the last that many seconds before the
+newest step (not before "now": an idle engine keeps its last traffic in view).
 Requests that never entered the engine (vLLM's `/tokenize` ids, rejections) get no lane: the timeline's book
 holds only requests with an `Added request` line or a span (timeline/lifecycle.py).
 """
