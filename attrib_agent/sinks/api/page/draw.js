@@ -127,11 +127,12 @@ const AttribDraw = (function () {
         p += 'H' + xs[i].toFixed(1);
         if (i > first && st.lo[i - 1] !== st.lo[i]) p += 'V' + y(st.lo[i - 1]).toFixed(1);
       }
-      const fill = st.s.shared ? 'url(#hatch-shared)' : st.s.whale ? whaleColour[st.s.id] : GREYS[grey++ % GREYS.length];
+      const fill = st.s.shared ? 'url(#hatch-shared)'
+        : st.s.whale ? whaleColour[st.s.id] : GREYS[grey++ % GREYS.length];
       const attrs = { d: p + 'Z', fill: fill, stroke: st.s.shared ? SHARED : '#ffffff', 'stroke-width': 0.4,
-                      class: st.s.shared ? 'kv-shared' : 'kv-area' + (st.s.whale ? ' whale' : ''),
-                      'clip-path': 'url(#plot)' };
-      if (!st.s.shared) attrs['data-request-id'] = st.s.id;
+                      class: st.s.shared ? 'kv-shared' : 'kv-area' + (st.s.whale ? ' whale' : '') };
+      if (!st.s.shared) attrs['data-request-id'] = st.s.id;  // the band is nobody's area
+      attrs['clip-path'] = 'url(#plot)';
       const path = el('path', attrs, g);
       el('title', {}, path).textContent = st.s.shared
         ? 'prefix blocks shared by several requests, counted once: up to ' + Math.max.apply(null, st.s.vals)
