@@ -132,7 +132,7 @@ class KvBlockLedger:
         last_seen: dict[str, float] = {}
         for k, (si, out) in enumerate(self._steps):
             span = self._ends[k + 1] - si.end_ts if k + 1 < len(self._steps) else 0.0
-            for rid, blocks in step_split(out).exclusive:
+            for rid, blocks in own_blocks(out):
                 seconds[rid] = seconds.get(rid, 0.0) + blocks * max(span, 0.0)
             for rid, blocks in out.holdings:
                 peak[rid] = max(peak.get(rid, 0), blocks)
@@ -159,7 +159,7 @@ def block_seconds(steps: Sequence[tuple[StepInput, StepOutcome]], request_ids: I
     last = len(steps) - 1
     for k, (si, out) in enumerate(steps):
         span = steps[k + 1][0].end_ts - si.end_ts if k < last else 0.0
-        for rid, blocks in step_split(out).exclusive:
+        for rid, blocks in own_blocks(out):
             if rid in want:
                 seconds[rid] = seconds.get(rid, 0.0) + blocks * max(span, 0.0)
     return seconds
@@ -168,6 +168,11 @@ def block_seconds(steps: Sequence[tuple[StepInput, StepOutcome]], request_ids: I
 def step_split(out: StepOutcome) -> KvSplit:
     """The step's holdings with shared prefix blocks counted once (kv_share.py)."""
     return split_holdings(out.holdings, out.prefix_shares)
+
+
+def own_blocks(out: StepOutcome) -> Sequence[tuple[str, int]]:
+    """Each request's exclusive blocks after the step (its holdings where no prefix is shared: no split built)."""
+    return step_split(out).exclusive if out.prefix_shares else out.holdings
 
 
 def reconcile(geometry: Geometry, steps: Sequence[tuple[StepInput, StepOutcome]], ends: Sequence[float],
