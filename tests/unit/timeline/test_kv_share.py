@@ -58,7 +58,7 @@ def test_split_counts_each_block_once(hitters: list[tuple[int, int, str]], root_
     held = dict(holdings)
     assert all(0 <= b <= held[rid] for rid, b in s.exclusive)
     groups: dict[str, list[int]] = {}
-    for rid, root, hit in shares:
+    for _, root, hit in shares:
         groups.setdefault(root, []).append(hit)
     if "r" in groups:
         groups["r"].append(root_blocks)
