@@ -71,6 +71,9 @@ def test_shared_prefix_blocks_are_one_band_and_the_stack_is_the_ledger_total() -
             > step["vllm_kv_blocks"] + 3
     assert shared_steps >= 100  # the prefixes are shared most of the run
     assert over <= 0.05 * len(body["steps"])
+    page = timeline(replayed("bench-prefix"), "?max_steps=50")  # the band is bounded by the steps sent
+    assert page["truncated"] and page["kv_shared"] and len(page["kv_shared"]) <= 50
+    assert all(page["steps"][0]["ts"] <= t <= page["steps"][-1]["ts"] for t, _ in page["kv_shared"])
 
 
 @pytest.mark.parametrize("name", ["preempt", "whale2"])
@@ -157,6 +160,7 @@ def test_lanes_are_bounded() -> None:
 def test_empty_pipeline() -> None:
     body = timeline(AttributionPipeline())
     assert body["steps"] == [] and body["requests"] == [] and body["kv"] == {} and body["since"] is None
+    assert body["kv_shared"] == []
 
 
 def test_live_flag_tells_the_page_to_poll() -> None:
