@@ -5,7 +5,9 @@ ITL), with what happened to the victim in each observed step it was in flight (d
 - preempted (timeline/preemption.py saw it): from the step it was dropped until it had recomputed what it held,
   `preemption`, on the requests holding the KV at that step (by blocks: their growth made vLLM preempt it);
 - queued while the pool could not take the queue's head: `kv_pressure` on the holders by blocks, and when the
-  head was another request, `head_of_line` on that request;
+  head was another request, `head_of_line` on that request. Blocks are a holder's exclusive ones (what removing
+  it alone frees; a shared prefix is nobody's alone) and the pool's free blocks count each shared block once
+  (timeline/kv_share.py);
 - queued with room but the token budget full: `prefill_contention` on the chunks that filled it;
 - running (or arriving mid-step): the other members' marginal step cost (the cost model): `prefill_contention`
   for chunks, `decode_batching` for decodes, and `kv_bandwidth` for the part that is their context's memory
@@ -27,6 +29,7 @@ from attrib_agent.attribution.sim_trace import Member, Pricer, StepPrices
 from attrib_agent.attribution.sim_types import SchedulerConfig, SimOutcome
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.gpu_samples import GpuSamples
+from attrib_agent.timeline.ledger import step_split
 from attrib_agent.timeline.model import RequestLifecycle, StepMember, StepRecord
 from attrib_agent.timeline.preemption import InferredPreemption, actionable
 
@@ -50,6 +53,8 @@ class EngineView:
     token_budget: int
     pricer: Pricer
     gpu: GpuSamples | None = None
+    # by step, where prefix blocks are shared: each holder's exclusive blocks, and the blocks counted twice
+    kv_shared: Mapping[tuple[int, float], tuple[Mapping[str, int], int]] = field(default_factory=dict)
     _ends: list[float] = field(default_factory=list)
     _queue: list[RequestLifecycle] = field(default_factory=list)  # by arrival
     _arrivals: list[float] = field(default_factory=list)
@@ -68,6 +73,11 @@ class EngineView:
         waits = [(lc.scheduled_ts if lc.scheduled_ts is not None else max(lc.end_ts or last, last))
                  - (lc.arrival_ts or 0.0) for lc in self._queue]
         self._max_wait = max(waits, default=0.0)
+
+    def holders(self, step: StepRecord) -> dict[str, float]:
+        """The step's members by the KV blocks each holds alone (all it holds where nothing is shared)."""
+        own = self.kv_shared.get((step.iteration, step.end_ts), ({}, 0))[0]
+        return {m.request_id: float(b) for m in step.members if (b := own.get(m.request_id, m.blocks)) > 0}
 
     def between(self, t0: float, t1: float) -> Sequence[StepRecord]:
         """Steps ending after t0 and starting before t1."""
@@ -274,7 +284,7 @@ def _preempted_steps(lc: RequestLifecycle, steps: Sequence[StepRecord], view: En
         if k is None:
             continue
         held = max((m.context_tokens for s in steps[:k] for m in s.members if m.request_id == rid), default=0)
-        holders = {m.request_id: float(m.blocks) for m in steps[k].members if m.request_id != rid and m.blocks > 0}
+        holders = {r: b for r, b in view.holders(steps[k]).items() if r != rid}
         for s in steps[k:]:
             mine = next((m for m in s.members if m.request_id == rid), None)
             if mine is not None and mine.context_tokens - mine.tokens >= held:
@@ -301,8 +311,9 @@ def _phase(lc: RequestLifecycle, step: StepRecord, mine: StepMember | None) -> s
 def _queued(out: VictimCauses, phase: str, step: StepRecord, seconds: float, lc: RequestLifecycle,
             view: EngineView) -> None:
     """A step the victim spent waiting to be scheduled: KV capacity, the queue's head, or the token budget."""
-    holders = {m.request_id: float(m.blocks) for m in step.members if m.blocks > 0}
-    free = view.pool_blocks - 1 - sum(m.blocks for m in step.members)  # vLLM keeps one block as its null block
+    holders = view.holders(step)
+    twice = view.kv_shared.get((step.iteration, step.end_ts), ({}, 0))[1]
+    free = view.pool_blocks - 1 - sum(m.blocks for m in step.members) + twice  # vLLM keeps a null block
     head, held = view.head(step) or (lc, None)
     # vLLM admits a request only if its whole sequence fits: a preempted one its prompt and the output it had
     tokens = held + 1 if held is not None else (head.prompt_tokens or 1) + _generated(head, step)
@@ -373,6 +384,12 @@ def _normalised(d: Mapping[str, float]) -> dict[str, float]:
 
 def engine_view(timeline: EngineTimeline, config: SchedulerConfig, pricer: Pricer) -> EngineView:
     """The timeline's steps, requests, preemptions and GPU readings, with the pool the attributor simulates."""
-    return EngineView(timeline.steps(), {lc.request_id: lc for lc in timeline.lifecycles()},
-                      actionable(timeline.preemptions()),
-                      config.num_blocks, config.block_size, config.token_budget, pricer, timeline.gpu)
+    outcomes = timeline.outcomes()
+    shared = {}
+    for _, out in outcomes:
+        if out.prefix_shares and (split := step_split(out)).shared:
+            key = (out.record.iteration, out.record.end_ts)
+            shared[key] = (dict(split.exclusive), sum(b for _, b in out.holdings) - split.total)
+    return EngineView([out.record for _, out in outcomes], {lc.request_id: lc for lc in timeline.lifecycles()},
+                      actionable(timeline.preemptions()), config.num_blocks, config.block_size, config.token_budget,
+                      pricer, timeline.gpu, shared)

@@ -97,7 +97,7 @@ class ExactSteps:
         new = {s.request_id: s.new_tokens for s in step.scheduled}
         resumes = tuple(ResumeSighting(rid, si.seq, si.iteration, si.end_ts, new.get(rid, 0)) for rid in step.resumed)
         return replace(o, record=record, preemptions=preemptions, resumes=resumes, holdings=step.blocks,
-                       predicted_blocks=sum(blocks.values()))
+                       predicted_blocks=sum(blocks.values()), prefix_shares=())  # no sharing known here yet
 
     def _phase(self, rid: str, new: int, done: int | None, prompt_of: Callable[[str], int | None]) -> str:
         prompt, done = prompt_of(rid), done or 0

@@ -2,9 +2,11 @@
 
 A request holds ceil(tokens in its KV / block_size) blocks (prompt tokens computed so far plus tokens
 generated, prefix hits included) from the step that allocates them until it finishes, is aborted or is
-preempted. Summed over requests this predicts vLLM's `kv_cache_usage_perc`; the difference (the residual,
-in blocks) is prefix-cache sharing plus model error. vLLM's usage is used / (num_gpu_blocks - 1): block 0
-is its reserved null block. Block-seconds per request give the memory-fair view of who used the pool.
+preempted. A prefix hit's blocks are the copy another request holds: they are counted once, as shared
+blocks, and a request's own figure is its *exclusive* blocks, what removing it alone would free (kv_share.py).
+Exclusive plus shared blocks predict vLLM's `kv_cache_usage_perc`; the difference (the residual, in blocks)
+is model error. vLLM's usage is used / (num_gpu_blocks - 1): block 0 is its reserved null block.
+Block-seconds per request (of its exclusive blocks) give the memory-fair view of who used the pool.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from attrib_agent.timeline.kv_share import KvSplit, split_holdings
 from attrib_agent.timeline.sched_state import Geometry, StepInput
 from attrib_agent.timeline.step_outcome import StepOutcome
 
@@ -49,8 +52,8 @@ class RequestKv:
     """One request's use of the KV pool over its life (as far as the timeline still holds it)."""
 
     request_id: str
-    block_seconds: float
-    peak_blocks: int
+    block_seconds: float  # of its exclusive blocks (shared prefix blocks are nobody's alone)
+    peak_blocks: int  # blocks it referenced at most, shared ones included
     start_ts: float
     end_ts: float
     mean_share: float  # block-seconds / (usable blocks x life): its average share of the pool
@@ -95,6 +98,11 @@ class KvBlockLedger:
         i = _last_at_or_before(self._ends, ts)
         return {} if i is None else dict(self._steps[i][1].holdings)
 
+    def split_at(self, ts: float) -> KvSplit:
+        """Exclusive blocks per request and the shared blocks in force at `ts` (each physical block once)."""
+        i = _last_at_or_before(self._ends, ts)
+        return KvSplit((), 0) if i is None else step_split(self._steps[i][1])
+
     def step_reconciliations(self) -> list[KvReconciliation]:
         """At every step line: predicted blocks against the line's own KV usage."""
         return [KvReconciliation(si.end_ts, si.iteration, out.observed_blocks, out.predicted_blocks)
@@ -124,8 +132,9 @@ class KvBlockLedger:
         last_seen: dict[str, float] = {}
         for k, (si, out) in enumerate(self._steps):
             span = self._ends[k + 1] - si.end_ts if k + 1 < len(self._steps) else 0.0
-            for rid, blocks in out.holdings:
+            for rid, blocks in own_blocks(out):
                 seconds[rid] = seconds.get(rid, 0.0) + blocks * max(span, 0.0)
+            for rid, blocks in out.holdings:
                 peak[rid] = max(peak.get(rid, 0), blocks)
                 first_seen.setdefault(rid, si.start_ts)
                 last_seen[rid] = si.end_ts + max(span, 0.0)
@@ -150,10 +159,20 @@ def block_seconds(steps: Sequence[tuple[StepInput, StepOutcome]], request_ids: I
     last = len(steps) - 1
     for k, (si, out) in enumerate(steps):
         span = steps[k + 1][0].end_ts - si.end_ts if k < last else 0.0
-        for rid, blocks in out.holdings:
+        for rid, blocks in own_blocks(out):
             if rid in want:
                 seconds[rid] = seconds.get(rid, 0.0) + blocks * max(span, 0.0)
     return seconds
+
+
+def step_split(out: StepOutcome) -> KvSplit:
+    """The step's holdings with shared prefix blocks counted once (kv_share.py)."""
+    return split_holdings(out.holdings, out.prefix_shares)
+
+
+def own_blocks(out: StepOutcome) -> Sequence[tuple[str, int]]:
+    """Each request's exclusive blocks after the step (its holdings where no prefix is shared: no split built)."""
+    return step_split(out).exclusive if out.prefix_shares else out.holdings
 
 
 def reconcile(geometry: Geometry, steps: Sequence[tuple[StepInput, StepOutcome]], ends: Sequence[float],

@@ -64,6 +64,8 @@ class StepOutcome:
     holdings: tuple[tuple[str, int], ...] = ()  # (request id, blocks) held after the step by every running request
     predicted_blocks: int | None = None  # their sum (None without geometry)
     observed_blocks: float | None = None  # the line's KV usage x usable blocks
+    # (request id, the request whose prefix copy it shares, hit blocks) of every running request with a prefix hit
+    prefix_shares: tuple[tuple[str, str, int], ...] = ()
 
 
 @dataclass(slots=True)

@@ -253,8 +253,10 @@ def _finish(st: SchedState, si: StepInput, get: Callable[[str], RequestLifecycle
     else:
         st.observed_used = float(predicted) if predicted is not None else None
     st.last_end_ms, st.last_iteration = until_ms, si.iteration
+    shares = tuple([(t.rid, t.prefix_root, t.cached // bs) for t in running if t.cached and t.prefix_root]) \
+        if bs else ()
     return StepOutcome(record, tuple(work.departures), tuple(work.preemptions), tuple(work.resumes), holdings,
-                       predicted, observed)
+                       predicted, observed, shares)
 
 
 def _shared_copies(running: list[Track], bs: int, observed: float | None) -> int:

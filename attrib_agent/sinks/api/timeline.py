@@ -1,11 +1,12 @@
 """`/v1/timeline`: what the page draws, in one bounded JSON document built from the pipeline's timeline.
 
 Steps (with members by phase), the KV ledger per request as change points only (a request's blocks change
-every block_size tokens, not every step), request lanes, the victims with their top culprits and the GPU's
-NVML readings. At most `max_steps` steps (and `MAX_MEMBERS` step members) go out: with `since`, the oldest
-ones after it (page on with `next_since`); without, the newest ones, which is what a live view wants. `window`
-keeps only the last that many seconds before the newest step (not before "now": an idle engine keeps its last
-traffic in view).
+every block_size tokens, not every step): each request's exclusive blocks (`kv`) and the prefix blocks several
+share, counted once (`kv_shared`; timeline/kv_share.py), which together are the ledger's blocks in use; request
+lanes, the victims with their top culprits and the GPU's NVML readings. At most `max_steps` steps (and
+`MAX_MEMBERS` step members) go out: with `since`, the oldest ones after it (page on with `next_since`); without,
+the newest ones, which is what a live view wants. `window` keeps only the last that many seconds before the
+newest step (not before "now": an idle engine keeps its last traffic in view).
 Requests that never entered the engine (vLLM's `/tokenize` ids, rejections) get no lane: the timeline's book
 holds only requests with an `Added request` line or a span (timeline/lifecycle.py).
 """
@@ -21,6 +22,7 @@ from attrib_agent.attribution.result_codec import culprit_to_dict
 from attrib_agent.read_model import TimelineReads
 from attrib_agent.sinks.api.top import BadQuery, parse_duration
 from attrib_agent.timeline.gpu_samples import MAX_SAMPLE_AGE_S, bandwidth_ratio
+from attrib_agent.timeline.ledger import step_split
 from attrib_agent.timeline.model import RequestLifecycle
 from attrib_agent.timeline.sched_state import StepInput
 from attrib_agent.timeline.step_outcome import StepOutcome
@@ -118,15 +120,19 @@ def timeline_parts(view: TimelineReads, since: float | None, until: float | None
     chosen = outcomes[lo:hi]
 
     kv: dict[str, list[list[float]]] = {}
+    kv_shared: list[list[float]] = []
     held: dict[str, int] = {}
     for si, out in chosen:
-        now = dict(out.holdings)
+        split = step_split(out)
+        now = dict(split.exclusive)
         for rid in held.keys() - now.keys():
             kv[rid].append([si.end_ts, 0])
         for rid, blocks in now.items():
             if held.get(rid) != blocks:
                 kv.setdefault(rid, []).append([si.end_ts, blocks])
         held = now
+        if (kv_shared[-1][1] if kv_shared else 0) != split.shared:
+            kv_shared.append([si.end_ts, split.shared])
 
     t0 = chosen[0][0].start_ts if chosen else floor
     t1 = chosen[-1][0].end_ts if chosen else until
@@ -144,6 +150,7 @@ def timeline_parts(view: TimelineReads, since: float | None, until: float | None
     }
     tail = {
         "kv": {rid: points for rid, points in kv.items() if rid in lane_ids or not lanes_truncated},
+        "kv_shared": kv_shared,
         "requests": lanes,
         "victims": [_victim(r) for r in results if r.victim_seconds() > 0 and r.culprits],
         "gpu": _gpu(view, t0, t1),

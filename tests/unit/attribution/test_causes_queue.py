@@ -62,3 +62,26 @@ def test_the_first_tokens_own_step_is_ttft_though_its_line_lands_after_the_token
     assert got is not None
     assert set(got.weights["ttft"]["c"]) == {"prefill_contention"}
     assert set(got.weights["itl"]["c"]) == {"decode_batching"}
+
+
+def test_shared_prefix_blocks_are_free_once_and_weigh_by_what_each_holds_alone() -> None:
+    """r and h share r's 6-block prefix (h hit it): together they use 7 + 7 - 6 = 8 blocks of the 12 usable, so a
+    2-block prompt fits: v queued behind the token budget, not KV (counting the copy twice left 0 free). With a
+    4-block prompt it does not fit, and the KV pressure is on each holder by its own blocks: r and h 1 each, the
+    prefilling w its 2 (the 6-block copy is nobody's alone)."""
+    r, h = StepMember("r", "decode", 1, 100, 7), StepMember("h", "decode", 1, 100, 7)
+    for prompt, want in ((24, {"r", "h"}), (56, {"r", "h", "w"})):
+        w = StepMember("w", "prefill", 2048 - 2, 2048 - 2 + 16, 2 if prompt == 56 else 0)
+        steps = [step(1, 0.2, r, h, w)]
+        lcs = [RequestLifecycle("v", arrival_ts=0.1, scheduled_ts=0.5, first_token_ts=0.6, finish_ts=0.7,
+                                prompt_tokens=prompt, completion_tokens=2, complete=True)]
+        shared = {(1, 0.2): ({"r": 1, "h": 1, "w": 2}, 6)}
+        v = EngineView(steps, {lc.request_id: lc for lc in lcs}, [], 13, 16, 2048, Pricer(COST), None, shared)
+        got = observed_causes(lcs[0], v)
+        assert got is not None
+        ttft = got.weights["ttft"]
+        if prompt == 24:  # 13 - 1 - (7 + 7 + 0) + 6 = 4 free >= 2 needed: the full budget held it
+            assert not any("kv_pressure" in c for c in ttft.values()), dict(ttft)
+        else:  # 13 - 1 - 16 + 6 = 2 free < 4 needed
+            assert set(ttft) == want and all(set(c) == {"kv_pressure"} for c in ttft.values()), dict(ttft)
+            assert ttft["w"]["kv_pressure"] == 2 * ttft["r"]["kv_pressure"] == 2 * ttft["h"]["kv_pressure"]

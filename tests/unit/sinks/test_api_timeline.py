@@ -47,9 +47,33 @@ def test_steps_and_kv_ledger_match_the_timeline(name: str) -> None:
         for m in rec.members:
             by_phase.setdefault(m.phase, []).append(m.request_id)
         assert got["members"] == by_phase
-        assert held(body, rec.end_ts) == {k: v for k, v in p.timeline.ledger.held_at(rec.end_ts).items() if v > 0}
+        own = p.timeline.ledger.split_at(rec.end_ts).exclusive
+        assert held(body, rec.end_ts) == {k: v for k, v in own if v > 0}
     points = sum(len(v) for v in body["kv"].values())
     assert points < sum(len(s.members) for s in steps) / 5  # change points only
+
+
+def test_shared_prefix_blocks_are_one_band_and_the_stack_is_the_ledger_total() -> None:
+    """bench-prefix: 3 prefixes of 1,792 tokens shared by 60 requests. Each request's area is its exclusive
+    blocks and `kv_shared` the shared ones, once: stacked, they are the step's `kv_blocks` (what vLLM's usage
+    counts); before, every hitter's area held its whole prompt and the stack overshot vLLM by up to 56 blocks."""
+    body = timeline(replayed("bench-prefix"), "?max_steps=10000")
+    assert not body["truncated"]
+    shared_steps = over = 0
+    steps = body["steps"]
+    for step in [s for s, after in zip(steps, steps[1:] + [None], strict=True) if after is None
+                 or after["ts"] != s["ts"]]:  # of steps ending at the same ms, the change points give the last
+        shared = [b for t, b in body["kv_shared"] if t <= step["ts"]]
+        band = shared[-1] if shared else 0
+        shared_steps += band > 0
+        assert sum(held(body, step["ts"]).values()) + band == step["kv_blocks"]
+        over += step["vllm_kv_blocks"] is not None and sum(held(body, step["ts"]).values()) + band \
+            > step["vllm_kv_blocks"] + 3
+    assert shared_steps >= 100  # the prefixes are shared most of the run
+    assert over <= 0.05 * len(body["steps"])
+    page = timeline(replayed("bench-prefix"), "?max_steps=50")  # the band is bounded by the steps sent
+    assert page["truncated"] and page["kv_shared"] and len(page["kv_shared"]) <= 50
+    assert all(page["steps"][0]["ts"] <= t <= page["steps"][-1]["ts"] for t, _ in page["kv_shared"])
 
 
 @pytest.mark.parametrize("name", ["preempt", "whale2"])
@@ -136,6 +160,7 @@ def test_lanes_are_bounded() -> None:
 def test_empty_pipeline() -> None:
     body = timeline(AttributionPipeline())
     assert body["steps"] == [] and body["requests"] == [] and body["kv"] == {} and body["since"] is None
+    assert body["kv_shared"] == []
 
 
 def test_live_flag_tells_the_page_to_poll() -> None:

@@ -194,3 +194,17 @@ def test_blame_labels_fit_and_carry_the_full_culprit_id(tmp_path: Path, bench_ur
         head, _, culprit = html.unescape(full).partition(" ← ")
         assert culprit in culprits and html.unescape(shown).startswith(head + " ← "), (shown, full)
         assert len(html.unescape(shown)) < len(head) + 3 + len(culprit)  # the bench ids are cut
+
+
+def test_shared_prefix_blocks_are_drawn_once(tmp_path: Path) -> None:
+    """bench-prefix (3 prefixes shared by 60 requests): one `kv-shared` band under the requests' own blocks, a
+    legend entry for it, and the stack's top no higher than the ledger's blocks in use (each block once)."""
+    served = serve(state_of(replayed("bench-prefix")))
+    url = next(served)
+    try:
+        dom, console = run_chromium(tmp_path, f"{url}/?token={TOKEN}", "--dump-dom")
+    finally:
+        next(served, None)
+    assert console == [] and 'data-state="drawn"' in dom
+    assert dom.count('class="kv-shared"') == 1 and "shared prefix blocks (counted once)" in dom
+    assert 'data-request-id="shared prefix"' not in dom  # the band is nobody's lane or area

@@ -7,6 +7,7 @@ const AttribDraw = (function () {
   const GREYS = ['#b9b9b9', '#d2d2d2'];
   const LANE_GREY = '#8a8a8a';
   const RED = '#d62728';
+  const SHARED = '#5aa48f';  // prefix blocks several requests share, drawn once (sinks/api/timeline.py kv_shared)
   const MAX_GREY_AREAS = 300;  // beyond this, the other requests' KV is drawn as one grey area
 
   function el(tag, attrs, parent) {
@@ -44,6 +45,20 @@ const AttribDraw = (function () {
                                 patternTransform: 'rotate(-45)' }, defs);
     el('rect', { width: 5, height: 5, fill: '#ffffff' }, pre);
     el('line', { x1: 0, y1: 0, x2: 0, y2: 5, stroke: '#333', 'stroke-width': 1.2 }, pre);
+    const shared = el('pattern', { id: 'hatch-shared', width: 4, height: 4, patternUnits: 'userSpaceOnUse' }, defs);
+    el('rect', { width: 4, height: 4, fill: '#cfe8df' }, shared);
+    el('line', { x1: 0, y1: 2, x2: 4, y2: 2, stroke: SHARED, 'stroke-width': 1.2 }, shared);
+  }
+
+  // Change points [[ts, value], ...] expanded to the value in force at each step time.
+  function atSteps(pts, ts) {
+    const vals = new Array(ts.length).fill(0);
+    let j = 0, v = 0;
+    for (let i = 0; i < ts.length; i++) {
+      while (j < pts.length && pts[j][0] <= ts[i]) { v = pts[j][1]; j++; }
+      vals[i] = v;
+    }
+    return vals;
   }
 
   function drawKv(svg, d, lanes, steps, whaleColour, x, top, areaH, t1, xMin, xMax) {
@@ -58,18 +73,15 @@ const AttribDraw = (function () {
       const ia = a in arrival ? arrival[a] : 1e9, ib = b in arrival ? arrival[b] : 1e9;
       return ia - ib || (a < b ? -1 : 1);
     });
-    // Blocks per request at each step (change points expanded), stacked whales first.
+    // Blocks per request at each step (change points expanded): the shared prefix blocks once at the bottom,
+    // then each request's own blocks, whales first.
     const series = [];
+    const shared = atSteps(d.kv_shared || [], ts);
+    if (shared.some(function (v) { return v > 0; })) series.push({ id: 'shared prefix', shared: true, vals: shared });
     let others = null;
     ids.forEach(function (id) {
-      const vals = new Array(n).fill(0);
-      let j = 0, v = 0;
-      const pts = d.kv[id];
-      for (let i = 0; i < n; i++) {
-        while (j < pts.length && pts[j][0] <= ts[i]) { v = pts[j][1]; j++; }
-        vals[i] = v;
-      }
-      if (!whaleColour[id] && series.filter(function (s) { return !s.whale; }).length >= MAX_GREY_AREAS) {
+      const vals = atSteps(d.kv[id], ts);
+      if (!whaleColour[id] && series.filter(function (s) { return !s.whale && !s.shared; }).length >= MAX_GREY_AREAS) {
         if (!others) { others = { id: 'others', whale: false, vals: new Array(n).fill(0) }; }
         for (let i = 0; i < n; i++) others.vals[i] += vals[i];
       } else {
@@ -115,11 +127,16 @@ const AttribDraw = (function () {
         p += 'H' + xs[i].toFixed(1);
         if (i > first && st.lo[i - 1] !== st.lo[i]) p += 'V' + y(st.lo[i - 1]).toFixed(1);
       }
-      const fill = st.s.whale ? whaleColour[st.s.id] : GREYS[grey++ % GREYS.length];
-      const path = el('path', { d: p + 'Z', fill: fill, stroke: '#ffffff', 'stroke-width': 0.4,
-                                class: 'kv-area' + (st.s.whale ? ' whale' : ''), 'data-request-id': st.s.id,
-                                'clip-path': 'url(#plot)' }, g);
-      el('title', {}, path).textContent = st.s.id + ': up to ' + Math.max.apply(null, st.s.vals) + ' KV blocks';
+      const fill = st.s.shared ? 'url(#hatch-shared)'
+        : st.s.whale ? whaleColour[st.s.id] : GREYS[grey++ % GREYS.length];
+      const attrs = { d: p + 'Z', fill: fill, stroke: st.s.shared ? SHARED : '#ffffff', 'stroke-width': 0.4,
+                      class: st.s.shared ? 'kv-shared' : 'kv-area' + (st.s.whale ? ' whale' : '') };
+      if (!st.s.shared) attrs['data-request-id'] = st.s.id;  // the band is nobody's area
+      attrs['clip-path'] = 'url(#plot)';
+      const path = el('path', attrs, g);
+      el('title', {}, path).textContent = st.s.shared
+        ? 'prefix blocks shared by several requests, counted once: up to ' + Math.max.apply(null, st.s.vals)
+        : st.s.id + ': up to ' + Math.max.apply(null, st.s.vals) + ' KV blocks of its own';
     });
 
     // vLLM's own KV figure and the pool size
@@ -221,7 +238,7 @@ const AttribDraw = (function () {
     el('circle', { cx: x(at), cy: yv, r: 4.5, fill: '#fff', stroke: RED, 'stroke-width': 2 }, g);
   }
 
-  function legend(whaleColour, names) {
+  function legend(whaleColour, names, hasShared) {
     const box = document.getElementById('legend');
     box.textContent = '';
     const item = function (draw, label) {
@@ -237,6 +254,10 @@ const AttribDraw = (function () {
            'whale ' + names[id]);
     });
     item(function (s) { el('rect', { x: 1, y: 1, width: 24, height: 12, fill: GREYS[0] }, s); }, 'other requests');
+    if (hasShared) {
+      item(function (s) { el('rect', { x: 1, y: 1, width: 24, height: 12, fill: 'url(#hatch-shared)', stroke: SHARED },
+                             s); }, 'shared prefix blocks (counted once)');
+    }
     item(function (s) { el('rect', { x: 1, y: 2, width: 24, height: 10, fill: '#fff', stroke: LANE_GREY,
                                      'stroke-dasharray': '3 2' }, s); }, 'queued');
     item(function (s) { el('rect', { x: 1, y: 2, width: 24, height: 10, fill: LANE_GREY, 'fill-opacity': 0.45 }, s); },

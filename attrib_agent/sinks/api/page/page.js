@@ -241,7 +241,7 @@
     }
 
     svg.setAttribute('data-clipped-labels', String(clippedLabels(svg, W)));
-    legend(whaleColour, names);
+    legend(whaleColour, names, (d.kv_shared || []).some(function (pt) { return pt[1] > 0; }));
     details(sel, names, whaleColour);
     const wh = Object.keys(whaleColour).length;
     document.getElementById('summary').textContent =

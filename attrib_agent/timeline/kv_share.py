@@ -1,0 +1,60 @@
+"""Shared prefix blocks counted once: each request's exclusive KV blocks, and the blocks several requests share.
+
+vLLM's block pool hands a prefix-cache hit the very blocks another request computed (a reference count per
+block), its usage gauge counts each physical block once, and a finished request's blocks that another still
+references stay used. The step model names, for every running request with a hit, the request whose copy of
+the prefix it shares (its *root*: the request that computed it if that still runs, else the earliest hitter;
+`StepOutcome.prefix_shares`, decided in timeline/steps.py). Within one root's group the holders reference a
+nested run of the same blocks: the root its whole holding, a hitter its hit blocks. A block referenced by two
+or more holders is *shared* (drawn once, charged to none); the rest are a holder's *exclusive* blocks: what
+vLLM would free were that request alone removed. With holders' prefix sizes p1 >= p2 >= ..., the group shares
+p2 blocks and holder r keeps `held_r - min(p_r, largest other p)`; summed with the shared blocks this is
+`sum(held) - (p2 + p3 + ...)`, the step model's count of distinct blocks (`predicted_blocks`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+Holdings = Sequence[tuple[str, int]]
+Shares = Sequence[tuple[str, str, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class KvSplit:
+    """One step's holdings split: blocks each request alone holds, and blocks held by several (counted once)."""
+
+    exclusive: tuple[tuple[str, int], ...]  # in the holdings' order
+    shared: int
+
+    @property
+    def total(self) -> int:
+        return sum(b for _, b in self.exclusive) + self.shared
+
+
+def split_holdings(holdings: Holdings, shares: Shares) -> KvSplit:
+    """The split of one step (module docstring); without prefix hits every block is its holder's own."""
+    if not shares:
+        return KvSplit(tuple(holdings), 0)
+    held = dict(holdings)
+    groups: dict[str, dict[str, int]] = {}
+    hitters = set()
+    for rid, root, hit in shares:
+        if rid in held:
+            groups.setdefault(root, {})[rid] = min(hit, held[rid])
+            hitters.add(rid)
+    shared = 0
+    taken: dict[str, int] = {}
+    for root, members in groups.items():
+        if root in held and root not in hitters:  # the request that computed the prefix, still running
+            members[root] = held[root]
+        if len(members) < 2:
+            continue
+        sizes = sorted(members.values(), reverse=True)
+        shared += sizes[1]
+        for rid, p in members.items():
+            taken[rid] = min(p, sizes[1] if p == sizes[0] else sizes[0])
+    if not taken:
+        return KvSplit(tuple(holdings), 0)
+    return KvSplit(tuple([(rid, b - taken.get(rid, 0)) for rid, b in holdings]), shared)

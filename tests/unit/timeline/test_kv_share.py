@@ -1,0 +1,90 @@
+"""Shared prefix blocks counted once (timeline/kv_share.py): the split of one step's holdings, and the ledger's
+block-seconds of a request that shares its prefix (its exclusive blocks: what removing it alone frees)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attrib_agent.timeline.kv_share import split_holdings
+from attrib_agent.timeline.ledger import KvBlockLedger, block_seconds
+from attrib_agent.timeline.model import StepRecord
+from attrib_agent.timeline.sched_state import Geometry, StepInput
+from attrib_agent.timeline.step_outcome import StepOutcome
+
+GEO = Geometry(block_size=16, num_blocks=65)
+
+
+def test_hitters_share_the_running_roots_copy() -> None:
+    """r computed a 14-block prefix and holds 16; a and b hit it: 14 blocks once, the rest each one's own."""
+    s = split_holdings([("r", 16), ("a", 15), ("b", 16)], [("a", "r", 14), ("b", "r", 14)])
+    assert s.shared == 14 and dict(s.exclusive) == {"r": 2, "a": 1, "b": 2}
+    assert s.total == 47 - 28  # each physical block once: vLLM's count
+
+
+def test_root_gone_the_hitters_still_share_one_copy() -> None:
+    """vLLM keeps a block while any request references it: the hitters of a finished root share its copy."""
+    s = split_holdings([("a", 15), ("b", 16)], [("a", "r", 14), ("b", "r", 14)])
+    assert s.shared == 14 and dict(s.exclusive) == {"a": 1, "b": 2}
+
+
+def test_a_lone_hitter_and_no_hits_share_nothing() -> None:
+    lone = split_holdings([("a", 15), ("c", 4)], [("a", "r", 14)])
+    assert lone.shared == 0 and dict(lone.exclusive) == {"a": 15, "c": 4}
+    plain = split_holdings([("a", 3), ("c", 4)], [])
+    assert plain.shared == 0 and plain.exclusive == (("a", 3), ("c", 4))
+
+
+def test_nested_hits_the_longer_keeps_its_tail() -> None:
+    """a hit 10 blocks of the prefix, b 14: blocks 0-9 are shared, 10-13 are b's alone."""
+    s = split_holdings([("a", 12), ("b", 16)], [("a", "r", 10), ("b", "r", 14)])
+    assert s.shared == 10 and dict(s.exclusive) == {"a": 2, "b": 6}
+
+
+def test_two_prefixes_are_two_copies() -> None:
+    s = split_holdings([("r1", 8), ("a", 8), ("r2", 8), ("b", 8)], [("a", "r1", 7), ("b", "r2", 7)])
+    assert s.shared == 14 and dict(s.exclusive) == {"r1": 1, "a": 1, "r2": 1, "b": 1}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 30), st.integers(0, 30), st.sampled_from(["r", "s", "x"])), min_size=1,
+                max_size=8), st.integers(1, 30))
+def test_split_counts_each_block_once(hitters: list[tuple[int, int, str]], root_blocks: int) -> None:
+    """Total = holdings minus the copies counted twice; no request's own blocks go negative or exceed its holding."""
+    holdings = [("r", root_blocks)] + [(f"h{i}", held) for i, (held, _, _) in enumerate(hitters)]
+    shares = [(f"h{i}", root, min(hit, held)) for i, (held, hit, root) in enumerate(hitters) if hit]
+    s = split_holdings(holdings, shares)
+    held = dict(holdings)
+    assert all(0 <= b <= held[rid] for rid, b in s.exclusive)
+    groups: dict[str, list[int]] = {}
+    for _, root, hit in shares:
+        groups.setdefault(root, []).append(hit)
+    if "r" in groups:
+        groups["r"].append(root_blocks)
+    twice = sum(sum(p) - max(p) for p in groups.values())
+    assert s.total == sum(held.values()) - twice
+
+
+def _step(seq: int, end: float, holdings: dict[str, int], shares: tuple[tuple[str, str, int], ...]
+          ) -> tuple[StepInput, StepOutcome]:
+    si = StepInput(seq, 0, seq, end, 0.01, 0, 0, len(holdings), len(holdings), 0.0)
+    rec = StepRecord(0, seq, end, 0.01, 0, 0, len(holdings), len(holdings), 0.0)
+    return si, StepOutcome(rec, holdings=tuple(holdings.items()), prefix_shares=shares)
+
+
+def test_a_sharers_block_seconds_are_its_exclusive_blocks() -> None:
+    """A whale w computes a 20-block prefix, s hits it for 2 s: w frees only its 4 own blocks then; once w is
+    gone s holds the whole copy alone."""
+    steps = [_step(0, 10.0, {"w": 24}, ()),
+             _step(1, 11.0, {"w": 24, "s": 21}, (("s", "w", 20),)),
+             _step(2, 13.0, {"s": 22}, (("s", "w", 20),)),
+             _step(3, 14.0, {}, ())]
+    ledger = KvBlockLedger(GEO, steps, [], {})
+    w, s = ledger.request("w"), ledger.request("s")
+    assert w is not None and s is not None
+    assert w.block_seconds == pytest.approx(24 * 1.0 + 4 * 2.0) and w.peak_blocks == 24
+    assert s.block_seconds == pytest.approx(1 * 2.0 + 22 * 1.0) and s.peak_blocks == 22
+    assert block_seconds(steps, ["w", "s"]) == {"w": w.block_seconds, "s": s.block_seconds}
+    at = ledger.split_at(12.0)
+    assert at.shared == 20 and dict(at.exclusive) == {"w": 4, "s": 1}
