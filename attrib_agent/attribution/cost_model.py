@@ -1,10 +1,14 @@
 """The uncontended baseline: what one engine step costs, fitted online from the steps themselves.
 
-step_s = a + b*prefill_tokens + c*decode_requests + d*decode_context_sum + e*prefill_pairs + gap, where the gap
+step_s = a + b*prefill_tokens + c*decode_requests + d*decode_context_sum + e*prefill_pairs + f*prefill_requests
++ gap, where the gap
 is vLLM's work between steps (scheduling, output handling) plus the mean of the fit's residuals: step times are
 skewed, and the re-simulation adds up hundreds of them, so the per-step mean matters, not just the typical step.
 The d term is the memory-bandwidth cost of decoding long contexts; the e term is prefill attention (a chunk
-attends to everything before it, so a whale's third chunk costs about twice its first).
+attends to everything before it, so a whale's third chunk costs about twice its first); the f term is what a
+prefilling request costs beyond its tokens (vLLM computes logits and samples for every scheduled request, a
+partial prefill's too, and sets up its input rows and block table): with one per-token figure, long chunks set
+the price and 32- or 64-token prefills were priced at half their time (preempt's shorts: 3.4 ms, priced 1.6 ms).
 The fit is robust (Huber IRLS) with non-negative coefficients over a bounded window of recent steps plus the
 latest prefill steps of each chunk size, kept past the window: a whale's few long chunks are what identify the
 prefill terms, and ~1,000 decode steps later the window alone has forgotten them (decoy's whale: its 2,048-token
@@ -29,7 +33,8 @@ import numpy as np
 from attrib_agent.timeline.model import StepRecord
 
 _NEAR_ZERO = 1e-12
-_Row = tuple[float, float, float, float, float]
+_Row = tuple[float, ...]  # 1, prefill tokens, decode requests, decode context sum, prefill pairs, prefill requests
+TERMS: Final = 6
 
 
 def prefill_pairs(prior_context: int, tokens: int) -> int:
@@ -47,10 +52,11 @@ class StepCoefficients:
     per_decode_context_token_s: float
     per_prefill_pair_s: float
     step_gap_s: float
+    per_prefill_request_s: float = 0.0  # last: settings written as six numbers before it existed still parse
 
-    def as_tuple(self) -> tuple[float, float, float, float, float]:
+    def as_tuple(self) -> tuple[float, float, float, float, float, float]:
         return (self.intercept_s, self.per_prefill_token_s, self.per_decode_request_s,
-                self.per_decode_context_token_s, self.per_prefill_pair_s)
+                self.per_decode_context_token_s, self.per_prefill_pair_s, self.per_prefill_request_s)
 
 
 FIT_WINDOW: Final = 1024  # recent steps the fit reads; min_steps (the prior's reign) cannot exceed it
@@ -70,6 +76,7 @@ class StepCostPrior(StepCoefficients):
     per_decode_context_token_s: float = 3.5e-7
     per_prefill_pair_s: float = 2.5e-8
     step_gap_s: float = 1.5e-3
+    per_prefill_request_s: float = 6e-4  # as a decode request: both are one row of logits and sampling
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -78,22 +85,28 @@ class StepCostPrior(StepCoefficients):
                 raise ValueError(f"prior {f.name} must be a finite non-negative number, got {value}")
 
     def __str__(self) -> str:
-        """The six numbers in field order, as `parse` reads them back (how settings show the prior)."""
+        """The seven numbers in field order, as `parse` reads them back (how settings show the prior)."""
         return ",".join(repr(getattr(self, f.name)) for f in fields(self))
 
     @classmethod
     def parse(cls, value: object) -> StepCostPrior:
-        """Six seconds figures in field order, from "a,b,c,d,e,f" or a list (a TOML array); ValueError else."""
+        """Seven seconds figures in field order, from "a,b,c,d,e,gap,f" or a list (a TOML array), or the first
+        six (written before the per-prefill-request term existed: a prefilling request then costs what a decoding
+        one does, a row of logits and sampling each); ValueError else."""
         names = [f.name for f in fields(cls)]
         parts = value.split(",") if isinstance(value, str) else value
-        if not isinstance(parts, list | tuple) or len(parts) != len(names):
-            raise ValueError(f"expected {len(names)} numbers, comma-separated: {','.join(names)}")
+        if not isinstance(parts, list | tuple) or len(parts) not in (len(names) - 1, len(names)):
+            raise ValueError(f"expected {len(names)} numbers (or the first {len(names) - 1}), comma-separated: "
+                             f"{','.join(names)}")
+        names = names[:len(parts)]
         numbers = []
         for name, part in zip(names, parts, strict=True):
             try:
                 numbers.append(float(part.strip() if isinstance(part, str) else part))
             except (TypeError, ValueError):
                 raise ValueError(f"{name}: expected a number, got {part!r}") from None
+        if len(numbers) < len(fields(cls)):
+            numbers.append(numbers[2])  # per_decode_request_s
         return cls(*numbers)
 
 
@@ -105,14 +118,15 @@ class StepFeatures:
     decode_requests: int
     decode_context_sum: int  # KV tokens the decoding requests attend to
     prefill_pairs: int = 0
+    prefill_requests: int = 0  # requests in the step that are not simply decoding
 
     @classmethod
     def from_record(cls, record: StepRecord) -> StepFeatures:
         """From the timeline's members; from the logged counts when it inferred none."""
         if not record.members:
             extra = max(record.generation_tokens - record.generation_requests, 0)
-            return cls(record.context_tokens + extra, record.generation_requests, 0, 0)
-        tokens = requests = context = pairs = 0
+            return cls(record.context_tokens + extra, record.generation_requests, 0, 0, record.context_requests)
+        tokens = requests = context = pairs = prefilling = 0
         for m in record.members:
             if m.phase == "decode" and m.tokens == 1:
                 requests += 1
@@ -120,11 +134,12 @@ class StepFeatures:
             else:
                 tokens += m.tokens
                 pairs += prefill_pairs(max(m.context_tokens - m.tokens, 0), m.tokens)
-        return cls(tokens, requests, context, pairs)
+                prefilling += 1
+        return cls(tokens, requests, context, pairs, prefilling)
 
-    def row(self) -> tuple[float, float, float, float, float]:
+    def row(self) -> _Row:
         return (1.0, float(self.prefill_tokens), float(self.decode_requests), float(self.decode_context_sum),
-                float(self.prefill_pairs))
+                float(self.prefill_pairs), float(self.prefill_requests))
 
 
 class StepCostModel:
@@ -143,7 +158,7 @@ class StepCostModel:
         # Prefill evidence kept past the window, per chunk size (a whale's chunks are rare among decode steps)
         self._kept: list[deque[tuple[int, _Row, float]]] = [deque(maxlen=KEPT_PER_SIZE) for _ in range(SIZE_CLASSES)]
         self._gaps: deque[float] = deque(maxlen=max_window)
-        self._coef = self.prior.as_tuple()
+        self._coef: _Row = self.prior.as_tuple()
         self._gap_s = self.prior.step_gap_s
         self._scale: float | None = None
         self._since_fit = 0
@@ -154,11 +169,11 @@ class StepCostModel:
         self.skipped = 0  # observations refused (negative or non-finite)
 
     def observe(self, context_tokens: int, decode_requests: int, decode_context_sum: int, elapsed_s: float, *,
-                prefill_pairs: int = 0, gap_s: float | None = None) -> None:
+                prefill_pairs: int = 0, prefill_requests: int = 0, gap_s: float | None = None) -> None:
         """One engine step: what it computed and its `iteration elapsed time`; `gap_s` is the idle time before
         it when it followed the previous step back to back (None when unknown)."""
-        self.observe_features(StepFeatures(context_tokens, decode_requests, decode_context_sum, prefill_pairs),
-                              elapsed_s, gap_s=gap_s)
+        self.observe_features(StepFeatures(context_tokens, decode_requests, decode_context_sum, prefill_pairs,
+                                           prefill_requests), elapsed_s, gap_s=gap_s)
 
     def observe_features(self, features: StepFeatures, elapsed_s: float, *, gap_s: float | None = None) -> None:
         row = features.row()
@@ -213,7 +228,7 @@ class StepCostModel:
     def _fit(self, window: list[tuple[_Row, float]], gaps: list[float]) -> None:
         rows = [r for r, _ in window]
         ys = [y for _, y in window]
-        free = [j == 0 or sum(1 for r in rows if r[j] > 0) >= self.min_support for j in range(5)]
+        free = [j == 0 or sum(1 for r in rows if r[j] > 0) >= self.min_support for j in range(TERMS)]
         coef, scale, bias = huber_nonnegative_fit(rows, ys, prior=self.prior.as_tuple(), free=free,
                                                   start=self._coef)
         self._coef = coef
@@ -238,15 +253,18 @@ class StepCostModel:
 
     @property
     def coefficients(self) -> StepCoefficients:
-        return StepCoefficients(*self._coef, step_gap_s=self._gap_s)
+        a, b, c, d, e, f = self._coef
+        return StepCoefficients(a, b, c, d, e, self._gap_s, f)
 
     def step_seconds(self, context_tokens: int, decode_requests: int, decode_context_sum: int) -> float:
         return self.step_seconds_with_prefill(context_tokens, decode_requests, decode_context_sum, 0)
 
     def step_seconds_with_prefill(self, context_tokens: int, decode_requests: int, decode_context_sum: int,
-                                  prefill_pairs: int) -> float:
-        a, b, c, d, e = self._coef
-        compute = a + b * context_tokens + c * decode_requests + d * decode_context_sum + e * prefill_pairs
+                                  prefill_pairs: int, prefill_requests: int = 0) -> float:
+        """`prefill_requests`: how many requests the step prefills (0: a caller that does not count them)."""
+        a, b, c, d, e, f = self._coef
+        compute = (a + b * context_tokens + c * decode_requests + d * decode_context_sum + e * prefill_pairs
+                   + f * prefill_requests)
         return max(compute, _NEAR_ZERO) + self._gap_s
 
     def solo_ttft_s(self, prompt_tokens: int, token_budget: int, cached_tokens: int = 0) -> float:
@@ -259,7 +277,7 @@ class StepCostModel:
         remaining = max(prompt_tokens - done, 1)
         while remaining > 0:
             chunk = min(token_budget, remaining)
-            total += self.step_seconds_with_prefill(chunk, 0, 0, prefill_pairs(done, chunk))
+            total += self.step_seconds_with_prefill(chunk, 0, 0, prefill_pairs(done, chunk), 1)
             done += chunk
             remaining -= chunk
         return total
@@ -271,7 +289,7 @@ class StepCostModel:
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """Gaussian elimination with partial pivoting (the systems are at most 5x5); None when singular."""
+    """Gaussian elimination with partial pivoting (the systems are at most 6x6); None when singular."""
     n = len(b)
     m = [row[:] + [b[i]] for i, row in enumerate(a)]
     for col in range(n):
@@ -290,7 +308,7 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
 
 
 def _nonnegative_solve(a: list[list[float]], b: list[float]) -> list[float]:
-    """argmin x'Ax - 2b'x subject to x >= 0, by trying every support set (2^5 at most)."""
+    """argmin x'Ax - 2b'x subject to x >= 0, by trying every support set (2^6 at most)."""
     n = len(b)
     best, best_gain = [0.0] * n, 0.0
     for k in range(1, n + 1):
@@ -352,7 +370,7 @@ def huber_nonnegative_fit(rows: list[_Row], ys: list[float], *, prior: _Row, fre
     coef = list(prior)
     for j, sc, v in zip(idx, scales.tolist(), theta, strict=True):
         coef[j] = v / sc
-    return (coef[0], coef[1], coef[2], coef[3], coef[4]), scale, bias
+    return tuple(coef), scale, bias
 
 
 __all__ = ["StepCoefficients", "StepCostModel", "StepCostPrior", "StepFeatures", "huber_nonnegative_fit",

@@ -114,9 +114,9 @@ class ScaledCost:
         return self.factor * self.cost.step_seconds(context_tokens, decode_requests, decode_context_sum)
 
     def step_seconds_with_prefill(self, context_tokens: int, decode_requests: int, decode_context_sum: int,
-                                  prefill_pairs: int) -> float:
+                                  prefill_pairs: int, prefill_requests: int = 0) -> float:
         return self.factor * self.cost.step_seconds_with_prefill(context_tokens, decode_requests,
-                                                                 decode_context_sum, prefill_pairs)
+                                                                 decode_context_sum, prefill_pairs, prefill_requests)
 
 
 def forecast_cost(pipeline: PipelineParts, max_steps: int = 64) -> StepCostModel | ScaledCost:
@@ -131,7 +131,7 @@ def forecast_cost(pipeline: PipelineParts, max_steps: int = 64) -> StepCostModel
     for _, out in pipeline.timeline.outcomes()[-max_steps:]:
         f = StepFeatures.from_record(out.record)
         predicted += cost.step_seconds_with_prefill(f.prefill_tokens, f.decode_requests, f.decode_context_sum,
-                                                    f.prefill_pairs) - cost.coefficients.step_gap_s
+                                                    f.prefill_pairs, f.prefill_requests) - cost.coefficients.step_gap_s
         observed += out.record.elapsed_s
     return ScaledCost(cost, observed / predicted) if observed > 0 and predicted > 0 else cost
 

@@ -198,7 +198,7 @@ def _stretch_tracing(tracers: list[tuple[LiveRequest, VictimTracer]], pricer: Pr
             hold = tuple((rid, b / total) for rid, b, _ in held if b > 0) if total > 0 else ()
             changes = min(b * bs - computed for _, b, computed in held)
         _trace_step(tracers, pricer, StepPlan(members, [], stop, blocked), begin, end, running,
-                    ((0, n, context + j * n, 0), seconds), hold if stop == "kv" else None)
+                    ((0, n, context + j * n, 0, 0), seconds), hold if stop == "kv" else None)
 
     return observe
 

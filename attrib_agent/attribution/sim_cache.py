@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from attrib_agent.attribution.cost_model import StepCostModel, prefill_pairs
 from attrib_agent.attribution.sim_types import SchedulerConfig, SimRequest, SimResult, SimStart
 
-# (context tokens, decode requests, decode context sum, prefill pairs) of the steps a version is checked on:
-# decode batches of 1 to 256 at short and long contexts, prefill chunks of 256 and 2,048 tokens alone and
-# after 4,096 cached ones: the shapes whose prices move a re-simulated TTFT or ITL.
-PROBES: tuple[tuple[int, int, int, int], ...] = (
-    *((n, n, n * ctx, 0) for n in (1, 16, 64, 256) for ctx in (512, 4096)),
-    *((c, 0, 0, prefill_pairs(done, c)) for c in (256, 2048) for done in (0, 4096)),
+# (context tokens, decode requests, decode context sum, prefill pairs, prefill requests) of the steps a version
+# is checked on: decode batches of 1 to 256 at short and long contexts, prefill chunks of 32, 256 and 2,048 tokens
+# alone and after 4,096 cached ones: the shapes whose prices move a re-simulated TTFT or ITL.
+PROBES: tuple[tuple[int, int, int, int, int], ...] = (
+    *((n, n, n * ctx, 0, 0) for n in (1, 16, 64, 256) for ctx in (512, 4096)),
+    *((c, 0, 0, prefill_pairs(done, c), 1) for c in (32, 256, 2048) for done in (0, 4096)),
 )
 
 
@@ -41,20 +41,21 @@ class FrozenCost:
     d: float
     e: float
     gap_s: float
+    f: float = 0.0
 
     @classmethod
     def of(cls, model: StepCostModel) -> FrozenCost:
         k = model.coefficients
-        a, b, c, d, e = k.as_tuple()
-        return cls(a, b, c, d, e, k.step_gap_s)
+        a, b, c, d, e, f = k.as_tuple()
+        return cls(a, b, c, d, e, k.step_gap_s, f)
 
     def step_seconds(self, context_tokens: int, decode_requests: int, decode_context_sum: int) -> float:
         return self.step_seconds_with_prefill(context_tokens, decode_requests, decode_context_sum, 0)
 
     def step_seconds_with_prefill(self, context_tokens: int, decode_requests: int, decode_context_sum: int,
-                                  prefill_pairs: int) -> float:
+                                  prefill_pairs: int, prefill_requests: int = 0) -> float:
         compute = (self.a + self.b * context_tokens + self.c * decode_requests + self.d * decode_context_sum
-                   + self.e * prefill_pairs)
+                   + self.e * prefill_pairs + self.f * prefill_requests)
         return max(compute, 1e-12) + self.gap_s  # as the model's own floor
 
 

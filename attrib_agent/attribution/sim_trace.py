@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 from attrib_agent.attribution.sim_types import PrefillAwareStepCost, StepCost, WaitCause
 
-Features = tuple[int, int, int, int]  # prefill tokens, decode requests, decode context sum, prefill pairs
+# prefill tokens, decode requests, decode context sum, prefill pairs, prefilling requests
+Features = tuple[int, int, int, int, int]
+DecodeFeatures = tuple[int, int, int, int]  # the first four: a step with nothing prefilling
 Blame = tuple[tuple[str, float], ...]  # request id -> weight (summing to 1)
 
 
@@ -34,8 +36,8 @@ class Member:
 
     def features(self) -> Features:
         if self.decode:
-            return (0, 1, self.prior + 1, 0)
-        return (self.tokens, 0, 0, self.tokens * self.prior + self.tokens * (self.tokens + 1) // 2)
+            return (0, 1, self.prior + 1, 0, 0)
+        return (self.tokens, 0, 0, self.tokens * self.prior + self.tokens * (self.tokens + 1) // 2, 1)
 
 
 class Pricer:
@@ -44,16 +46,17 @@ class Pricer:
     def __init__(self, cost: StepCost) -> None:
         self._cost = cost
         self._aware = cost if isinstance(cost, PrefillAwareStepCost) else None
-        # the four features in, seconds out: bound once, called per member per traced step
-        self.price4: Callable[[int, int, int, int], float] = (
-            self._aware.step_seconds_with_prefill if self._aware is not None else self._blind)
+        # the five features in, seconds out: bound once, called per member per traced step
+        price = self._aware.step_seconds_with_prefill if self._aware is not None else self._blind
+        self.price5: Callable[[int, int, int, int, int], float] = price
+        self.price4: Callable[[int, int, int, int], float] = price  # nothing prefilling: decode stretches
 
-    def _blind(self, t: int, r: int, c: int, p: int) -> float:
+    def _blind(self, t: int, r: int, c: int, p: int, n: int = 0) -> float:
         return self._cost.step_seconds(t, r, c)
 
     @staticmethod
     def features(members: list[Member]) -> Features:
-        t = r = c = p = 0  # integer sums: the same in any order
+        t = r = c = p = q = 0  # integer sums: the same in any order
         for m in members:
             if m.decode:
                 r += 1
@@ -62,10 +65,12 @@ class Pricer:
                 n = m.tokens
                 t += n
                 p += n * m.prior + n * (n + 1) // 2
-        return (t, r, c, p)
+                q += 1
+        return (t, r, c, p, q)
 
-    def price(self, f: Features) -> float:
-        return self.price4(f[0], f[1], f[2], f[3])
+    def price(self, f: Features | DecodeFeatures) -> float:
+        """A step's seconds; four features are a step with nothing prefilling."""
+        return self.price5(f[0], f[1], f[2], f[3], f[4] if len(f) > 4 else 0)
 
     def seconds(self, members: list[Member]) -> float:
         return self.price(self.features(members))
@@ -93,31 +98,31 @@ class StepPrices:
         """(marginal cost, of which context bandwidth) of member `m` (bandwidth 0 for a prefill)."""
         got = self._marginals.get(id(m))
         if got is None:
-            got = self._marginals[id(m)] = _marginal(m, self._pricer.price4, self.total, self.full)
+            got = self._marginals[id(m)] = _marginal(m, self._pricer.price5, self.total, self.full)
         return got
 
     def marginals(self) -> list[tuple[float, float]]:
         """`marginal` of every member, in member order (computed once, for every tracer of the step)."""
         if self._all is None:
-            price, total, full = self._pricer.price4, self.total, self.full
+            price, total, full = self._pricer.price5, self.total, self.full
             self._all = [_marginal(m, price, total, full) for m in self.members]
         return self._all
 
 
-def _marginal(m: Member, price: Callable[[int, int, int, int], float], total: Features,
+def _marginal(m: Member, price: Callable[[int, int, int, int, int], float], total: Features,
               full: float) -> tuple[float, float]:
     """What leaving `m` out of a step costing `full` for features `total` would save, and of that the context
     bandwidth part (0 for a prefill): max(saving, 0), bandwidth clamped to [0, saving]."""
-    t, r, c, p = total
+    t, r, c, p, q = total
     if m.decode:
         context = m.prior + 1
-        marginal = full - price(t, r - 1, c - context, p)
+        marginal = full - price(t, r - 1, c - context, p, q)
         if marginal < 0.0:
             marginal = 0.0
-        bandwidth = full - price(t, r, c - context, p)
+        bandwidth = full - price(t, r, c - context, p, q)
         return marginal, 0.0 if bandwidth < 0.0 else marginal if bandwidth > marginal else bandwidth
     f = m.features()
-    return max(full - price(t - f[0], r, c, p - f[3]), 0.0), 0.0
+    return max(full - price(t - f[0], r, c, p - f[3], q - 1), 0.0), 0.0
 
 
 @dataclass(slots=True, unsafe_hash=True)

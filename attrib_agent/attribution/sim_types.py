@@ -77,10 +77,12 @@ class PrefillAwareStepCost(Protocol):
     """A StepCost that also prices prefill attention: a chunk's cost grows with the context it attends to
     (a 2048-token chunk after 4096 cached tokens costs about twice the first chunk). The simulator uses this
     method when the cost offers it. `prefill_pairs` = sum over prefill chunks of causal query-key pairs,
-    tokens * prior_context + tokens * (tokens + 1) / 2."""
+    tokens * prior_context + tokens * (tokens + 1) / 2; `prefill_requests` = how many requests prefill in the
+    step (each costs beyond its tokens: its row of logits and sampling), 0 when the caller prices decodes only."""
 
     def step_seconds_with_prefill(
-        self, context_tokens: int, decode_requests: int, decode_context_sum: int, prefill_pairs: int
+        self, context_tokens: int, decode_requests: int, decode_context_sum: int, prefill_pairs: int,
+        prefill_requests: int = 0,
     ) -> float: ...
 
 

@@ -62,8 +62,9 @@ ATTRIBUTION: Final[tuple[Setting[Any], ...]] = (
        "TTFT slowdown below this (or half the solo TTFT) counts as no interference", "SECONDS"),
     _p("step_cost_prior", "attribution.step_cost_prior", StepCostPrior.parse,
        "step costs used until prior_min_steps steps are fitted: intercept, per prefill token, per decoding "
-       "request, per decode context token, per prefill pair, step gap (seconds; default fitted on a 2-core CPU)",
-       "A,B,C,D,E,F"),
+       "request, per decode context token, per prefill pair, step gap, per prefilling request (seconds; default "
+       "fitted on a 2-core CPU; six numbers: the last is the per decoding request figure)",
+       "A,B,C,D,E,F,G"),
     _p("prior_min_steps", "attribution.prior_min_steps", v.count(1, FIT_WINDOW),
        "engine steps seen before the step costs are fitted from them instead of taken from step_cost_prior", "N"),
     _p("itl_floor_ratio", "attribution.itl_floor_ratio", v.ratio(0.0),

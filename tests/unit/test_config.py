@@ -106,7 +106,7 @@ def samples(tmp_path: Path, token_file: Path) -> dict[str, tuple[object, Any]]:
         "max_players": (3, 3),
         "noise_floor_s": (0.05, 0.05),
         "step_cost_prior": ("0.004, 2e-6,1e-4,1e-8,1e-10,0.0005",
-                            StepCostPrior(0.004, 2e-6, 1e-4, 1e-8, 1e-10, 0.0005)),
+                            StepCostPrior(0.004, 2e-6, 1e-4, 1e-8, 1e-10, 0.0005, 1e-4)),
         "prior_min_steps": (200, 200),
         "itl_floor_ratio": (0.25, 0.25),
         "quality_floor_s": (0.01, 0.01),
@@ -295,8 +295,11 @@ def test_otlp_targets_fit_the_forwarder() -> None:
 def test_step_cost_prior_from_a_toml_array_and_bad_priors_refused(tmp_path: Path) -> None:
     path = tmp_path / "agent.toml"
     path.write_text("[attribution]\nstep_cost_prior = [0.004, 2e-6, 1e-4, 0, 0, 0.0005]\n")
-    assert load(["--config", str(path)]).step_cost_prior == StepCostPrior(0.004, 2e-6, 1e-4, 0.0, 0.0, 0.0005)
-    for bad, why in (("1,2,3", "6 numbers"), ("1,2,3,4,5,x", "per_prefill_pair_s|step_gap_s"),
+    # six numbers, written before the per-prefilling-request term: it is the per-decoding-request figure
+    assert load(["--config", str(path)]).step_cost_prior == StepCostPrior(0.004, 2e-6, 1e-4, 0.0, 0.0, 0.0005, 1e-4)
+    path.write_text("[attribution]\nstep_cost_prior = [0.004, 2e-6, 1e-4, 0, 0, 0.0005, 3e-4]\n")
+    assert load(["--config", str(path)]).step_cost_prior.per_prefill_request_s == 3e-4
+    for bad, why in (("1,2,3", "7 numbers"), ("1,2,3,4,5,x", "per_prefill_pair_s|step_gap_s"),
                      ("1,2,3,4,5,-1", "non-negative"), ("1,2,3,4,5,inf", "finite")):
         with pytest.raises(ConfigError, match="step_cost_prior") as err:
             load([], {"ATTRIB_STEP_COST_PRIOR": bad})

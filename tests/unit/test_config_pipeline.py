@@ -66,7 +66,7 @@ def test_the_step_cost_prior_and_its_step_count_reach_the_cost_model(events: lis
     cfg = load(["--config", str(cfg_file), "--prior-min-steps", "1024"], {"ATTRIB_UNFINISHED_END_S": "60"})
     p = run(AttributionPipeline(cfg.pipeline_config()), events)
     cost = p.attributor.cost
-    assert cost.prior == StepCostPrior(0.004, 2e-6, 1e-4, 1e-8, 1e-10, 0.0005)
+    assert cost.prior == StepCostPrior(0.004, 2e-6, 1e-4, 1e-8, 1e-10, 0.0005, 1e-4)
     assert not cost.fitted and cost.coefficients.as_tuple() == cost.prior.as_tuple()  # never enough steps
     plain = run(AttributionPipeline(load().pipeline_config()), events)
     assert plain.attributor.cost.fitted  # the recording's steps replace the default prior

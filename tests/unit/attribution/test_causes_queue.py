@@ -10,7 +10,8 @@ from attrib_agent.timeline.model import RequestLifecycle, StepMember, StepRecord
 from attrib_agent.timeline.preemption import InferredPreemption
 
 COST = StepCostModel(StepCostPrior(intercept_s=0.01, per_prefill_token_s=0.001, per_decode_request_s=0.001,
-                                   per_decode_context_token_s=0.0, per_prefill_pair_s=0.0, step_gap_s=0.0))
+                                   per_decode_context_token_s=0.0, per_prefill_pair_s=0.0, step_gap_s=0.0,
+        per_prefill_request_s=0.0))
 
 
 def step(iteration: int, end: float, *members: StepMember) -> StepRecord:

@@ -9,17 +9,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior, StepFeatures, prefill_pairs
+from attrib_agent.attribution.sim_trace import Member, Pricer, StepPrices
 from attrib_agent.attribution.sim_types import PrefillAwareStepCost, StepCost
 from attrib_agent.timeline.model import StepMember, StepRecord
 
 TRUE = StepCostPrior(intercept_s=0.004, per_prefill_token_s=8e-5, per_decode_request_s=5e-4,
-                     per_decode_context_token_s=4e-7, per_prefill_pair_s=2e-8, step_gap_s=0.001)
+                     per_decode_context_token_s=4e-7, per_prefill_pair_s=2e-8, step_gap_s=0.001,
+                     per_prefill_request_s=1.5e-3)
 
 
 def true_seconds(f: StepFeatures) -> float:
     return (TRUE.intercept_s + TRUE.per_prefill_token_s * f.prefill_tokens + TRUE.per_decode_request_s
             * f.decode_requests + TRUE.per_decode_context_token_s * f.decode_context_sum
-            + TRUE.per_prefill_pair_s * f.prefill_pairs)
+            + TRUE.per_prefill_pair_s * f.prefill_pairs + TRUE.per_prefill_request_s * f.prefill_requests)
 
 
 def random_step(rng: random.Random) -> StepFeatures:
@@ -34,7 +36,8 @@ def random_step(rng: random.Random) -> StepFeatures:
         tokens, prior = 2048 - len(decoders), rng.choice([0, 2048, 4096, 6144])
     if tokens == 0 and not decoders:
         decoders = [rng.randint(32, 8000)]
-    return StepFeatures(tokens, len(decoders), sum(decoders), prefill_pairs(prior, tokens) if tokens else 0)
+    return StepFeatures(tokens, len(decoders), sum(decoders), prefill_pairs(prior, tokens) if tokens else 0,
+                        1 if tokens else 0)
 
 
 def feed(model: StepCostModel, n: int, seed: int = 1, noise: float = 0.0005, outliers: float = 0.0) -> None:
@@ -73,11 +76,13 @@ def test_recovers_coefficients_despite_outliers() -> None:
     assert c.per_prefill_token_s == pytest.approx(TRUE.per_prefill_token_s, rel=0.1)
     assert c.per_decode_context_token_s == pytest.approx(TRUE.per_decode_context_token_s, rel=0.1)
     assert c.per_prefill_pair_s == pytest.approx(TRUE.per_prefill_pair_s, rel=0.1)
+    assert c.per_prefill_request_s == pytest.approx(TRUE.per_prefill_request_s, rel=0.2)
     assert c.intercept_s == pytest.approx(TRUE.intercept_s, abs=0.001)
     # 5% hiccups of 50-300 ms: a least-squares fit would be dragged far off; Huber barely moves.
     rng = random.Random(9)
     errors = [abs(model.step_seconds_with_prefill(f.prefill_tokens, f.decode_requests, f.decode_context_sum,
-                                                  f.prefill_pairs) - c.step_gap_s - true_seconds(f))
+                                                  f.prefill_pairs, f.prefill_requests) - c.step_gap_s
+                  - true_seconds(f))
               for f in (random_step(rng) for _ in range(200))]
     assert max(errors) < 0.01
     assert model.residual_scale is not None and model.residual_scale < 0.002
@@ -128,10 +133,10 @@ def test_rejects_bad_configuration() -> None:
 
 def test_solo_ttft_is_the_prefill_in_budget_chunks() -> None:
     model = StepCostModel(TRUE)
-    one = model.step_seconds_with_prefill(2048, 0, 0, prefill_pairs(0, 2048))
+    one = model.step_seconds_with_prefill(2048, 0, 0, prefill_pairs(0, 2048), 1)
     assert model.solo_ttft_s(2048, 2048) == pytest.approx(one)
     chunks = [(0, 2048), (2048, 2048), (4096, 904)]  # 5000 tokens: the first token comes with the last chunk
-    expected = sum(model.step_seconds_with_prefill(n, 0, 0, prefill_pairs(p, n)) for p, n in chunks)
+    expected = sum(model.step_seconds_with_prefill(n, 0, 0, prefill_pairs(p, n), 1) for p, n in chunks)
     assert model.solo_ttft_s(5000, 2048) == pytest.approx(expected)
     assert model.solo_ttft_s(5000, 8192) < model.solo_ttft_s(5000, 2048)  # fewer steps, same attention work
 
@@ -148,10 +153,10 @@ def test_features_from_a_timeline_step() -> None:
                         members=(StepMember("w", "prefill", 2000, 6000, 47), StepMember("a", "decode", 1, 40, 1),
                                  StepMember("b", "decode", 1, 900, 8)))
     f = StepFeatures.from_record(record)
-    assert f == StepFeatures(2000, 2, 940, prefill_pairs(4000, 2000))
+    assert f == StepFeatures(2000, 2, 940, prefill_pairs(4000, 2000), 1)
     bare = StepRecord(engine=0, iteration=8, end_ts=1.0, elapsed_s=0.2, context_requests=1, context_tokens=32,
                       generation_requests=2, generation_tokens=40, kv_usage=0.5)
-    assert StepFeatures.from_record(bare) == StepFeatures(32 + 38, 2, 0, 0)  # a resumed request's recompute
+    assert StepFeatures.from_record(bare) == StepFeatures(32 + 38, 2, 0, 0, 1)  # a resumed request's recompute
 
 
 @settings(max_examples=200, deadline=None)
@@ -231,3 +236,49 @@ def test_deferred_fits_once_on_the_window_of_the_last_refit_due() -> None:
     feed(lazy, 100, seed=6)  # after the batch: refits when due again, as before
     feed(eager, 100, seed=6)
     assert lazy.coefficients.as_tuple() == pytest.approx(eager.coefficients.as_tuple(), rel=1e-5, abs=1e-12)
+
+
+def test_a_prefilling_request_costs_beyond_its_tokens_and_both_sizes_are_priced() -> None:
+    """A machine where each prefilling request costs 3 ms beyond its tokens (its logits, sampling, input rows):
+    fitted on its 32-token prefills, 2,048-token chunks and decode batches, the model prices both prefill sizes
+    (one per-token figure cannot: the long chunks set it and the short prefills came out at half their time),
+    through the timeline's step records and in the re-simulation's step prices."""
+    machine = StepCostPrior(intercept_s=0.001, per_prefill_token_s=3e-5, per_decode_request_s=1e-4,
+                            per_decode_context_token_s=1e-7, per_prefill_pair_s=1e-8, step_gap_s=0.001,
+                            per_prefill_request_s=3e-3)
+
+    def seconds(f: StepFeatures) -> float:
+        return sum(c * v for c, v in zip(machine.as_tuple(), f.row(), strict=True))
+
+    def record(i: int, members: tuple[StepMember, ...]) -> StepRecord:
+        f = StepFeatures.from_record(StepRecord(0, i, 0.0, 0.0, 0, 0, 0, 0, 0.0, members))
+        return StepRecord(0, i, float(i), seconds(f) * (1 + 0.02 * ((i * 7919) % 11 - 5) / 5), 0, 0, 0, 0, 0.0,
+                          members)
+
+    model = StepCostModel(min_steps=64, refit_every=64)
+    rng = random.Random(11)
+    for i in range(900):
+        decoders = tuple(StepMember(f"d{j}", "decode", 1, rng.randint(40, 600), 3) for j in range(rng.randint(1, 4)))
+        if i % 10 == 0:
+            members = (StepMember(f"s{i}", "prefill", 32, 32, 0), *decoders)
+        elif i % 150 == 75:
+            done = 2048 * rng.randint(0, 2)
+            members = (StepMember(f"w{i}", "prefill", 2048, done + 2048, 0),)
+        else:
+            members = decoders
+        step = record(i, members)
+        model.observe_features(StepFeatures.from_record(step), step.elapsed_s)
+    model.refit()
+    gap = model.coefficients.step_gap_s
+    short = StepFeatures(32, 0, 0, prefill_pairs(0, 32), 1)
+    chunk = StepFeatures(2048, 0, 0, prefill_pairs(2048, 2048), 1)
+    for f in (short, chunk):
+        got = model.step_seconds_with_prefill(f.prefill_tokens, 0, 0, f.prefill_pairs, 1) - gap
+        assert got == pytest.approx(seconds(f), rel=0.1)
+    assert model.solo_ttft_s(32, 2048) - gap == pytest.approx(seconds(short), rel=0.1)
+    # the re-simulation prices a step by its members: the short's prefill and a decode, then without the short
+    pricer = Pricer(model)
+    members = [Member("s", 32, 0, False), Member("d", 1, 300, True)]
+    prices = StepPrices(pricer, members)
+    saving, _ = prices.marginal(members[0])
+    assert saving == pytest.approx(seconds(short) - machine.intercept_s, rel=0.1)

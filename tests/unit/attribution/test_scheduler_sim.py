@@ -14,7 +14,8 @@ from attrib_agent.attribution.sim_types import SchedulerConfig, SimRequest, SimR
 BS = 16
 # 10 ms per step, +1 ms per prefill token, +1 ms per decoding request: easy to add up by hand.
 COST = StepCostModel(StepCostPrior(intercept_s=0.01, per_prefill_token_s=0.001, per_decode_request_s=0.001,
-                                   per_decode_context_token_s=0.0, per_prefill_pair_s=0.0, step_gap_s=0.0))
+                                   per_decode_context_token_s=0.0, per_prefill_pair_s=0.0, step_gap_s=0.0,
+        per_prefill_request_s=0.0))
 
 
 def config(blocks: int = 64, budget: int = 64, prefix_caching: bool = True) -> SchedulerConfig:

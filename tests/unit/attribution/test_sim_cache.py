@@ -12,7 +12,8 @@ from attrib_agent.attribution.sim_types import InProgress, SchedulerConfig, SimR
 
 SCHED = SchedulerConfig(block_size=16, num_blocks=257, token_budget=256)
 PRIOR = StepCostPrior(intercept_s=0.01, per_prefill_token_s=0.001, per_decode_request_s=0.001,
-                      per_decode_context_token_s=0.0, per_prefill_pair_s=0.0, step_gap_s=0.0)
+                      per_decode_context_token_s=0.0, per_prefill_pair_s=0.0, step_gap_s=0.0,
+        per_prefill_request_s=0.0)
 PRIOR_MODEL = StepCostModel(PRIOR)
 
 

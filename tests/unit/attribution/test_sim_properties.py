@@ -16,7 +16,8 @@ from attrib_agent.attribution.sim_types import SchedulerConfig, SimRequest
 
 COSTS = [
     StepCostModel(StepCostPrior(intercept_s=0.01, per_prefill_token_s=0.001, per_decode_request_s=0.001,
-                                per_decode_context_token_s=0.0, per_prefill_pair_s=0.0, step_gap_s=0.0)),
+                                per_decode_context_token_s=0.0, per_prefill_pair_s=0.0, step_gap_s=0.0,
+        per_prefill_request_s=0.0)),
     StepCostModel(StepCostPrior()),  # the lab CPU prior: context and attention terms too
 ]
 

@@ -56,12 +56,14 @@ def test_cost_model_fits_the_logged_steps(name: str) -> None:
     c = cost.coefficients
     chunks = [(f, el) for f, el, _ in step_features(rec) if f.prefill_tokens >= 1000]
     rel = [abs(cost.step_seconds_with_prefill(f.prefill_tokens, f.decode_requests, f.decode_context_sum,
-                                              f.prefill_pairs) - c.step_gap_s - el) / el for f, el in chunks]
+                                              f.prefill_pairs, f.prefill_requests) - c.step_gap_s - el) / el
+           for f, el in chunks]
     scale = cost.residual_scale
     assert cost.fitted and scale is not None
     print(f"\n{name}: a={c.intercept_s * 1e3:.2f}ms b={c.per_prefill_token_s * 1e6:.1f}us/tok "
           f"c={c.per_decode_request_s * 1e3:.2f}ms/req d={c.per_decode_context_token_s * 1e9:.0f}ns/ctx-tok "
-          f"e={c.per_prefill_pair_s * 1e9:.1f}ns/pair gap={c.step_gap_s * 1e3:.2f}ms; residual scale "
+          f"e={c.per_prefill_pair_s * 1e9:.1f}ns/pair f={c.per_prefill_request_s * 1e3:.2f}ms/prefilling req "
+          f"gap={c.step_gap_s * 1e3:.2f}ms; residual scale "
           f"{scale * 1e3:.2f}ms; big prefill steps {len(rel)}, median rel err "
           f"{statistics.median(rel) if rel else float('nan'):.1%}")
     assert scale < 0.005

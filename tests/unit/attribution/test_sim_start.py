@@ -19,7 +19,8 @@ from attrib_agent.timeline.model import StepMember, StepRecord
 
 BS = 16
 COST = StepCostModel(StepCostPrior(intercept_s=0.01, per_prefill_token_s=0.001, per_decode_request_s=0.001,
-                                   per_decode_context_token_s=0.0, per_prefill_pair_s=0.0, step_gap_s=0.0))
+                                   per_decode_context_token_s=0.0, per_prefill_pair_s=0.0, step_gap_s=0.0,
+        per_prefill_request_s=0.0))
 # A budget no prompt reaches: every prefill completes in its first step, so a request's state at a step end
 # is fully told by the tokens it has sampled (none: queued).
 SCHED = SchedulerConfig(block_size=BS, num_blocks=513, token_budget=4096, prefix_caching=False)

@@ -23,7 +23,8 @@ from attrib_agent.attribution.sim_types import InProgress, SchedulerConfig, SimR
 
 COSTS = [
     StepCostModel(StepCostPrior(intercept_s=0.01, per_prefill_token_s=0.001, per_decode_request_s=0.001,
-                                per_decode_context_token_s=0.0, per_prefill_pair_s=0.0, step_gap_s=0.0)),
+                                per_decode_context_token_s=0.0, per_prefill_pair_s=0.0, step_gap_s=0.0,
+        per_prefill_request_s=0.0)),
     StepCostModel(StepCostPrior()),  # context and attention terms too: every step of a stretch costs more
 ]
 
