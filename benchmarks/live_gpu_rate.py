@@ -209,7 +209,8 @@ async def run(path: Path, workdir: Path, every: int, agent_cpu: int | None, budg
     finally:
         await standin.close()
         await asyncio.to_thread(stop_agent, proc)
-    return {"deliveries": deliveries, "samples": samples, "threads": threads, "pid": proc.pid, "played_at": played_at, "sampled": follower.sampled,
+    return {"deliveries": deliveries, "samples": samples, "threads": threads, "pid": proc.pid,
+            "played_at": played_at, "sampled": follower.sampled,
             "lag_s": lag, "series": series, "scrapes": [(t - played_at, x) for t, x in scrapes], "alive": alive,
             "span_s": sched.end_ts - sched.start_ts,
             "otlp_unplayed": unplayed}
