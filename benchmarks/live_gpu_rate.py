@@ -76,6 +76,7 @@ class Follower:
         self.sampled: list[Sampled] = []
         self.tasks: list[asyncio.Task[None]] = []
         self._seen = 0
+        self.polls = 0  # GETs sent: the follower's own load on the agent (each one an API request)
 
     def landed(self, d: Delivery) -> None:
         if d.stream != OTLP:
@@ -91,6 +92,7 @@ class Follower:
         url = f"{self.api}/v1/requests/{s.request_id}/culprits"
         while self.clock.now() < s.landed + MAX_WAIT_S:
             try:
+                self.polls += 1
                 resp = await self.client.get(url)
                 status = resp.json().get("status") if resp.status_code == 200 else None
                 if status == "final":
@@ -210,7 +212,7 @@ async def run(path: Path, workdir: Path, every: int, agent_cpu: int | None, budg
         await standin.close()
         await asyncio.to_thread(stop_agent, proc)
     return {"deliveries": deliveries, "samples": samples, "threads": threads, "pid": proc.pid,
-            "played_at": played_at, "sampled": follower.sampled,
+            "played_at": played_at, "sampled": follower.sampled, "polls": follower.polls,
             "lag_s": lag, "series": series, "scrapes": [(t - played_at, x) for t, x in scrapes], "alive": alive,
             "span_s": sched.end_ts - sched.start_ts,
             "otlp_unplayed": unplayed}
@@ -244,7 +246,8 @@ def summary(out: dict[str, Any]) -> dict[str, Any]:
         "thread_cores": [c for tid, c in per_thread if tid != out["pid"] and c > 0.005],
         "cores_mean": (c1 - c0) / (t1 - t0), "rss_first_mb": rss[0], "rss_last_mb": rss[-1], "rss_peak_mb": max(rss),
         "rss_growth_mb": sum(rss[-q:]) / q - sum(rss[q:2 * q]) / q if len(rss) >= 4 else 0.0,  # last vs 2nd quarter
-        "sampled": len(out["sampled"]), "final": len(waits), "skipped": sum(s.skipped for s in out["sampled"]),
+        "sampled": len(out["sampled"]), "polls": out["polls"], "final": len(waits),
+        "skipped": sum(s.skipped for s in out["sampled"]),
         "end_series": out["series"], "scrapes": out["scrapes"], "rss_mean_mb": sum(rss) / len(rss),
         "fresh_p50_s": pct(waits, 0.5),
         "fresh_p99_s": pct(waits, 0.99), "lag_s": out["lag_s"], "otlp_unplayed": out["otlp_unplayed"],
@@ -294,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, got, goal, ok in rows:
         print(f"  {name:30s} {got:60s} goal {goal:18s} {'met' if ok else 'MISSED'}")
     print(f"  agent cores by thread: loop {s['loop_cores']:.3f}, others "
-          + ", ".join(f"{c:.3f}" for c in s["thread_cores"]) + " (the largest other: the pipeline thread)")
+          + ", ".join(f"{c:.3f}" for c in s["thread_cores"]) + " (the largest other: the pipeline thread); "
+          f"the follower's own load: {s['polls']:,} API GETs")
     print("  at the end: " + ", ".join(f"{k} {v:g}" for k, v in s["end_series"].items()))
     short = {"attrib_pipeline_backlog_events": "backlog", "attrib_pipeline_backlog_seconds": "waited_s",
              "attrib_attributed_share_ratio": "share", "attrib_victims_skipped_total": "skipped"}
