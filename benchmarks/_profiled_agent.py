@@ -6,8 +6,9 @@
 cProfile profiles only the thread that enables it, so every thread started through `threading` (the pipeline's
 ThreadPoolExecutor worker among them) enables its own profiler on its first profiled call; at exit each is written
 to OUT_DIR/<thread name>.prof and summarised in OUT_DIR/summary.txt (top functions by own time and cumulative).
-Profiling slows Python code ~1.5-2x: read the shares, not the absolute CPU. `mem`: tracemalloc snapshots every
-MEM_EVERY_S; OUT_DIR/memory.txt has what grew most between the second snapshot and the last (by line and by file).
+Profiling slows Python code ~1.5-2x: read the shares, not the absolute CPU. `mem`: tracemalloc (one frame) from
+MEM_BASE_S on, a base snapshot MEM_BASE_S later and one as the agent stops; OUT_DIR/memory.txt has what grew most
+between them (by line and by file).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import io
 import pstats
 import sys
 import threading
-import time
 import tracemalloc
 from pathlib import Path
 from types import FrameType
@@ -51,41 +51,47 @@ def write(out: Path, top: int = 40) -> None:
     (out / "summary.txt").write_text(text.getvalue())
 
 
-MEM_EVERY_S = 15.0
+MEM_BASE_S = 30.0  # tracing starts this long after the agent (its imports are not growth), the base snapshot
+# this long after that; the last one is taken as the agent stops
 
 
-def _snapshots(out: Path, stop: threading.Event) -> None:
-    """Every MEM_EVERY_S: what grew since the second snapshot (the first is taken as the stream starts); only what
-    was allocated once tracing started is seen, which is what growth is made of."""
-    snaps: list[tracemalloc.Snapshot] = []
-    if stop.wait(MEM_EVERY_S):
+def _trace(base: list[tracemalloc.Snapshot], stop: threading.Event) -> None:
+    if stop.wait(MEM_BASE_S):
         return
-    tracemalloc.start(4)  # once the agent is up (tracing its imports slows start-up past the benchmark's wait)
-    while not stop.wait(MEM_EVERY_S):
-        snaps.append(tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)]))
-        if len(snaps) < 2:
-            continue
-        base, last = snaps[1], snaps[-1]
-        snaps[2:-1] = []
-        text = [f"after {len(snaps)} snapshots, traced now {sum(s.size for s in last.statistics('filename')) / 1e6:.1f}"
-                f" MB at {time.strftime('%H:%M:%S')}"]
-        for key in ("lineno", "filename"):
-            text.append(f"---- top growth by {key}")
-            text += [str(d) for d in last.compare_to(base, key)[:30]]
-        (out / "memory.txt").write_text("\n".join(text) + "\n")
+    tracemalloc.start(1)
+    if not stop.wait(MEM_BASE_S):
+        base.append(_snapshot())
+
+
+def _snapshot() -> tracemalloc.Snapshot:
+    return tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+
+
+def _growth(out: Path, base: list[tracemalloc.Snapshot]) -> None:
+    if not base or not tracemalloc.is_tracing():
+        return
+    last = _snapshot()
+    text = [f"traced {sum(s.size for s in base[0].statistics('filename')) / 1e6:.1f} MB at the base, "
+            f"{sum(s.size for s in last.statistics('filename')) / 1e6:.1f} MB at the end"]
+    for key in ("lineno", "filename"):
+        text.append(f"---- top growth by {key}")
+        text += [str(d) for d in last.compare_to(base[0], key)[:30]]
+    (out / "memory.txt").write_text("\n".join(text) + "\n")
 
 
 def main() -> int:
     mode, out, cli_args = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
     if mode == "mem":
         out.mkdir(parents=True, exist_ok=True)
+        base: list[tracemalloc.Snapshot] = []
         stop = threading.Event()
-        threading.Thread(target=_snapshots, args=(out, stop), daemon=True, name="tracemalloc").start()
+        threading.Thread(target=_trace, args=(base, stop), daemon=True, name="tracemalloc").start()
         from attrib_agent.cli import main as cli_main
         try:
             return int(cli_main(cli_args) or 0)
         finally:
             stop.set()
+            _growth(out, base)
     threading.setprofile(_start_here)
     main_prof = cProfile.Profile()
     _profiles[f"MainThread-{threading.get_ident()}"] = main_prof

@@ -248,6 +248,7 @@ def summary(out: dict[str, Any]) -> dict[str, Any]:
         "rss_growth_mb": sum(rss[-q:]) / q - sum(rss[q:2 * q]) / q if len(rss) >= 4 else 0.0,  # last vs 2nd quarter
         "sampled": len(out["sampled"]), "polls": out["polls"], "final": len(waits),
         "skipped": sum(s.skipped for s in out["sampled"]),
+        "rss_every_30s": [round(x[2]) for x in samples[::30]],
         "end_series": out["series"], "scrapes": out["scrapes"], "rss_mean_mb": sum(rss) / len(rss),
         "fresh_p50_s": pct(waits, 0.5),
         "fresh_p99_s": pct(waits, 0.99), "lag_s": out["lag_s"], "otlp_unplayed": out["otlp_unplayed"],
@@ -299,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  agent cores by thread: loop {s['loop_cores']:.3f}, others "
           + ", ".join(f"{c:.3f}" for c in s["thread_cores"]) + " (the largest other: the pipeline thread); "
           f"the follower's own load: {s['polls']:,} API GETs")
+    print("  RSS every 30 s while the stream played (MB): " + " ".join(str(x) for x in s["rss_every_30s"]))
     print("  at the end: " + ", ".join(f"{k} {v:g}" for k, v in s["end_series"].items()))
     short = {"attrib_pipeline_backlog_events": "backlog", "attrib_pipeline_backlog_seconds": "waited_s",
              "attrib_attributed_share_ratio": "share", "attrib_victims_skipped_total": "skipped"}
