@@ -51,7 +51,7 @@ class Backlog:
     oldest_s: float  # how long the oldest of them has waited (0 when none)
     attributed_share: float  # of the requests that finish, the share attributed now (1: all; less while shedding)
     victims_skipped: int  # requests not attributed because the agent shed load, since start
-    budget_cores: float | None  # the pipeline's CPU budget (None: no shedding, e.g. a replay)
+    budget_cores: float | None  # the agent's CPU budget (None: no shedding, e.g. a replay)
     cores: float  # the pipeline thread's CPU lately
 
     @property

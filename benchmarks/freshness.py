@@ -167,10 +167,12 @@ class Poller:
 
 
 def start_agent(workdir: Path, metrics_url: str, log_file: Path, cpu: int | None,
-                extra: Sequence[str] = ()) -> tuple[subprocess.Popen[bytes], str, str]:
+                extra: Sequence[str] = (), launcher: Sequence[str] = ()) -> tuple[subprocess.Popen[bytes], str, str]:
+    """`launcher`: the command that runs the agent's CLI instead of `attrib-agent` (a profiler's wrapper)."""
     api, otlp = free_port(), free_port()
     exe = Path(sys.executable).with_name("attrib-agent")
-    cmd = [str(exe) if exe.exists() else sys.executable, *([] if exe.exists() else ["-m", "attrib_agent"]),
+    cmd = [*(launcher or [str(exe) if exe.exists() else sys.executable,
+                          *([] if exe.exists() else ["-m", "attrib_agent"])]),
            "run", "--vllm-url", metrics_url, "--log-file", str(log_file), "--otlp-http-port", str(otlp),
            "--otlp-grpc-port", "0", "--listen", f"127.0.0.1:{api}", "--no-nvml", "--metrics-interval-s", "0.25",
            *extra]

@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -75,6 +76,7 @@ class Follower:
         self.sampled: list[Sampled] = []
         self.tasks: list[asyncio.Task[None]] = []
         self._seen = 0
+        self.polls = 0  # GETs sent: the follower's own load on the agent (each one an API request)
 
     def landed(self, d: Delivery) -> None:
         if d.stream != OTLP:
@@ -90,6 +92,7 @@ class Follower:
         url = f"{self.api}/v1/requests/{s.request_id}/culprits"
         while self.clock.now() < s.landed + MAX_WAIT_S:
             try:
+                self.polls += 1
                 resp = await self.client.get(url)
                 status = resp.json().get("status") if resp.status_code == 200 else None
                 if status == "final":
@@ -115,10 +118,27 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-async def sample_process(pid: int, out: list[tuple[float, float, float]], stop: asyncio.Event) -> None:
-    """(wall, cpu s, RSS MB) every second until `stop`."""
+def thread_cpu_s(pid: int) -> dict[int, float]:
+    """CPU seconds of each of the process's threads (the loop is the thread whose id is the pid)."""
+    out: dict[int, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            out[int(task.name)] = _task_cpu_s(task)
+    return out
+
+
+def _task_cpu_s(task: Path) -> float:
+    fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def sample_process(pid: int, out: list[tuple[float, float, float]], stop: asyncio.Event,
+                         threads: list[tuple[float, dict[int, float]]] | None = None) -> None:
+    """(wall, cpu s, RSS MB) every second until `stop`; with `threads`, each thread's CPU too."""
     while not stop.is_set():
         out.append((time.monotonic(), process_cpu_s(pid), rss_mb(pid)))
+        if threads is not None:
+            threads.append((time.monotonic(), thread_cpu_s(pid)))
         try:
             await asyncio.wait_for(stop.wait(), 1.0)
         except TimeoutError:
@@ -138,7 +158,8 @@ async def watch_series(api: str, out: list[tuple[float, dict[str, float] | str]]
                 await asyncio.wait_for(stop.wait(), max(0.0, SCRAPE_S - (time.monotonic() - t0)))
 
 
-async def run(path: Path, workdir: Path, every: int, agent_cpu: int | None, budget_cores: float) -> dict[str, Any]:
+async def run(path: Path, workdir: Path, every: int, agent_cpu: int | None, budget_cores: float,
+              profile: tuple[str, Path] | None = None) -> dict[str, Any]:
     records = read_streams(path)
     clock = WallClock()
     standin = MetricsStandIn(clock)
@@ -147,14 +168,17 @@ async def run(path: Path, workdir: Path, every: int, agent_cpu: int | None, budg
     log_file.touch()
     standin.add([Due(0.0, METRICS, records[METRICS][0])])
     proc, api, otlp_url = await asyncio.to_thread(start_agent, workdir, metrics_url, log_file, agent_cpu,
-                                                  ["--attribution-budget-cores", str(budget_cores)])
+                                                  ["--attribution-budget-cores", str(budget_cores)],
+                                                  [sys.executable, "-m", "benchmarks._profiled_agent", profile[0],
+                                                   str(profile[1])] if profile else [])
     follower = Follower(api, clock, every)
     samples: list[tuple[float, float, float]] = []
+    threads: list[tuple[float, dict[int, float]]] = []
     stop = asyncio.Event()
     try:
         sched = schedule(records, clock.now() + 1.0, lambda shift: CopyRewrite(NO_TAG, 0, shift, NO_TAG).record)
         print(f"playing {len(sched.due):,} records over {sched.end_ts - sched.start_ts:.0f} s", file=sys.stderr)
-        sampler = asyncio.create_task(sample_process(proc.pid, samples, stop))
+        sampler = asyncio.create_task(sample_process(proc.pid, samples, stop, threads))
         scrapes: list[tuple[float, dict[str, float] | str]] = []
         watcher = asyncio.create_task(watch_series(api, scrapes, stop))
         deliveries: list[Delivery] = []
@@ -187,7 +211,8 @@ async def run(path: Path, workdir: Path, every: int, agent_cpu: int | None, budg
     finally:
         await standin.close()
         await asyncio.to_thread(stop_agent, proc)
-    return {"deliveries": deliveries, "samples": samples, "played_at": played_at, "sampled": follower.sampled,
+    return {"deliveries": deliveries, "samples": samples, "threads": threads, "pid": proc.pid,
+            "played_at": played_at, "sampled": follower.sampled, "polls": follower.polls,
             "lag_s": lag, "series": series, "scrapes": [(t - played_at, x) for t, x in scrapes], "alive": alive,
             "span_s": sched.end_ts - sched.start_ts,
             "otlp_unplayed": unplayed}
@@ -213,10 +238,17 @@ def summary(out: dict[str, Any]) -> dict[str, Any]:
     rss = [s[2] for s in samples]
     q = max(1, len(rss) // 4)
     waits = sorted(s.final - s.landed for s in out["sampled"] if s.final is not None)
+    played = [x for x in out["threads"] if x[0] <= out["played_at"]]
+    (w0, th0), (w1, th1) = played[0], played[-1]
+    per_thread = sorted(((tid, (th1[tid] - th0.get(tid, 0.0)) / (w1 - w0)) for tid in th1), key=lambda x: -x[1])
     return {
+        "loop_cores": next((c for tid, c in per_thread if tid == out["pid"]), 0.0),
+        "thread_cores": [c for tid, c in per_thread if tid != out["pid"] and c > 0.005],
         "cores_mean": (c1 - c0) / (t1 - t0), "rss_first_mb": rss[0], "rss_last_mb": rss[-1], "rss_peak_mb": max(rss),
         "rss_growth_mb": sum(rss[-q:]) / q - sum(rss[q:2 * q]) / q if len(rss) >= 4 else 0.0,  # last vs 2nd quarter
-        "sampled": len(out["sampled"]), "final": len(waits), "skipped": sum(s.skipped for s in out["sampled"]),
+        "sampled": len(out["sampled"]), "polls": out["polls"], "final": len(waits),
+        "skipped": sum(s.skipped for s in out["sampled"]),
+        "rss_every_30s": [round(x[2]) for x in samples[::30]],
         "end_series": out["series"], "scrapes": out["scrapes"], "rss_mean_mb": sum(rss) / len(rss),
         "fresh_p50_s": pct(waits, 0.5),
         "fresh_p99_s": pct(waits, 0.99), "lag_s": out["lag_s"], "otlp_unplayed": out["otlp_unplayed"],
@@ -234,11 +266,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-cores", type=float, default=GOAL_CORES,
                     help="the agent's attribution_budget_cores (default: the goal, as a capped sidecar would run)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--profile", nargs=2, metavar=("cpu|mem", "DIR"),
+                    help="run the agent under benchmarks._profiled_agent: cProfile per thread, or tracemalloc")
     args = ap.parse_args(argv)
     info = cached_gpu_rate(args.duration)
     with tempfile.TemporaryDirectory(prefix="attrib-live-gpu-") as d:
         out = asyncio.run(run(info.path, Path(d), args.sample, None if args.agent_cpu < 0 else args.agent_cpu,
-                              args.budget_cores))
+                              args.budget_cores, (args.profile[0], Path(args.profile[1])) if args.profile else None))
     s = summary(out)
     print(machine())
     rejected = s["player_late_s"] > LATE_GATE_S
@@ -263,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
           f"(gate {LATE_GATE_S * 1000:.0f} ms){' REJECTED' if rejected else ''}; agent alive: {s['alive']}")
     for name, got, goal, ok in rows:
         print(f"  {name:30s} {got:60s} goal {goal:18s} {'met' if ok else 'MISSED'}")
+    print(f"  agent cores by thread: loop {s['loop_cores']:.3f}, others "
+          + ", ".join(f"{c:.3f}" for c in s["thread_cores"]) + " (the largest other: the pipeline thread); "
+          f"the follower's own load: {s['polls']:,} API GETs")
+    print("  RSS every 30 s while the stream played (MB): " + " ".join(str(x) for x in s["rss_every_30s"]))
     print("  at the end: " + ", ".join(f"{k} {v:g}" for k, v in s["end_series"].items()))
     short = {"attrib_pipeline_backlog_events": "backlog", "attrib_pipeline_backlog_seconds": "waited_s",
              "attrib_attributed_share_ratio": "share", "attrib_victims_skipped_total": "skipped"}

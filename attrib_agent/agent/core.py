@@ -251,7 +251,7 @@ class AgentCore:
         self.state.mode_now = self.pipeline.mode()
         if self.shedder is not None:
             p = self.pipeline
-            p.attribute_share = self.shedder.update(time.monotonic(), time.thread_time(), self.backlog().oldest_s)
+            p.attribute_share = self.shedder.update(time.monotonic(), time.process_time(), self.backlog().oldest_s)
             p.pass_gap_s = self.shedder.pass_gap_s(p.config.settle_interval_s)
         return n
 

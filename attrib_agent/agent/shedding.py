@@ -3,8 +3,9 @@ finish (chosen by a hash of their id) and count the rest as skipped, rather than
 
 Every engine event is still read (the timeline, the KV ledger, the step-cost model stay whole); what is shed is the
 expensive part: each victim's re-simulation, and passes (run `settle_interval_s / share` apart, each taking the
-victims gathered since, since a pass has a fixed cost). The share follows the pipeline thread's CPU over the last
-`WINDOW_S` (its own thread time: renders of the API's bodies included) towards `budget_cores`, and halves while the
+victims gathered since, since a pass has a fixed cost). The share follows the agent's CPU over the last `WINDOW_S`
+(the whole process: the loop's ingest and API as well as the pipeline thread and its renders, since the budget is
+what the sidecar takes from the host) towards `budget_cores`, and halves while the
 oldest waiting event has been more than `MAX_BACKLOG_S` old for `BEHIND_FOR_S` (one long pass that holds the queue
 a few seconds is not falling behind; a stream faster than the pipeline keeps it there). It rises again, by at most
 `RISE` a step, when both are under their bounds. Live only: a replay attributes every request (the pipeline's share
@@ -32,7 +33,7 @@ class Shedder:
 
     budget_cores: float
     share: float = 1.0
-    cores: float = 0.0  # the pipeline thread's CPU, averaged over ~WINDOW_S
+    cores: float = 0.0  # the agent's CPU, averaged over ~WINDOW_S
     _last: tuple[float, float] | None = None  # (wall, thread CPU) at the last update
     _revised: float | None = None
     _behind_since: float | None = None  # wall time the backlog last went over MAX_BACKLOG_S
@@ -42,7 +43,7 @@ class Shedder:
             raise ValueError("budget_cores must be > 0")
 
     def update(self, wall: float, cpu: float, backlog_s: float) -> float:
-        """Take the clock and the pipeline thread's CPU seconds now; returns the share to attribute."""
+        """Take the clock and the agent's CPU seconds now; returns the share to attribute."""
         if backlog_s <= MAX_BACKLOG_S:
             self._behind_since = None
         elif self._behind_since is None:

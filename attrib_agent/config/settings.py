@@ -50,8 +50,8 @@ API: Final[tuple[Setting[Any], ...]] = (
 )
 AGENT: Final[tuple[Setting[Any], ...]] = (
     Setting("attribution_budget_cores", "agent", v.ratio(0.01), 1.0,
-            "CPU the pipeline may use, in cores; beyond it a share of the requests is attributed, the rest skipped "
-            "(counted)", "CORES", live=True),
+            "CPU the agent may use, in cores (the whole process); beyond it a share of the requests is attributed, "
+            "the rest skipped (counted)", "CORES", live=True),
     Setting("log_level", "agent", v.choice(("DEBUG", "INFO", "WARNING", "ERROR"), upper=True), "INFO",
             "level of the agent's own log", "LEVEL"),
 )

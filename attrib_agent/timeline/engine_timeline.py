@@ -79,6 +79,7 @@ class EngineTimeline:
         self._ledger: tuple[int, KvBlockLedger] | None = None
         self._preempted: tuple[int, list[InferredPreemption]] | None = None
         self._budget: tuple[int, int] | None = None  # (version, the inferred token budget)
+        self._cut_pairs: dict[int, tuple[StepRecord, StepRecord, int]] = {}  # token_budget's answer per step pair
         self._exact = ExactSteps(max_steps, max_requests)  # the step plugin's facts (exact mode), when it reports
         self._overlaid: tuple[int, list[tuple[StepInput, StepOutcome]]] | None = None
         self.skipped: dict[str, int] = {}
@@ -306,13 +307,19 @@ class EngineTimeline:
         that budget ran 42 tokens a step). The one rule the attribution and the forecast both read."""
         if self._configured_budget is not None:
             return self._configured_budget
-        if self._budget is None or self._budget[0] != self._version:  # a walk over the window: once a version
+        if self._budget is None or self._budget[0] != self._version:  # once a version
             steps = self.steps()
             full = 0
+            seen, kept = self._cut_pairs, {}
             for step, after in zip(steps, steps[1:], strict=False):
-                still = {m.request_id for m in after.members if m.phase == "prefill"}
-                if any(m.phase == "prefill" and m.request_id in still for m in step.members):
-                    full = max(full, step.context_tokens + step.generation_tokens)
+                # Records are immutable and a re-inferred step is a new record: a pair seen before (same two
+                # objects) keeps its answer, so a version costs a walk of identity checks, not of members.
+                hit = seen.get(id(step))
+                if hit is None or hit[1] is not after or hit[0] is not step:
+                    hit = (step, after, _cut_size(step, after))
+                kept[id(step)] = hit
+                full = max(full, hit[2])
+            self._cut_pairs = kept  # the window's pairs only: bounded as the window is
             self._budget = (self._version, full or max(self._window.largest_step(), DEFAULT_TOKEN_BUDGET))
         return self._budget[1]
 
@@ -332,3 +339,11 @@ class EngineTimeline:
     def never_admitted(self) -> tuple[int, int]:
         """(calls that never use the engine, received ids that left without entering it): not requests here."""
         return self._book.non_generation, self._book.never_admitted
+
+
+def _cut_size(step: StepRecord, after: StepRecord) -> int:
+    """The step's size when it cut a prefill chunk (a request in prefill in it is still in prefill after), else 0."""
+    still = {m.request_id for m in after.members if m.phase == "prefill"}
+    if any(m.phase == "prefill" and m.request_id in still for m in step.members):
+        return step.context_tokens + step.generation_tokens
+    return 0

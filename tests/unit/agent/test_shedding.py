@@ -114,3 +114,29 @@ def test_spaced_passes_gather_the_victims_in_between() -> None:
     assert {r.request_id for r in spaced.store} == {r.request_id for r in every.store}
     assert spaced.victims_skipped == 0
     assert 0 < n_spaced < n_every
+
+
+def test_the_budget_counts_the_whole_agent_not_only_the_pipeline_thread() -> None:
+    """The loop's ingest (OTLP, log, /metrics, the API) is CPU the sidecar takes from the host as well: a core
+    whose loop burns CPU while the pipeline thread is idle measures it (`cores` ~ CPU burned / WINDOW_S here)."""
+    import threading
+    import time
+
+    from attrib_agent.agent.core import AgentCore
+    from attrib_agent.agent.shedding import WINDOW_S
+
+    core = AgentCore(AttributionPipeline(), budget_cores=0.25)
+    core._run_batch([], time.monotonic() + 1.0)  # the shedder's first reading
+    assert core.shedder is not None and core.shedder.cores == 0.0
+    burn_s = 0.5
+
+    def burn() -> None:
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < burn_s:
+            pass
+
+    other = threading.Thread(target=burn)
+    other.start()
+    other.join()
+    core._run_batch([], time.monotonic() + 1.0)
+    assert core.shedder.cores >= 0.8 * burn_s / WINDOW_S  # was ~0: only the pipeline thread's own CPU counted

@@ -43,3 +43,17 @@ def test_scrapes_read_the_kept_value_until_it_is_too_old() -> None:
 def test_no_sample_before_any_event() -> None:
     [fam] = forecast_families(AgentState(AttributionPipeline()))
     assert fam.samples == []
+
+
+def test_while_shedding_a_scrape_reads_the_value_kept_for_the_pass_gap() -> None:
+    state, later = state_at_second_whale()
+    first = state.refresh_reference()
+    built = state.forecasts.built
+    p = state.pipeline
+    p.pass_gap_s = 4 * REFERENCE_MAX_AGE_S  # shedding: passes (and the agent's refresh) this far apart
+    p.feed(replace(later[0], ts=p.last_event_ts + 2 * REFERENCE_MAX_AGE_S))
+    [fam] = forecast_families(state)
+    assert [s.value for s in fam.samples] == [first[1]] and state.forecasts.built == built  # within the gap: kept
+    p.feed(replace(later[1], ts=p.last_event_ts + 2 * REFERENCE_MAX_AGE_S))
+    forecast_families(state)
+    assert state.forecasts.built == built + 1  # a gap old: computed
