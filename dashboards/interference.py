@@ -114,8 +114,8 @@ def _kv() -> Section:
                    "whale growing toward the whole pool is what evicts and preempts the others.", "percentunit",
                    [Query(f"max by (pod) ({agent('attrib_top_request_kv_share_ratio')})", "{{pod}} top request")]),
         timeseries("KV usage: vLLM vs agent ledger", "vLLM's own KV usage beside the agent's ledger of blocks per "
-                   "request; the residual (vLLM minus ledger) is prefix sharing and model error. A large residual "
-                   "makes the KV causes less trustworthy.", "percentunit",
+                   "request (a shared prefix counted once); the residual (vLLM minus ledger) is model error. A large "
+                   "residual makes the KV causes less trustworthy.", "percentunit",
                    [Query(f"max by (pod) ({vllm('vllm:kv_cache_usage_perc')})", "{{pod}} vLLM"),
                     Query(f"max by (pod) ({agent('attrib_kv_ledger_blocks')}) / {pool}", "{{pod}} ledger"),
                     Query(f"max by (pod) ({agent('attrib_kv_ledger_residual_blocks')}) / {pool}", "{{pod}} residual")],

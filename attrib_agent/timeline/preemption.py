@@ -98,7 +98,12 @@ def actionable(inferred: Sequence[InferredPreemption]) -> list[InferredPreemptio
     """The sightings an operator may act on: counted in `attrib_preemptions_inferred_total` and blamed as the
     `preemption` cause. A lone count gap (0.5) is how a mis-inferred membership looks, and a sighting the counter
     did not confirm (`counter_silent`) is weaker still; the timeline still lists them, with their confidence."""
-    return [p for p in inferred if p.confidence > ACTIONABLE_CONFIDENCE]
+    return [p for p in inferred if is_actionable(p)]
+
+
+def is_actionable(p: InferredPreemption) -> bool:
+    """One sighting: does it clear `actionable`'s bar (so the page hatches it and spans carry it)?"""
+    return p.confidence > ACTIONABLE_CONFIDENCE
 
 
 def preemption_counts(inferred: Sequence[InferredPreemption], samples: Sequence[MetricsSample]) -> PreemptionCounts:

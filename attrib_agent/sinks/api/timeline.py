@@ -24,6 +24,7 @@ from attrib_agent.sinks.api.top import BadQuery, parse_duration
 from attrib_agent.timeline.gpu_samples import MAX_SAMPLE_AGE_S, bandwidth_ratio
 from attrib_agent.timeline.ledger import step_split
 from attrib_agent.timeline.model import RequestLifecycle
+from attrib_agent.timeline.preemption import is_actionable
 from attrib_agent.timeline.sched_state import StepInput
 from attrib_agent.timeline.step_outcome import StepOutcome
 
@@ -200,7 +201,8 @@ def _lanes(view: TimelineReads, t0: float | None, t1: float | None,
     preempted: dict[str, list[dict[str, Any]]] = {}
     for p in view.preemptions():
         preempted.setdefault(p.request_id, []).append(
-            {"ts": p.preempted_ts, "resumed_ts": p.resumed_ts, "confidence": p.confidence})
+            {"ts": p.preempted_ts, "resumed_ts": p.resumed_ts, "confidence": p.confidence,
+             "actionable": is_actionable(p)})
     return [_lane(lc, lc.request_id in whales, view.status(lc.request_id), preempted.get(lc.request_id, []))
             for lc in lcs], truncated
 

@@ -28,7 +28,7 @@ from attrib_agent.attribution.result import AttributionResult, Cause, Culprit
 from attrib_agent.attribution.tally import victim_class
 from attrib_agent.sinks.otel.export import tracer_provider_for
 from attrib_agent.timeline.model import RequestLifecycle
-from attrib_agent.timeline.preemption import InferredPreemption
+from attrib_agent.timeline.preemption import InferredPreemption, actionable
 
 __all__ = ["SPAN_NAME", "SKIP_REASONS", "SlowdownSpans", "SpanOf", "top_cause", "tracer_provider_for"]
 
@@ -102,7 +102,7 @@ class SlowdownSpans:
         preemptions: list[InferredPreemption] = []
         if timeline is not None and any(r.final and (self.emit_quiet or not r.no_interference) for r in batch):
             try:
-                preemptions = timeline.preemptions()
+                preemptions = actionable(timeline.preemptions())  # the ones counted and blamed
             except Exception:  # the events are extras: spans still go out without them
                 logger.exception("preemption inference for spans failed")
         n = 0

@@ -86,7 +86,8 @@ SPECS: Final = (
     _spec("attrib_kv_vllm_blocks", "gauge", "blocks", "",
           "KV blocks in use by vLLM's own gauge (kv_cache_usage_perc x pool) at the last sample."),
     _spec("attrib_kv_ledger_residual_blocks", "gauge", "blocks", "",
-          "vLLM's blocks in use minus the ledger's at the last metrics sample (prefix sharing and model error)."),
+          "vLLM's blocks in use minus the ledger's at the last metrics sample (model error, and the prefix hits of "
+          "requests still running, known once their span arrives)."),
     _spec("attrib_gpu_memory_used_bytes", "gauge", "bytes", "gpu", "GPU memory in use (NVML), latest reading."),
     _spec("attrib_gpu_memory_total_bytes", "gauge", "bytes", "gpu", "GPU memory installed (NVML)."),
     _spec("attrib_gpu_dram_bandwidth_ratio", "gauge", "ratio", "gpu",
@@ -95,7 +96,8 @@ SPECS: Final = (
     _spec("attrib_engine_step_seconds_total", "counter", "seconds", "",
           "Time vLLM reported spending in those steps."),
     _spec("attrib_preemptions_inferred_total", "counter", "", "",
-          "Preemptions the timeline attributed to a request (counted when that request's result is final)."),
+          "Preemptions the timeline attributed to a request with corroborating evidence (confidence > 0.5: a lone "
+          "count gap is not counted), counted when that request's result is final."),
     _spec("attrib_cost_model_coefficient", "gauge", "", "term",
           "Fitted uncontended step-cost coefficients (seconds per unit of the term)."),
     _spec("attrib_cost_model_fitted", "gauge", "", "",

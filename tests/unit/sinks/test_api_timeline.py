@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -228,3 +229,20 @@ def test_window_keeps_the_last_seconds_before_the_newest_step() -> None:
 def test_bad_window_is_400(window: str) -> None:
     resp = call(api_app(state_of(replayed("whale2"))), f"/v1/timeline?window={window}")
     assert resp.status_code == 400 and "window" in resp.json()["error"]
+
+
+def test_a_sighting_below_the_actionable_bar_is_listed_but_not_called_a_preemption(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page hatches (and an operator acts on) only corroborated sightings; a lone count gap is shown as a
+    doubt, with its confidence."""
+    p = AttributionPipeline()
+    p.feed_all(events("preempt"))
+    p.settle()
+    [real] = p.timeline.preemptions()
+    other = next(lc.request_id for lc in p.timeline.lifecycles() if lc.request_id != real.request_id)
+    weak = replace(real, request_id=other, confidence=0.5, evidence=("count_gap",), resumed_iteration=None,
+                   resumed_ts=None)
+    monkeypatch.setattr(p.timeline, "preemptions", lambda: [real, weak])
+    lanes = {lane["request_id"]: lane for lane in timeline(p)["requests"]}
+    assert [x["actionable"] for x in lanes[real.request_id]["preemptions"]] == [True]
+    assert [(x["actionable"], x["confidence"]) for x in lanes[other]["preemptions"]] == [(False, 0.5)]

@@ -200,3 +200,27 @@ def test_a_failing_lookup_is_counted_never_raised(
     assert spans.skipped == {"error": 1} and not exporter.get_finished_spans()
     with pytest.raises(ValueError):
         SlowdownSpans(provider, max_links=-1)
+
+
+def test_a_sighting_below_the_actionable_bar_is_no_span_event(
+        preempt: Replayed, memory: tuple[TracerProvider, InMemorySpanExporter]) -> None:
+    """Spans carry only the preemptions counted and blamed: a lone count gap (0.5) is how a mis-inferred
+    membership looks, and a trace event would send an operator after a preemption vLLM never made."""
+    provider, exporter = memory
+    p = preempt.pipeline
+    [real] = p.timeline.preemptions()
+    victims = [r.request_id for r in preempt.results if r.final and r.request_id != real.request_id]
+    weak = replace(real, request_id=victims[0], confidence=0.5, evidence=("count_gap",))
+
+    class Doubtful:
+        def lifecycle(self, request_id: str) -> object:
+            return p.timeline.lifecycle(request_id)
+
+        def preemptions(self) -> list[object]:
+            return [real, weak]
+
+    SlowdownSpans(provider).emit_all(preempt.results, p.span_of, Doubtful())  # type: ignore[arg-type]
+    got = by_victim(exporter.get_finished_spans())
+    assert victims[0] in got and real.request_id in got
+    assert not [e for e in got[victims[0]].events if e.name == "attrib.preempted"]
+    assert [e for e in got[real.request_id].events if e.name == "attrib.preempted"]

@@ -175,9 +175,11 @@ const AttribDraw = (function () {
     const first = r.first_token_ts != null ? r.first_token_ts : end;
     seg(sched, first, { fill: colour, 'fill-opacity': 0.45, class: 'prefill' });
     seg(first, end, { fill: colour, class: 'decode' });
-    (r.preemptions || []).forEach(function (p) {
+    (r.preemptions || []).forEach(function (p) {  // an uncorroborated sighting is outlined, not hatched
       const back = p.resumed_ts != null ? p.resumed_ts : end;
-      seg(p.ts, back, { fill: 'url(#hatch-preempt)', stroke: '#333', class: 'preempted' });
+      seg(p.ts, back, p.actionable === false ? { fill: 'none', stroke: '#333', 'stroke-dasharray': '1 2',
+                                                 class: 'preempted-doubtful' }
+                                              : { fill: 'url(#hatch-preempt)', stroke: '#333', class: 'preempted' });
     });
     if (r.aborted_ts != null) text(lane, x(r.aborted_ts) + 3, y0 + rowH / 2 + 4, '✕ aborted', { class: 'muted' });
     if (victim && victim.slowdown_s >= threshold) {

@@ -351,8 +351,8 @@
     line('queued ' + fmtS(qd) + ' · TTFT ' + fmtS(ttft) +
          (r.finish_ts != null && r.arrival_ts != null ? ' · total ' + fmtS(r.finish_ts - r.arrival_ts) : ''));
     (r.preemptions || []).forEach(function (p) {
-      line('preempted for ' + fmtS((p.resumed_ts || p.ts) - p.ts) + ' (confidence ' +
-           Math.round(p.confidence * 100) + '%)');
+      line((p.actionable === false ? 'possibly preempted (not corroborated) for ' : 'preempted for ') +
+           fmtS((p.resumed_ts || p.ts) - p.ts) + ' (confidence ' + Math.round(p.confidence * 100) + '%)');
     });
     if (v && v.culprits.length) {
       const c = v.culprits[0];
