@@ -123,10 +123,14 @@ def fitting_steps(running: list[LiveRequest], free: int, bs: int, most: int) -> 
     return lo
 
 
-def advance(running: list[LiveRequest], ends: list[float], bs: int, pool: FreeBlockQueue) -> list[LiveRequest]:
+def advance(running: list[LiveRequest], ends: list[float], bs: int, pool: FreeBlockQueue,
+            steps: int | None = None) -> list[LiveRequest]:
     """Deliver a stretch of alike decode steps ending at `ends` to every running request (its tokens, times and
-    new KV blocks); the requests it finished. The re-simulation and the forecast both take stretches this way."""
-    steps = len(ends)
+    new KV blocks); the requests it finished. The re-simulation and the forecast both take stretches this way.
+    With `steps` instead of `ends`, the tokens count but their times are not kept (the forecast past its window,
+    where only first tokens are read)."""
+    if steps is None:
+        steps = len(ends)
     total = 0
     done: list[LiveRequest] = []
     for r in running:
@@ -136,7 +140,8 @@ def advance(running: list[LiveRequest], ends: list[float], bs: int, pool: FreeBl
             r.blocks = grown
         r.computed += steps
         r.outputs += steps
-        r.token_ts.extend(ends)
+        if ends:
+            r.token_ts.extend(ends)
         if r.outputs >= r.target:
             done.append(r)
     if total:  # one allocation for all: every block comes off the front of the free queue, in any order
