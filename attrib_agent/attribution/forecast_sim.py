@@ -9,7 +9,7 @@ allocate, no arrival due) in one go, which is most of a whale's life and most of
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -131,14 +131,14 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
                     bs: int, pricer: Pricer, now: float, pending: deque[LiveRequest], max_steps: int,
                     until: float | None, unserved: set[str]) -> tuple[int, float, list[LiveRequest]]:
     """Run the coming steps at once while they are all alike: every running request decodes one token, their
-    new blocks fit in the free ones and the queue's head cannot be admitted (no blocks or no seat); the stretch
-    ends with the first step that finishes a request (delivered as a scheduled step delivers it), or at the
-    next arrival, unless someone waits: then arrivals join the queue behind a head that fits even less later,
-    and the stretch goes on (as far as the run's own stop at `until` once nobody in `unserved` waits for a first
-    token). Exactly what `schedule_step` would do step by step, to the float: steps are priced and summed as
-    the step loop would, from each arrival on (the steps that break the pattern are left to it). Past `until`,
-    the steps' token times are not kept (only first tokens are read there). Returns (steps run, new time, the
-    requests its last step finished)."""
+    new blocks fit in the free ones and the queue's head cannot be admitted (no blocks or no seat). The stretch
+    ends with the first step that finishes a request (delivered as a scheduled step delivers it), or at the next
+    arrival; but when someone waits, arrivals only join the queue behind a head that fits even less later, and
+    the stretch goes on past them (up to the run's own stop at `until` once no first token is awaited in
+    `unserved`). The same steps as `schedule_step` one by one, and the same times, to the bit, as stretches
+    broken at every arrival and finish: each piece is summed in closed form from the step an arrival fell in,
+    and a finishing step is added to the end of the one before it. Past `until` the token times are not kept
+    (only first tokens are read there). Returns (steps run, new time, the requests its last step finished)."""
     if not running or (waiting and len(running) < max_seqs and blocks_for(waiting[0].num_tokens, bs) <= pool.free):
         return 0, now, []
     last = running[-1]  # the last admitted, most often the one still prefilling: looked at first
