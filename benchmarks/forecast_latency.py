@@ -4,7 +4,8 @@ Each committed recording (and each kept truth run) is replayed through the pipel
 and every 50th engine step, the reference whale's forecast is timed as the endpoint does it (state read off the
 timeline, cost model, both simulated futures): `--reps` times at each moment, on one pinned core. Printed: the
 moments, p50/p99/max over all timings, the p99 of each rep round (its spread), and the same through the real
-API (in-process ASGI, JSON in and out) for the arrival moments (the reference whale, then a new size). Then
+API (in-process ASGI, JSON in and out) for the arrival moments (the reference whale, then a new size), wall and
+CPU, and how much of the difference the thread spent runnable but waiting for the core (the kernel's schedstat). Then
 the path the endpoint and gauge take, the agent's per-settle snapshot (`attribution/forecast_cache.py`), built
 by the agent's loop after each settle (timed apart: off the request path), then a request for the candidate
 already answered and for a new one (its own simulated run), CPU time.
@@ -44,13 +45,27 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-async def _api(app: httpx.ASGITransport, body: dict[str, int]) -> float:
+def _schedstat() -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one) of this thread, from the kernel's scheduler
+    statistics (zeros where /proc/thread-self/schedstat is missing)."""
+    try:
+        on, wait = Path("/proc/thread-self/schedstat").read_text().split()[:2]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    return int(on) / 1e9, int(wait) / 1e9
+
+
+async def _api(app: httpx.ASGITransport, body: dict[str, int]) -> tuple[float, float, float]:
+    """One POST through the real app in this thread (the pipeline's reads run inline without an agent):
+    (wall, thread CPU, run-queue wait) seconds. Wall minus CPU is time this thread was not running."""
     async with httpx.AsyncClient(transport=app, base_url="http://agent") as client:
-        t = time.perf_counter()
+        _, w = _schedstat()
+        t, c = time.perf_counter(), time.thread_time()
         r = await client.post("/v1/forecast", json=body)
-        dt = time.perf_counter() - t
+        dt, dc = time.perf_counter() - t, time.thread_time() - c
+        dw = _schedstat()[1] - w
     r.raise_for_status()
-    return dt
+    return dt, dc, dw
 
 
 def main() -> None:
@@ -66,8 +81,8 @@ def main() -> None:
     ref = Candidate(args.prompt_tokens, args.max_tokens)
     rounds: list[list[float]] = [[] for _ in range(args.reps)]
     cpu: list[float] = []  # thread CPU seconds of the same timings: what other jobs on the core do not inflate
-    api: list[float] = []  # the reference whale (answered from the snapshot)
-    api_new: list[float] = []  # a new candidate (its own run)
+    api: list[tuple[float, float, float]] = []  # the reference whale (answered from the snapshot): wall, CPU, wait
+    api_new: list[tuple[float, float, float]] = []  # a new candidate (its own run)
     settle_build: list[float] = []  # CPU of the agent loop's work after each settle (AgentCore.refresh_forecast):
     #                                 state, the future without a candidate, the reference whale's run
     snap_hit: list[float] = []  # a candidate already answered from this settle's snapshot
@@ -132,9 +147,13 @@ def main() -> None:
           f"p50 {pct(snap_other, 0.5) * ms:.2f} ms, p99 {pct(snap_other, 0.99) * ms:.2f} ms, "
           f"max {max(snap_other) * ms:.2f} ms; goal p99 <= {GOAL_MS:g} ms: "
           f"{'met' if pct(snap_other, 0.99) * ms <= GOAL_MS else 'MISSED'} for a new candidate")
-    print(f"POST /v1/forecast in-process ({len(api)} arrivals): p50 {pct(api, 0.5) * ms:.2f} ms, "
-          f"p99 {pct(api, 0.99) * ms:.2f} ms, max {max(api) * ms:.2f} ms (the reference whale); a new candidate "
-          f"p50 {pct(api_new, 0.5) * ms:.2f} ms, p99 {pct(api_new, 0.99) * ms:.2f} ms, max {max(api_new) * ms:.2f} ms")
+    for label, xs in (("the reference whale", api), ("a new candidate", api_new)):
+        wall, cpu_, wait = ([x[i] for x in xs] for i in range(3))
+        gap = [w - c for w, c, _ in xs]
+        print(f"POST /v1/forecast in-process, {label} ({len(xs)} arrivals): wall p50 {pct(wall, 0.5) * ms:.2f} ms, "
+              f"p99 {pct(wall, 0.99) * ms:.2f} ms, max {max(wall) * ms:.2f} ms; CPU p50 {pct(cpu_, 0.5) * ms:.2f} ms, "
+              f"p99 {pct(cpu_, 0.99) * ms:.2f} ms; wall - CPU p50 {pct(gap, 0.5) * ms:.2f} ms, total "
+              f"{sum(gap):.2f} s, of which waiting for a CPU (schedstat) {sum(wait):.2f} s")
 
 
 if __name__ == "__main__":

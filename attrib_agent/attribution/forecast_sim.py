@@ -9,7 +9,7 @@ allocate, no arrival due) in one go, which is most of a whale's life and most of
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,7 +17,7 @@ import numpy as np
 from attrib_agent.attribution.block_pool import FreeBlockQueue
 from attrib_agent.attribution.forecast_types import EngineState
 from attrib_agent.attribution.scheduler_sim import _compute_all, _deliver_all
-from attrib_agent.attribution.sim_step import LiveRequest, blocks_for, schedule_step
+from attrib_agent.attribution.sim_step import LiveRequest, blocks_for, finish, schedule_step
 from attrib_agent.attribution.sim_stretch import advance, fitting_steps
 from attrib_agent.attribution.sim_trace import Pricer
 from attrib_agent.attribution.sim_types import SimRequest, StepCost
@@ -92,8 +92,10 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
             continue
         jumped = 0
         if steps:  # the first step is always scheduled: it says whether the candidate is admitted now
-            jumped, now = _decode_stretch(running, waiting, pool, cfg.max_num_seqs, bs, pricer, now,
-                                          pending[0].req.arrival_ts if pending else None, max_steps - steps)
+            jumped, now, finished = _decode_stretch(running, waiting, pool, cfg.max_num_seqs, bs, pricer, now,
+                                                    pending, max_steps - steps, until, unserved)
+            for lv in finished:  # as a scheduled step's delivery: they had their first token already
+                awaited.discard(lv.req.request_id)
         if jumped:
             steps += jumped
             continue
@@ -126,57 +128,94 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
 
 
 def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], pool: FreeBlockQueue, max_seqs: int,
-                    bs: int, pricer: Pricer, now: float, next_arrival: float | None, max_steps: int
-                    ) -> tuple[int, float]:
-    """Run the coming steps at once while they are all alike: every running request decodes one token, none
-    finishes, their new blocks fit in the free ones, the queue's head cannot be admitted (no blocks or no seat)
-    and no arrival is due. Exactly what `schedule_step` would do step by step (the steps that break the pattern
-    are left to it). Returns (steps run, new time)."""
+                    bs: int, pricer: Pricer, now: float, pending: deque[LiveRequest], max_steps: int,
+                    until: float | None, unserved: set[str]) -> tuple[int, float, list[LiveRequest]]:
+    """Run the coming steps at once while they are all alike: every running request decodes one token, their
+    new blocks fit in the free ones and the queue's head cannot be admitted (no blocks or no seat). The stretch
+    ends with the first step that finishes a request (delivered as a scheduled step delivers it), or at the next
+    arrival; but when someone waits, arrivals only join the queue behind a head that fits even less later, and
+    the stretch goes on past them (up to the run's own stop at `until` once no first token is awaited in
+    `unserved`). The same steps as `schedule_step` one by one, and the same times, to the bit, as stretches
+    broken at every arrival and finish: each piece is summed in closed form from the step an arrival fell in,
+    and a finishing step is added to the end of the one before it. Past `until` the token times are not kept
+    (only first tokens are read there). Returns (steps run, new time, the requests its last step finished)."""
     if not running or (waiting and len(running) < max_seqs and blocks_for(waiting[0].num_tokens, bs) <= pool.free):
-        return 0, now
+        return 0, now, []
     last = running[-1]  # the last admitted, most often the one still prefilling: looked at first
     if last.computed + 1 != last.req.prompt_tokens + last.outputs + last.pending or last.outputs < 1:
-        return 0, now
-    context, most = 0, max_steps  # one pass: the pattern check, the context and the steps before a finish
+        return 0, now, []
+    context, finish_in = 0, max_steps + 1  # one pass: the pattern check, the context and the steps up to a finish
     for r in running:
         computed, outputs = r.computed, r.outputs
         if computed + 1 != r.req.prompt_tokens + outputs + r.pending or outputs < 1:
-            return 0, now
+            return 0, now, []
         context += computed + 1
-        left = r.target - outputs - 1
-        if left < most:
-            most = left
+        left = r.target - outputs  # steps up to the one that finishes it
+        if left < finish_in:
+            finish_in = left
     n = len(running)
-    k = fitting_steps(running, pool.free, bs, most)
+    k = fitting_steps(running, pool.free, bs, min(finish_in, max_steps))
     if k <= 0:
-        return 0, now
-    first = pricer.price((0, n, context, 0))
-    slope = pricer.price((0, n, context + n, 0)) - first  # each step attends to n more tokens
-    if abs(pricer.price((0, n, context + (k - 1) * n, 0)) - (first + (k - 1) * slope)) > 1e-9 * (1 + first):
-        slope = float("nan")  # a cost model not linear in the context: price step by step
+        return 0, now, []
+    price = pricer.price4
+    alike = k - 1 if k == finish_in else k  # the steps before the one that finishes a request, if within k
+    cross = bool(waiting)
     ends: list[float] = []
-    if slope == slope:  # step j (0-based) costs first + j * slope: its end in closed form
-        def end(j: int) -> float:
-            return now + (j + 1) * first + slope * j * (j + 1) / 2
+    t, done, a, crossed = now, 0, 0, False  # a: the next arrival in `pending` (those before `now` are queued)
+    while done < alike:
+        nxt = pending[a].req.arrival_ts if a < len(pending) else None
+        s, t = _alike(price, n, context + done * n, t, alike - done, nxt, ends if until is None or t < until else None)
+        done += s
+        crossed = False
+        if nxt is None or t < nxt or not cross or (until is not None and not unserved and t >= until):
+            break  # (the run stops at `until` once no first token is awaited: so does the stretch)
+        while a < len(pending) and pending[a].req.arrival_ts <= t:  # due: they join behind the blocked head
+            a += 1
+        crossed = True
+    nxt = pending[a].req.arrival_ts if a < len(pending) else None
+    if done == alike < k and (nxt is None or t < nxt) and not (crossed and until is not None and not unserved
+                                                                and t >= until):
+        if until is None or t < until:
+            ends.append(t + price(0, n, context + done * n, 0))
+        t += price(0, n, context + done * n, 0)  # the finishing step, priced as a scheduled step is
+        done += 1
+    finished = advance(running, ends, bs, pool, done)
+    for r in finished:  # in member order, after every allocation, as the step loop delivers them
+        finish(r, t, running, waiting, pool, bs)
+    return done, t, finished
 
-        if next_arrival is not None and end(k - 1) >= next_arrival:
-            # the step in which the arrival falls is the last one: the queue is looked at after it
-            lo, hi = -1, k - 1  # end(lo) < next_arrival <= end(hi)
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                lo, hi = (mid, hi) if end(mid) < next_arrival else (lo, mid)
-            k = hi + 1
-        if k < SMALL_STRETCH:  # the same float operations in the same order as numpy's: the same values
-            ends = [now + (j + 1) * first + slope * j * (j + 1) / 2 for j in range(k)]
-        else:
-            jj = np.arange(k, dtype=np.float64)
-            ends = (now + (jj + 1) * first + slope * jj * (jj + 1) / 2).tolist()
+
+def _alike(price: Callable[[int, int, int, int], float], n: int, context: int, now: float, m: int,
+           next_arrival: float | None, ends: list[float] | None) -> tuple[int, float]:
+    """Up to `m` alike decode steps of `n` requests from `now` (the first attends to `context` tokens), ending
+    with the one in which `next_arrival` falls; their ends appended to `ends` (unless None). Returns (steps run,
+    the last one's end)."""
+    first = price(0, n, context, 0)
+    slope = price(0, n, context + n, 0) - first  # each step attends to n more tokens
+    if abs(price(0, n, context + (m - 1) * n, 0) - (first + (m - 1) * slope)) > 1e-9 * (1 + first):
+        t, j = now, 0  # a cost model not linear in the context: price step by step
+        while j < m and (next_arrival is None or t < next_arrival):
+            t += price(0, n, context + j * n, 0)
+            j += 1
+            if ends is not None:
+                ends.append(t)
+        return j, t
+
+    def end(j: int) -> float:  # step j (0-based) costs first + j * slope: its end in closed form
+        return now + (j + 1) * first + slope * j * (j + 1) / 2
+
+    if next_arrival is not None and end(m - 1) >= next_arrival:
+        # the step in which the arrival falls is the last one: the queue is looked at after it
+        lo, hi = -1, m - 1  # end(lo) < next_arrival <= end(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if end(mid) < next_arrival else (lo, mid)
+        m = hi + 1
+    if ends is None:
+        pass
+    elif m < SMALL_STRETCH:  # the same float operations in the same order as numpy's: the same values
+        ends.extend([now + (j + 1) * first + slope * j * (j + 1) / 2 for j in range(m)])
     else:
-        t = now
-        while len(ends) < k and (next_arrival is None or t < next_arrival):
-            t += pricer.price((0, n, context + len(ends) * n, 0))
-            ends.append(t)
-    steps = len(ends)
-    now = ends[-1] if ends else now
-    advance(running, ends, bs, pool)
-    return steps, now
+        jj = np.arange(m, dtype=np.float64)
+        ends.extend((now + (jj + 1) * first + slope * jj * (jj + 1) / 2).tolist())
+    return m, end(m - 1)  # the same expression as the list's last element: the same float

@@ -103,30 +103,43 @@ def _head_fits(head: LiveRequest, pool: FreeBlockQueue, config: SchedulerConfig)
 
 def fitting_steps(running: list[LiveRequest], free: int, bs: int, most: int) -> int:
     """The most decode steps (up to `most`) whose new blocks all fit in the `free` ones: no preemption within
-    them, and a queue head that does not fit now fits even less later (the re-simulation and the forecast)."""
-    held = [(r.computed, r.blocks) for r in running]
-
-    def need(k: int) -> int:
-        total = 0
-        for computed, blocks in held:
-            extra = -(-(computed + k) // bs) - blocks
-            if extra > 0:
-                total += extra
-        return total
-
-    if most <= 0 or need(most) <= free:
+    them, and a queue head that does not fit now fits even less later (the re-simulation and the forecast).
+    Read off the steps at which the requests need a new block (each every `bs` steps from its first): with the
+    blocks short already taken off `free`, the (free + 1)-th of those steps is the first that does not fit."""
+    if most <= 0:
         return max(most, 0)
-    lo, hi = 0, most  # need(lo) fits, need(hi) does not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if need(mid) <= free else (lo, mid)
-    return lo
+    left = free
+    firsts: list[int] = []  # per request, the first step (1-based) past the blocks it holds
+    need = 0  # the new blocks `most` steps take
+    for r in running:
+        computed, blocks = r.computed, r.blocks
+        have = -(-computed // bs)  # blocks_for(computed): what its KV needs now
+        if have > blocks:
+            left -= have - blocks
+            step = have * bs - computed + 1
+        else:
+            step = blocks * bs - computed + 1
+        if step <= most:
+            firsts.append(step)
+            need += (most - step) // bs + 1
+    if left < 0:
+        return 0
+    if need <= left:
+        return most
+    span = left * bs  # a request's first left + 1 block steps at most: only the left + 1 first of all count
+    due = [k for step in firsts for k in range(step, min(most, step + span) + 1, bs)]
+    due.sort()
+    return due[left] - 1
 
 
-def advance(running: list[LiveRequest], ends: list[float], bs: int, pool: FreeBlockQueue) -> list[LiveRequest]:
+def advance(running: list[LiveRequest], ends: list[float], bs: int, pool: FreeBlockQueue,
+            steps: int | None = None) -> list[LiveRequest]:
     """Deliver a stretch of alike decode steps ending at `ends` to every running request (its tokens, times and
-    new KV blocks); the requests it finished. The re-simulation and the forecast both take stretches this way."""
-    steps = len(ends)
+    new KV blocks); the requests it finished. The re-simulation and the forecast both take stretches this way.
+    With `steps` instead of `ends`, the tokens count but their times are not kept (the forecast past its window,
+    where only first tokens are read)."""
+    if steps is None:
+        steps = len(ends)
     total = 0
     done: list[LiveRequest] = []
     for r in running:
@@ -136,7 +149,8 @@ def advance(running: list[LiveRequest], ends: list[float], bs: int, pool: FreeBl
             r.blocks = grown
         r.computed += steps
         r.outputs += steps
-        r.token_ts.extend(ends)
+        if ends:
+            r.token_ts.extend(ends)
         if r.outputs >= r.target:
             done.append(r)
     if total:  # one allocation for all: every block comes off the front of the free queue, in any order

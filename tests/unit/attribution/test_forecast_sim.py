@@ -1,0 +1,117 @@
+"""The forecast's re-simulation: its decode stretches (through finishes, past arrivals queued behind a blocked
+head, without token times past the window) give the step-by-step run, and take few calls on a backlog."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attrib_agent.attribution import forecast_sim
+from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior
+from attrib_agent.attribution.forecast_sim import Run, simulate_from
+from attrib_agent.attribution.forecast_types import EngineState, InFlight
+from attrib_agent.attribution.sim_types import SchedulerConfig, SimRequest
+
+NOW = 100.0
+COSTS = [
+    StepCostModel(),  # the prior: linear in the context, stretches in closed form
+    StepCostModel(StepCostPrior(intercept_s=0.004, per_prefill_token_s=2e-5, per_decode_request_s=3e-4,
+                                per_decode_context_token_s=0.0, per_prefill_pair_s=0.0, step_gap_s=0.0)),
+]
+
+
+@st.composite
+def states(draw: st.DrawFn) -> tuple[EngineState, list[tuple[SimRequest, int]], float, int]:
+    bs = draw(st.sampled_from([16, 128]))
+    sched = SchedulerConfig(block_size=bs, num_blocks=draw(st.integers(8, 120)),
+                            token_budget=draw(st.sampled_from([256, 2048])), max_num_seqs=draw(st.integers(2, 8)))
+    reqs = []
+    for i in range(draw(st.integers(1, 6))):
+        prompt = draw(st.integers(8, 3000))
+        if draw(st.booleans()):
+            outputs = draw(st.integers(1, 50))
+            reqs.append(InFlight(f"r{i}", NOW - 1, prompt, prompt + outputs - 1, outputs, draw(st.integers(0, 400)),
+                                 True, NOW - 0.5))
+        else:
+            reqs.append(InFlight(f"w{i}", NOW - 0.5, prompt, 0, 0, draw(st.integers(1, 300)), False))
+    gap = draw(st.sampled_from([0.05, 0.2, 0.7]))
+    extra = [(SimRequest(f"x{j}", NOW + gap * (j + 0.5), draw(st.integers(8, 3000)), draw(st.integers(1, 300))), 0)
+             for j in range(draw(st.integers(0, 12)))]
+    return EngineState(NOW, sched, tuple(reqs)), extra, draw(st.sampled_from([0.5, 3.0, 10.0])), draw(
+        st.integers(0, len(COSTS) - 1))
+
+
+def _run(state: EngineState, extra: list[tuple[SimRequest, int]], until: float | None, cost: int) -> Run:
+    watch = {r.request_id for r in state.requests} | {r.request_id for r, _ in extra}
+    return simulate_from(state, COSTS[cost], extra, watch, 4000, until=until)
+
+
+@settings(max_examples=150, deadline=None)
+@given(states())
+def test_stretches_give_the_step_by_step_run(case: tuple[EngineState, list[tuple[SimRequest, int]], float, int]
+                                             ) -> None:
+    state, extra, window, cost = case
+    until = NOW + window
+    fast = _run(state, extra, until, cost)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(forecast_sim, "_decode_stretch", lambda *a: (0, a[6], []))
+        slow = _run(state, extra, until, cost)
+    assert (fast.preemptions, fast.first_stop, fast.first_members) == (slow.preemptions, slow.first_stop,
+                                                                        slow.first_members)
+    assert fast.first_token.keys() == slow.first_token.keys()
+    for rid, t in slow.first_token.items():  # equal but for the rounding of closed-form sums of step times
+        assert (t is None) == (fast.first_token[rid] is None)
+        assert t is None or fast.first_token[rid] == pytest.approx(t, abs=1e-9)
+        window_ts = [x for x in slow.tokens[rid] if x <= until]
+        assert fast.tokens[rid][:len(window_ts)] == pytest.approx(window_ts, abs=1e-9)
+
+
+def test_past_the_window_only_first_tokens_are_followed() -> None:
+    """Token times past `until` are not kept by stretches; first tokens and the times within are those of a run
+    that keeps every time, to the bit."""
+    state = EngineState(NOW, SchedulerConfig(128, 40, 2048), (
+        InFlight("a", NOW - 1, 2000, 2050, 51, 700, True, NOW - 0.5),
+        InFlight("b", NOW - 1, 1500, 1510, 11, 600, True, NOW - 0.2),
+        InFlight("c", NOW - 0.5, 3000, 0, 0, 300, False)))
+    extra = [(SimRequest(f"x{j}", NOW + 0.3 * j, 1800, 200), 0) for j in range(12)]
+    windowed = _run(state, extra, NOW + 2.0, 0)
+    with pytest.MonkeyPatch.context() as mp:  # the window reaches past the end: every time kept
+        mp.setattr(forecast_sim, "_decode_stretch", _keeping_all(forecast_sim._decode_stretch, NOW + 2.0))
+        kept = _run(state, extra, NOW + 2.0, 0)
+    assert windowed.first_token == kept.first_token
+    assert max(t for t in windowed.first_token.values() if t is not None) > NOW + 5  # followed past the window
+    for rid, ts in kept.tokens.items():
+        assert [t for t in windowed.tokens[rid] if t <= NOW + 2.0] == [t for t in ts if t <= NOW + 2.0]
+    assert sum(map(len, windowed.tokens.values())) < 0.5 * sum(map(len, kept.tokens.values()))
+
+
+def _keeping_all(real: Any, until: float) -> Any:
+    def stretch(*a: Any) -> Any:
+        return real(*a[:9], None, a[10])  # no window: every stretch keeps its times
+    return stretch
+
+
+def test_a_backlog_runs_through_its_arrivals_in_few_stretches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whales arriving 5 a second behind a queue head that cannot fit join the queue and change nothing: the
+    decoders' stretch goes on past them (one call, not one per arrival), and ends with the finishing step."""
+    state = EngineState(NOW, SchedulerConfig(128, 90, 2048), (  # 65 of 89 blocks held, 24 free: c needs 28
+        InFlight("a", NOW - 1, 4000, 4100, 101, 400, True, NOW - 0.5),
+        InFlight("b", NOW - 1, 4000, 4090, 91, 420, True, NOW - 0.4),
+        InFlight("c", NOW - 0.5, 3500, 0, 0, 800, False)))
+    extra = [(SimRequest(f"x{j}", NOW + 0.1 + 0.2 * j, 3500, 800), 0) for j in range(20)]
+    calls: list[tuple[int, int]] = []
+    real = forecast_sim._decode_stretch
+
+    def counted(*a: Any) -> Any:
+        got = real(*a)
+        calls.append((got[0], len(got[2])))
+        return got
+
+    monkeypatch.setattr(forecast_sim, "_decode_stretch", counted)
+    run = _run(state, extra, NOW + 10, 0)
+    jumps = [c for c in calls if c[0]]
+    assert jumps[0] == (399, 1)  # after the first step (always scheduled), to a's finish, past a dozen arrivals
+    assert run.first_token["c"] is not None and run.first_token["c"] > NOW + 1
