@@ -12,6 +12,7 @@ include recomputation after a preemption; a resumed request with output already 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 
 from attrib_agent.timeline.lifecycle import LifecycleBook
@@ -117,9 +118,10 @@ def _finished_by(lc: RequestLifecycle, t: Track, until_ms: int | None) -> bool:
         return lc.max_tokens is not None and t.outputs >= lc.max_tokens
     if lc.completion_tokens is not None and t.outputs >= lc.completion_tokens > 0:
         return True
-    if until_ms is None or lc.finish_ts is None:
+    finish_ts = lc.finish_ts
+    if until_ms is None or finish_ts is None:
         return False
-    done_ms = fact_ms(lc.finish_ts)
+    done_ms = math.floor(finish_ts * MS_PER_S)  # fact_ms, inlined: asked for every request of every step
     return done_ms < until_ms or (done_ms == until_ms and lc.completion_tokens is None)
 
 
@@ -241,20 +243,22 @@ def _finish(st: SchedState, si: StepInput, get: Callable[[str], RequestLifecycle
     if len(kept) != len(running):
         running[:] = kept
     holdings = tuple([(t.rid, -(-t.computed // bs) if t.computed > 0 else 0) for t in running]) if bs else ()
+    cached = bool(bs) and any(t.cached for t in running)  # prefix hits are rare: without one, no copies and no shares
     error = (abs(cr - si.context_requests) + abs(ct - si.context_tokens)
              + abs(gr - si.generation_requests) + abs(gt - si.generation_tokens))
     record = StepRecord(si.engine, si.iteration, si.end_ts, si.elapsed_s, si.context_requests, si.context_tokens,
                         si.generation_requests, si.generation_tokens, si.kv_usage, tuple(members), error)
     usable = geo.usable_blocks
     observed = None if usable is None else si.kv_usage * usable
-    predicted = sum([b for _, b in holdings]) - _shared_copies(running, bs, observed) if bs else None
+    predicted = sum([b for _, b in holdings]) - (_shared_copies(running, bs, observed) if cached else 0) \
+        if bs else None
     if observed is not None and usable is not None and LOG_KV_PRECISION * usable < 1.0:
         st.observed_used = float(round(observed))
     else:
         st.observed_used = float(predicted) if predicted is not None else None
     st.last_end_ms, st.last_iteration = until_ms, si.iteration
     shares = tuple([(t.rid, t.prefix_root, t.cached // bs) for t in running if t.cached and t.prefix_root]) \
-        if bs else ()
+        if cached and bs else ()
     return StepOutcome(record, tuple(work.departures), tuple(work.preemptions), tuple(work.resumes), holdings,
                        predicted, observed, shares)
 
