@@ -128,9 +128,10 @@ def _finished_by(lc: RequestLifecycle, t: Track, until_ms: int | None) -> bool:
 def _explain_running(st: SchedState, si: StepInput, book: LifecycleBook, geo: Geometry, work: StepWork) -> bool:
     """Make the running requests' part agree with the line's counts; True when the step preempted."""
     slots = work.slots
-    gen_excess = sum(s.phase != "prefill" for s in slots) - si.generation_requests
-    ctx_excess = sum(s.phase == "prefill" for s in slots) - si.context_requests
-    resumable = sum(t.outputs > 0 for t in st.waiting)
+    prefills = _prefills(slots)
+    gen_excess = len(slots) - prefills - si.generation_requests
+    ctx_excess = prefills - si.context_requests
+    resumable = len([t for t in st.waiting if t.outputs > 0]) if gen_excess < 0 else 0  # read only then
     for s in slots:  # an unknown prompt taken as cut by the budget may have ended: the counts show it decoding
         if gen_excess < 0 and (ctx_excess > 0 or -gen_excess > resumable) and s.phase == "prefill" \
                 and s.track.prompt is None and s.track.prefilled:
@@ -177,6 +178,11 @@ def _explain_running(st: SchedState, si: StepInput, book: LifecycleBook, geo: Ge
     return bool(victims)
 
 
+def _prefills(slots: list[Slot]) -> int:
+    """How many of `slots` the line counts as context (the rest are generation): a list, not a generator sum."""
+    return len([s for s in slots if s.phase == "prefill"])
+
+
 def _preempt(st: SchedState, s: Slot, si: StepInput, pressure: bool, geo: Geometry, work: StepWork) -> None:
     t = s.track
     s.dropped = True
@@ -195,8 +201,9 @@ def _preempt(st: SchedState, s: Slot, si: StepInput, pressure: bool, geo: Geomet
 def _admit(st: SchedState, si: StepInput, work: StepWork) -> None:
     """Take from the waiting queue in order as many of each phase as the counts have left over."""
     live = [s for s in work.slots if not s.dropped]
-    gen_slots = si.generation_requests - sum(s.phase != "prefill" for s in live)
-    ctx_slots = si.context_requests - sum(s.phase == "prefill" for s in live)
+    prefills = _prefills(live)
+    gen_slots = si.generation_requests - (len(live) - prefills)
+    ctx_slots = si.context_requests - prefills
     for t in list(st.waiting):
         if gen_slots <= 0 and ctx_slots <= 0:
             break
