@@ -336,6 +336,10 @@ class EngineTimeline:
                 "departed": self._inference.departures(), "checkpoints": self._window.checkpoints(),
                 "unadmitted": self._book.unadmitted(), "plugin_steps": len(self._exact)}
 
+    def inference_work(self) -> tuple[int, int, int]:
+        """(steps fed, step inferences run, of which re-inferences): what a late span costs (benchmarks)."""
+        return self._window.next_seq, self._inference.inferred, self._inference.reinferred
+
     def never_admitted(self) -> tuple[int, int]:
         """(calls that never use the engine, received ids that left without entering it): not requests here."""
         return self._book.non_generation, self._book.never_admitted

@@ -26,6 +26,8 @@ class TimelineInference:
         self._dirty: int | None = None
         self._clock = 0  # counts changes of facts: a request's, or the pool geometry's (key None)
         self._changes: dict[str | None, int] = {}  # the clock at each one's last change
+        self.inferred = 0  # steps inferred, first passes and re-inference alike (benchmarks/reinference.py)
+        self.reinferred = 0  # of which re-inferred: steps that already had an outcome
 
     def departure(self, request_id: str) -> Departure | None:
         found = self._departed.get(request_id)
@@ -64,16 +66,19 @@ class TimelineInference:
             stale = {rid: v for rid, v in self._departed.items() if v[0] >= w.computed_to}
             self._departed = {rid: v for rid, v in self._departed.items() if v[0] < w.computed_to}
         restart = w.computed_to
+        self.reinferred += max(valid_to - restart, 0)  # at most: a convergence takes back what it skips
         self._dirty = None
         while w.computed_to < w.next_seq:
             slot = w.slot(w.computed_to)
             if w.is_checkpoint(slot.si.seq):
                 if restart < slot.si.seq < valid_to and self._converged(slot, w.slot(valid_to - 1).si.start_ts):
                     self._departed.update({rid: v for rid, v in stale.items() if v[0] >= slot.si.seq})
+                    self.reinferred -= valid_to - slot.si.seq
                     self.state, w.computed_to = frontier, valid_to
                     continue
                 slot.before, slot.clock = self.state.copy(), self._clock
             outcome = infer_step(self.state, slot.si, self.book, self.geometry)
+            self.inferred += 1
             w.set_outcome(slot, outcome)
             for d in outcome.departures:
                 self._departed[d.request_id] = (slot.si.seq, d)

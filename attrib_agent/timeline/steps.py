@@ -12,6 +12,7 @@ include recomputation after a preemption; a resumed request with output already 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 
 from attrib_agent.timeline.lifecycle import LifecycleBook
@@ -117,18 +118,20 @@ def _finished_by(lc: RequestLifecycle, t: Track, until_ms: int | None) -> bool:
         return lc.max_tokens is not None and t.outputs >= lc.max_tokens
     if lc.completion_tokens is not None and t.outputs >= lc.completion_tokens > 0:
         return True
-    if until_ms is None or lc.finish_ts is None:
+    finish_ts = lc.finish_ts
+    if until_ms is None or finish_ts is None:
         return False
-    done_ms = fact_ms(lc.finish_ts)
+    done_ms = math.floor(finish_ts * MS_PER_S)  # fact_ms, inlined: asked for every request of every step
     return done_ms < until_ms or (done_ms == until_ms and lc.completion_tokens is None)
 
 
 def _explain_running(st: SchedState, si: StepInput, book: LifecycleBook, geo: Geometry, work: StepWork) -> bool:
     """Make the running requests' part agree with the line's counts; True when the step preempted."""
     slots = work.slots
-    gen_excess = sum(s.phase != "prefill" for s in slots) - si.generation_requests
-    ctx_excess = sum(s.phase == "prefill" for s in slots) - si.context_requests
-    resumable = sum(t.outputs > 0 for t in st.waiting)
+    prefills = _prefills(slots)
+    gen_excess = len(slots) - prefills - si.generation_requests
+    ctx_excess = prefills - si.context_requests
+    resumable = len([t for t in st.waiting if t.outputs > 0]) if gen_excess < 0 else 0  # read only then
     for s in slots:  # an unknown prompt taken as cut by the budget may have ended: the counts show it decoding
         if gen_excess < 0 and (ctx_excess > 0 or -gen_excess > resumable) and s.phase == "prefill" \
                 and s.track.prompt is None and s.track.prefilled:
@@ -175,6 +178,11 @@ def _explain_running(st: SchedState, si: StepInput, book: LifecycleBook, geo: Ge
     return bool(victims)
 
 
+def _prefills(slots: list[Slot]) -> int:
+    """How many of `slots` the line counts as context (the rest are generation): a list, not a generator sum."""
+    return len([s for s in slots if s.phase == "prefill"])
+
+
 def _preempt(st: SchedState, s: Slot, si: StepInput, pressure: bool, geo: Geometry, work: StepWork) -> None:
     t = s.track
     s.dropped = True
@@ -193,8 +201,9 @@ def _preempt(st: SchedState, s: Slot, si: StepInput, pressure: bool, geo: Geomet
 def _admit(st: SchedState, si: StepInput, work: StepWork) -> None:
     """Take from the waiting queue in order as many of each phase as the counts have left over."""
     live = [s for s in work.slots if not s.dropped]
-    gen_slots = si.generation_requests - sum(s.phase != "prefill" for s in live)
-    ctx_slots = si.context_requests - sum(s.phase == "prefill" for s in live)
+    prefills = _prefills(live)
+    gen_slots = si.generation_requests - (len(live) - prefills)
+    ctx_slots = si.context_requests - prefills
     for t in list(st.waiting):
         if gen_slots <= 0 and ctx_slots <= 0:
             break
@@ -241,20 +250,22 @@ def _finish(st: SchedState, si: StepInput, get: Callable[[str], RequestLifecycle
     if len(kept) != len(running):
         running[:] = kept
     holdings = tuple([(t.rid, -(-t.computed // bs) if t.computed > 0 else 0) for t in running]) if bs else ()
+    cached = bool(bs) and any(t.cached for t in running)  # prefix hits are rare: without one, no copies and no shares
     error = (abs(cr - si.context_requests) + abs(ct - si.context_tokens)
              + abs(gr - si.generation_requests) + abs(gt - si.generation_tokens))
     record = StepRecord(si.engine, si.iteration, si.end_ts, si.elapsed_s, si.context_requests, si.context_tokens,
                         si.generation_requests, si.generation_tokens, si.kv_usage, tuple(members), error)
     usable = geo.usable_blocks
     observed = None if usable is None else si.kv_usage * usable
-    predicted = sum([b for _, b in holdings]) - _shared_copies(running, bs, observed) if bs else None
+    predicted = sum([b for _, b in holdings]) - (_shared_copies(running, bs, observed) if cached else 0) \
+        if bs else None
     if observed is not None and usable is not None and LOG_KV_PRECISION * usable < 1.0:
         st.observed_used = float(round(observed))
     else:
         st.observed_used = float(predicted) if predicted is not None else None
     st.last_end_ms, st.last_iteration = until_ms, si.iteration
     shares = tuple([(t.rid, t.prefix_root, t.cached // bs) for t in running if t.cached and t.prefix_root]) \
-        if bs else ()
+        if cached and bs else ()
     return StepOutcome(record, tuple(work.departures), tuple(work.preemptions), tuple(work.resumes), holdings,
                        predicted, observed, shares)
 

@@ -221,3 +221,19 @@ def test_an_abort_ends_the_request_in_the_steps_after_it() -> None:
     after = [r for r in tl.steps() if r.start_ts > cut + 0.001]
     assert after and all(m.request_id != done.request_id for r in after for m in r.members)
     assert any(m.request_id == done.request_id for r in tl.steps() if r.end_ts < cut for m in r.members)
+
+
+def test_inference_work_counts_every_step_once_plus_its_re_inferences() -> None:
+    """Read as the agent reads it (a query after every event), a recording's late spans re-infer steps; the
+    counts say how much, and the outcomes are those of inferring it all at once."""
+    live = EngineTimeline()
+    for ev in events("whale2"):
+        live.feed(ev)
+        live.outcomes()
+    fed, inferred, again = live.inference_work()
+    assert fed == len(live.outcomes()) and again > 0 and inferred == fed + again
+    assert live.outcomes() == timeline("whale2").outcomes()
+    once = EngineTimeline()
+    once.feed_all(events("whale2"))
+    once.outcomes()
+    assert once.inference_work()[1] < inferred
