@@ -46,7 +46,7 @@ def assign_tokens(st: SchedState, si: StepInput, geo: Geometry, work: StepWork) 
         if uncut:  # the budget did not bind where the known sizes said: they ran whole, less their prefix hits
             for s, n in wanted:
                 s.tokens = n
-        _prefix_hits(ctx, si, st.budget, uncut=uncut)
+        _prefix_hits(ctx, si, st.budget, block_size=geo.block_size, uncut=uncut)
         return
     rest = si.context_tokens - sum(s.tokens or 0 for s in ctx)
     shares = split_context(rest, unknown, _kv_misfit(st, si, geo, work, unknown), geo.block_size)
@@ -63,7 +63,8 @@ def _cut_before_last(wanted: list[tuple[Slot, int]], live: list[Slot]) -> bool:
     return bool(live) and any(s.tokens is not None and s.tokens < n and s is not live[-1] for s, n in wanted)
 
 
-def _prefix_hits(ctx: list[Slot], si: StepInput, budget: int, *, uncut: bool = False) -> None:
+def _prefix_hits(ctx: list[Slot], si: StepInput, budget: int, *, block_size: int | None = None,
+                 uncut: bool = False) -> None:
     """Known prompts that the line shows computing fewer tokens than they had left found the rest in vLLM's
     prefix cache (the line counts computed tokens only; the cache stops one token short of the prompt).
 
@@ -71,7 +72,8 @@ def _prefix_hits(ctx: list[Slot], si: StepInput, budget: int, *, uncut: bool = F
     chunk cut by the budget hides it until the next). When the step did not fill the budget every such
     prefill ended in it, so the hits are what their prompts had left beyond the line's count; when it did,
     the chunks were capped first and the shortfall is what the hits must explain (`uncut`: the counts showed
-    that cap wrong, so every prefill ended here). Shared evenly.
+    that cap wrong, so every prefill ended here). Placed as vLLM places them when they add up to whole blocks
+    (`_whole_block_hits`); else shared evenly.
     """
     open_ = [s for s in ctx if s.track.cached is None and s.track.prompt is not None and not s.track.resuming]
     if not open_:
@@ -84,13 +86,36 @@ def _prefix_hits(ctx: list[Slot], si: StepInput, budget: int, *, uncut: bool = F
     room = [max(rest[id(s)] - 1, 0) for s in open_]
     if shortfall <= 0 or sum(room) <= 0:
         return
-    hits = [min(h, r) for h, r in zip(split_unknown(min(shortfall, sum(room)), len(open_)), room, strict=True)]
-    for i, r in enumerate(room):  # what a capped one could not take goes to those with room left
-        extra = min(shortfall - sum(hits), r - hits[i])
-        hits[i] += max(extra, 0)
+    hits = _whole_block_hits(min(shortfall, sum(room)), room, block_size)
+    if hits is None:
+        hits = [min(h, r) for h, r in zip(split_unknown(min(shortfall, sum(room)), len(open_)), room, strict=True)]
+        for i, r in enumerate(room):  # what a capped one could not take goes to those with room left
+            extra = min(shortfall - sum(hits), r - hits[i])
+            hits[i] += max(extra, 0)
     for s, h in zip(open_, hits, strict=True):
         s.hit = h
         s.tokens = rest[id(s)] - h
+
+
+def _whole_block_hits(total: int, room: list[int], block_size: int | None) -> list[int] | None:
+    """Hits as vLLM makes them: whole blocks of a shared prefix, the same length for its sharers, and found by the
+    latest admitted (blocks are cached at allocation, so a request admitted later in a step hits what an earlier
+    one is computing in it, never the reverse: the first of a new prefix computes it). So `total` goes to the
+    fewest latest admitted that can hold it, as level as whole blocks allow (a spare block to the earliest of
+    them); None when it is not whole blocks or does not fit (the caller shares it evenly)."""
+    if not block_size or total % block_size:
+        return None
+    blocks, caps = total // block_size, [r // block_size for r in room]
+    k = next((k for k in range(1, len(caps) + 1) if sum(caps[-k:]) >= blocks), None)
+    if k is None:
+        return None
+    tail, give = caps[-k:], [0] * k
+    while (left := blocks - sum(give)) > 0:
+        open_ = [i for i in range(k) if give[i] < tail[i]]
+        share, spare = divmod(left, len(open_))
+        for j, i in enumerate(open_):
+            give[i] += min(share + (j < spare), tail[i] - give[i])
+    return [0] * (len(caps) - k) + [g * block_size for g in give]
 
 
 def _kv_misfit(st: SchedState, si: StepInput, geo: Geometry, work: StepWork,

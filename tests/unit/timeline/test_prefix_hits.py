@@ -40,3 +40,20 @@ def test_a_hit_is_shared_with_an_earlier_holder_else_it_is_the_only_copy() -> No
     assert _shared_copies([first, other, again], 128, 45.0) == 0  # all 45 in use: its hit was a free copy
     assert again.prefix_root == "c"
     assert _shared_copies([first, other, again], 128, 32.0) == 0  # decided once, at the step that saw the hit
+
+
+def test_whole_block_hits_go_to_the_latest_admitted_level_and_else_shared_evenly() -> None:
+    """The first of a new prefix computes it and the ones admitted after it in the step hit it (vLLM caches blocks
+    at allocation); sharers of one prefix hit the same whole blocks."""
+    def admitted(prompts: list[int]) -> list[Slot]:
+        return [Slot(Track(f"r{i}", 0.0, i, prompt=p), "prefill", p, admitted=True) for i, p in enumerate(prompts)]
+
+    four = admitted([896] * 4)
+    _prefix_hits(four, _line(896 + 3 * 128), budget=2048, block_size=128)
+    assert [s.hit for s in four] == [0, 768, 768, 768] and [s.tokens for s in four] == [896, 128, 128, 128]
+    three = admitted([896, 896, 897])  # 17 blocks: one of them hit a block less
+    _prefix_hits(three, _line(128 + 128 + 257), budget=2048, block_size=128)
+    assert [s.hit for s in three] == [768, 768, 640]
+    odd = admitted([896] * 4)  # not whole blocks: shared evenly, as without a block size
+    _prefix_hits(odd, _line(896 + 3 * 128 + 5), budget=2048, block_size=128)
+    assert [s.hit for s in odd] == [575, 575, 575, 574]
