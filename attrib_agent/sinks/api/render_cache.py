@@ -157,17 +157,13 @@ class Renderer(Generic[T]):
         self._builds[key] = fut
         return fut
 
-    def _due(self, key: Hashable, asked: float, now: float) -> bool:
-        """Whether a hot body is worth rebuilding ahead now (every time it is no longer fresh, here)."""
-        return True
-
     async def refresh(self) -> int:
         """Rebuild, one after another, the bodies asked for lately that are no longer fresh; how many were."""
         now, n = self._clock(), 0
         for key, (asked, build) in list(self._asked.items()):
             if now - asked > self._hot_s:
                 del self._asked[key]
-            elif key not in self._builds and self._due(key, asked, now) and not self.cache.fresh(key):
+            elif key not in self._builds and not self.cache.fresh(key):
                 with contextlib.suppress(Exception):  # a failing build answers its next request with the error
                     await self._start(key, build)
                     n += 1
