@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from attrib_agent.attribution.result import AttributionResult, Cause, itl_gaps
+from attrib_agent.lab.step_marginals import StepMarginals, fit, members
 from attrib_agent.recording import VLLM_STEPS, Recording
 from attrib_agent.sources.plugin.parse import external_id
 from attrib_agent.timeline.model import RequestLifecycle
@@ -73,8 +74,11 @@ def step_messages(rec: Recording) -> list[Mapping[str, Any]]:
             and isinstance(m.get("t"), (int, float))]
 
 
-def truth_labels(victim: str, lc: RequestLifecycle, steps: Sequence[Mapping[str, Any]]) -> tuple[_Labels, bool]:
-    """Per phase, each other request's causes by step time over the victim's life; and whether it was preempted."""
+def truth_labels(victim: str, lc: RequestLifecycle, steps: Sequence[Mapping[str, Any]],
+                 prices: StepMarginals | None = None) -> tuple[_Labels, bool]:
+    """Per phase, each other request's causes by step time over the victim's life; and whether it was preempted.
+    With `prices`, a step the victim ran in or waited on the budget through is split by what each member added
+    to it; without, every other member is given the whole step."""
     labels: _Labels = {p: defaultdict(lambda: defaultdict(float)) for p in ("ttft", "itl")}
     t0, t1 = lc.arrival_ts, lc.end_ts
     stalled = preempted = False
@@ -104,10 +108,23 @@ def truth_labels(victim: str, lc: RequestLifecycle, steps: Sequence[Mapping[str,
             if head.get("id") and external_id(head["id"]) != victim:
                 by[external_id(head["id"])][Cause.HEAD_OF_LINE.value] += dt
         else:
-            for rid, new in ran.items():
-                if rid != victim:
-                    by[rid][Cause.PREFILL_CONTENTION.value if new > 1 else DECODE] += dt
+            for rid, part in _parts(victim, m, prices).items():
+                if part > 0:
+                    by[rid][Cause.PREFILL_CONTENTION.value if ran[rid] > 1 else DECODE] += dt * part
     return labels, preempted
+
+
+def _parts(victim: str, step: Mapping[str, Any], prices: StepMarginals | None) -> dict[str, float]:
+    """Each other member's part of the step's time: what it added (its price over the step's) when the victim ran
+    in it; when the victim waited, the whole step, split by what each added (equally if nothing was priced)."""
+    ms = members(step)
+    if prices is None:
+        return {rid: 1.0 for rid in ms if rid != victim}
+    shares = prices.shares(ms)
+    if victim in ms:
+        return {rid: f for rid, f in shares.items() if rid != victim}
+    total = sum(shares.values())
+    return {rid: f / total if total > 0 else 1.0 / len(shares) for rid, f in shares.items()}
 
 
 def _overlap(seconds: float, causes: Mapping[str, float], truth: Mapping[str, float]) -> tuple[float, float]:
@@ -129,13 +146,14 @@ def _names_preemption(r: AttributionResult) -> bool:
 
 
 def agreement(results: Iterable[AttributionResult], lifecycles: Mapping[str, RequestLifecycle],
-              steps: Sequence[Mapping[str, Any]]) -> CauseAgreement:
+              steps: Sequence[Mapping[str, Any]], prices: StepMarginals | None = None) -> CauseAgreement:
+    """`prices`: what each member adds to a step (step_marginals.fit of the same steps); None: the whole step."""
     out = CauseAgreement()
     for r in results:
         lc = lifecycles.get(r.request_id)
         if lc is None:
             continue
-        labels, preempted = truth_labels(r.request_id, lc, steps)
+        labels, preempted = truth_labels(r.request_id, lc, steps, prices)
         named = _names_preemption(r)
         out.preempted_true += preempted
         out.preempted_named += named
@@ -164,7 +182,8 @@ def score_recording(path: Path) -> CauseAgreement | None:
     if not rec.has(VLLM_STEPS):
         return None
     results, lcs, _ = attributed(path)
-    return agreement(results, lcs, sorted(step_messages(rec), key=lambda m: float(m["t"])))
+    steps = sorted(step_messages(rec), key=lambda m: float(m["t"]))
+    return agreement(results, lcs, steps, fit(steps))
 
 
 def score_dir(recordings: Iterable[Path]) -> CauseAgreement | None:

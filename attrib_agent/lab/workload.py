@@ -134,6 +134,27 @@ RAG = RequestClass("rag", prompt_tokens=1_856, output_tokens=32)  # 256 system +
 RAG_PREFIXES = tuple((("system", 256), (f"doc{i}", 1_536)) for i in range(3))
 
 
+MARGINAL_BASE = RequestClass("base", prompt_tokens=32, output_tokens=3000)  # the decodes every step is timed on
+MARGINAL_K = (1, 4, 8)  # extra decoders per burst
+MARGINAL_CHUNKS = (256, 1024)  # one prefill of this many tokens (1 output token) beside the base decodes
+
+
+def marginal_plan(rounds: int = 5, every_s: float = 0.9) -> list[RequestSpec]:
+    """Two long decodes (the same all run) and, `every_s` apart, a burst of k 32/24 decoders or one prefill alone
+    beside them: the step time of the same decodes with and without k more decoding requests or one chunk
+    (`lab marginal` reads it). Rounds repeat the schedule, so a run carries its own repetitions."""
+    out = [RequestSpec("b000", MARGINAL_BASE, 0.2), RequestSpec("b001", MARGINAL_BASE, 0.3)]
+    at = 2.0
+    for r in range(rounds):
+        for k in MARGINAL_K:
+            out += [RequestSpec(f"k{k}r{r}d{i}", RequestClass(f"dec{k}", 32, 24), at) for i in range(k)]
+            at += every_s
+        for n in MARGINAL_CHUNKS:
+            out.append(RequestSpec(f"p{n}r{r}", RequestClass(f"pre{n}", n, 1), at))
+            at += every_s
+    return out
+
+
 def _scenario(name: str, description: str, reqs: Iterable[RequestSpec], **kw: object) -> Scenario:
     ordered = tuple(sorted(reqs, key=lambda r: (r.offset_s, r.spec_id)))
     ids = [r.spec_id for r in ordered]
@@ -231,6 +252,12 @@ SCENARIOS: dict[str, Scenario] = {
             # 2 x 5,600 prompt tokens fit the 95 usable 128-token blocks (88); at ~6,080 tokens each they do not.
             [RequestSpec("w1", whale(5600, 600), 0.2), RequestSpec("w2", whale(5600, 600), 0.25),
              *scripted("s", SISO, 0.6, 0.5, 4)],
+        ),
+        _scenario(
+            "marginal",
+            "2 long decodes; beside them, 0.9 s apart, bursts of 1, 4, 8 more decoders, then one 256- and"
+            " 1,024-token prefill, 5 times: what a co-member adds to the same decodes' step time (`lab marginal`)",
+            marginal_plan(),
         ),
         _scenario(
             "smoke",
