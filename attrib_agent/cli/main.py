@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "of two vLLM scheduler instances (the lab's cost model, not a GPU)")
     routing.add_arguments(rs)
     rs.set_defaults(func=routing.run)
+    from attrib_agent.lab import marginal
+
+    mg = lsub.add_parser("marginal", help="what k more decoders or one prefill chunk add to the same decodes' step"
+                         " time (recordings of `lab record --scenario marginal`)")
+    marginal.add_arguments(mg)
+    mg.set_defaults(func=marginal.run)
     fs = lsub.add_parser("forecast-score", help="score the admission forecast against counterfactual truth")
     fs.add_argument("truth_dirs", type=Path, nargs="+", metavar="TRUTH_DIR")
     fs.add_argument("--warm", action="store_true", help="cost model fitted on the truth's null run first")

@@ -10,6 +10,7 @@ around it, so the decodes' own slow growth with their context cancels; episodes 
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -154,3 +155,16 @@ def format_measure(m: Mapping[str, Any]) -> str:
                     parts.append(f"{what} +{d['mean']:.2f} ms [{d['min']:.2f}, {d['max']:.2f}]{per}")
             lines.append(f"{label} {size:>5}: {row['episodes']} episodes, {row['steps']} steps: " + "; ".join(parts))
     return "\n".join(lines)
+
+
+
+def add_arguments(p: Any) -> None:
+    p.add_argument("recordings", type=Path, nargs="+", metavar="RECORDING",
+                   help="recordings of `lab record --scenario marginal` (with --truth-plugin for step periods)")
+    p.add_argument("--json", action="store_true")
+
+
+def run(args: Any) -> int:
+    m = measure(args.recordings)
+    print(json.dumps(m, indent=1) if args.json else format_measure(m))
+    return 0
