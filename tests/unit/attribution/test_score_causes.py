@@ -74,9 +74,10 @@ def test_agreement_is_the_overlap_of_the_two_splits_of_each_culprits_seconds():
 
 def test_lab_score_prints_cause_agreement_beside_the_step_truth(fixtures_dir, capsys):
     """preempt-steps (three whales, 20 shorts; vLLM preempted w3, s004, s005): the three are named `preemption`
-    and nobody else is. Causes agree on 87 % of the blamed seconds (92 % by each culprit's main cause; 84 % and 89 %
-    before the first token's own step counted as TTFT and the truth counted the step a victim arrived in), short of
-    the 90 % goal (docs/attribution.md says where the rest goes); the bounds are today's figures less a point."""
+    and nobody else is. Causes agree on 92 % of the blamed seconds (96 % by each culprit's main cause; 87 % and 92 %
+    while the truth gave every co-member of a step the whole step, 84 % and 89 % before the first token's own step
+    counted as TTFT and the truth counted the step a victim arrived in); the bounds are today's figures less a
+    point."""
     path = fixtures_dir / "recordings" / "preempt-steps"
     assert main(["lab", "score", str(path)]) == 0
     out = capsys.readouterr().out
@@ -84,5 +85,16 @@ def test_lab_score_prints_cause_agreement_beside_the_step_truth(fixtures_dir, ca
     assert main(["lab", "score", str(path), "--json"]) == 0
     c = json.loads(capsys.readouterr().out)["causes"]["preempt-steps"]
     assert c["preemption_precision"] == c["preemption_recall"] == 1.0
-    assert c["share"] >= 0.86 and c["dominant_share"] >= 0.91
+    assert c["share"] >= 0.91 and c["dominant_share"] >= 0.95
     assert c["blamed_s"] > 100 and c["unseen_s"] < 0.05 * c["blamed_s"]
+
+
+def test_on_shared_prefix_traffic_a_decoding_neighbour_is_labelled_by_what_it_cost(fixtures_dir):
+    """bench-prefix-steps (vLLM's prefix_repetition client, at most 5 in flight): the culprits mostly decode beside
+    the victim. The truth used to label every such step whole as `decode` (8.7 of 11 s), where a decoder adds
+    0.3-1.1 ms to a ~10 ms step (tests/fixtures/marginal, `lab marginal`): causes agreed on 14 %. Labelled by what
+    each member added, 44 % (47 % by main cause); the rest is the agent's fit pricing a decoder at 0 on this run
+    (docs/attribution.md, section 6)."""
+    c = cause_truth.score_recording(fixtures_dir / "recordings" / "bench-prefix-steps")
+    assert c is not None and c.blamed_s > 5
+    assert c.share >= 0.43 and c.dominant_share >= 0.46
