@@ -113,7 +113,8 @@ def _median_delta(run: Sequence[Step], ref: Sequence[Step], field: str) -> Any:
 
 
 def summary(eps: Iterable[Episode]) -> dict[str, dict[int, dict[str, Any]]]:
-    """Per kind and size: the episodes' deltas (ms), their mean and range, and per extra decoder for decodes."""
+    """Per kind and size: the episodes' deltas (ms), their median (a step the busy machine stalled moves the mean),
+    mean and range, and per extra decoder for decodes."""
     groups: Mapping[tuple[str, int], list[Episode]] = defaultdict(list)
     for e in eps:
         groups[(e.kind, e.size)].append(e)  # type: ignore[attr-defined]
@@ -123,9 +124,10 @@ def summary(eps: Iterable[Episode]) -> dict[str, dict[int, dict[str, Any]]]:
         for name in ("elapsed_delta_ms", "period_delta_ms"):
             vals = [v for e in es if (v := getattr(e, name)) is not None]
             if vals:
-                row[name] = {"mean": statistics.fmean(vals), "min": min(vals), "max": max(vals),
-                             "each": [round(v, 2) for v in vals]}
+                row[name] = {"median": statistics.median(vals), "mean": statistics.fmean(vals), "min": min(vals),
+                             "max": max(vals), "each": [round(v, 2) for v in vals]}
                 if kind == "decode":
+                    row[name]["per_request_median"] = statistics.median(vals) / size
                     row[name]["per_request_mean"] = statistics.fmean(vals) / size
         out[kind][size] = row
     return dict(out)
@@ -151,8 +153,8 @@ def format_measure(m: Mapping[str, Any]) -> str:
             for name, what in (("elapsed_delta_ms", "elapsed"), ("period_delta_ms", "period")):
                 d = row.get(name)
                 if d:
-                    per = f", {d['per_request_mean']:.2f} a decoder" if "per_request_mean" in d else ""
-                    parts.append(f"{what} +{d['mean']:.2f} ms [{d['min']:.2f}, {d['max']:.2f}]{per}")
+                    per = f", {d['per_request_median']:.2f} a decoder" if "per_request_median" in d else ""
+                    parts.append(f"{what} +{d['median']:.2f} ms [{d['min']:.2f}, {d['max']:.2f}]{per}")
             lines.append(f"{label} {size:>5}: {row['episodes']} episodes, {row['steps']} steps: " + "; ".join(parts))
     return "\n".join(lines)
 
