@@ -33,6 +33,7 @@ def test_the_fit_finds_the_prices_the_steps_were_made_with_and_leaves_busy_steps
     assert f.per_decode_s == pytest.approx(PRICES.per_decode_s, rel=0.15)
     assert f.per_prefill_token_s == pytest.approx(PRICES.per_prefill_token_s, rel=0.05)
     assert f.intercept_s == pytest.approx(PRICES.intercept_s, rel=0.1)
+    assert f.per_decode_context_token_s < 1e-6
     assert f.steps <= 400 - 7
 
 
