@@ -5,13 +5,15 @@ head waited. Each culprit's truth label per step, in vLLM's terms (docs/attribut
 - the victim preempted and not yet back to where it was: `preemption`, on the requests holding blocks;
 - the victim waiting while the head did not fit (`no_free_blocks`): `kv_pressure` on the holders, plus
   `head_of_line` on that head when it is another request;
-- otherwise (waiting on the budget, or running): `prefill_contention` on the step's chunks, `decode` on its decodes.
+- otherwise (waiting on the budget, or running): `prefill_contention` on the step's chunks, `decode` on its decodes,
+  each by what it added to the step (lab/step_marginals.py, fitted on the recording's own steps): a decoding
+  neighbour adds ~1 ms to an ~11 ms step, a 256-token chunk ~18 ms (`lab marginal`), so giving every co-member the
+  whole step, as this did before, labelled decoding neighbours 10-30x too heavily.
 `decode` is `decode_batching` or `kv_bandwidth`: the plugin sees a decode, not what share of it was memory traffic.
 A culprit's blamed seconds in a phase (TTFT; ITL over the victim's gaps) agree as far as its causes' split overlaps
-the split of its truth labels by step time (and, more leniently, all of them when the main cause of each side is
-the same: in a running step the truth gives every co-member the whole step, where the slowdown it caused is its
-marginal cost, so the split over-weights `decode`). Preemption naming: a result names `preemption` when the
-victim stalled (`preempted_s`) or a culprit's seconds carry the cause; the truth is who the plugin saw preempted.
+the split of its truth labels (and, more leniently, all of them when the main cause of each side is the same).
+Preemption naming: a result names `preemption` when the victim stalled (`preempted_s`) or a culprit's seconds
+carry the cause; the truth is who the plugin saw preempted.
 """
 
 from __future__ import annotations

@@ -55,14 +55,14 @@ def iteration_steps(rec: Recording) -> list[Step]:
                 sched[m["iter"]] = float(m["t"])
     rows = []
     for r in rec.records(LOG):
-        m = ITERATION.search(str(r.get("line", "")))
-        if m is None or m.group("dummy"):
+        line = ITERATION.search(str(r.get("line", "")))
+        if line is None or line.group("dummy"):
             continue
-        it = int(m.group("iteration"))
+        it = int(line.group("iteration"))
         nxt = sched.get(it + 1)
         period = (nxt - sched[it]) * 1000 if nxt is not None and it in sched else None
-        rows.append(Step(it, int(m.group("ctx_reqs")), int(m.group("ctx_tokens")), int(m.group("gen_reqs")),
-                         float(m.group("elapsed")), period))
+        rows.append(Step(it, int(line.group("ctx_reqs")), int(line.group("ctx_tokens")),
+                         int(line.group("gen_reqs")), float(line.group("elapsed")), period))
     rows.sort(key=lambda s: s.iteration)
     return rows
 
@@ -82,8 +82,9 @@ def episodes(steps: Sequence[Step], base: int) -> list[Episode]:
             i = max(j, i + 1)
             continue
         run = steps[i + (0 if key == "prefill" else 1):j - (0 if key == "prefill" else 1)]  # arrival/finish steps
-        before = [s for s, b in zip(steps[max(0, i - 4 * _AROUND):i], is_base[max(0, i - 4 * _AROUND):i]) if b]
-        after = [s for s, b in zip(steps[j:j + 4 * _AROUND], is_base[j:j + 4 * _AROUND]) if b]
+        lo = max(0, i - 4 * _AROUND)
+        before = [s for s, b in zip(steps[lo:i], is_base[lo:i], strict=True) if b]
+        after = [s for s, b in zip(steps[j:j + 4 * _AROUND], is_base[j:j + 4 * _AROUND], strict=True) if b]
         n = min(len(before), len(after), _AROUND) or _AROUND  # as many each side, so a drift cancels
         ref = before[len(before) - n:] + after[:n]
         if len(ref) >= _MIN_STEPS and run:
@@ -115,9 +116,9 @@ def _median_delta(run: Sequence[Step], ref: Sequence[Step], field: str) -> Any:
 def summary(eps: Iterable[Episode]) -> dict[str, dict[int, dict[str, Any]]]:
     """Per kind and size: the episodes' deltas (ms), their median (a step the busy machine stalled moves the mean),
     mean and range, and per extra decoder for decodes."""
-    groups: Mapping[tuple[str, int], list[Episode]] = defaultdict(list)
+    groups: dict[tuple[str, int], list[Episode]] = defaultdict(list)
     for e in eps:
-        groups[(e.kind, e.size)].append(e)  # type: ignore[attr-defined]
+        groups[(e.kind, e.size)].append(e)
     out: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
     for (kind, size), es in sorted(groups.items()):
         row: dict[str, Any] = {"episodes": len(es), "steps": sum(e.steps for e in es)}

@@ -87,7 +87,8 @@ def fit(steps: Sequence[Mapping[str, Any]]) -> StepMarginals:
     keep = dev <= _OUTLIER_MADS * max(float(np.median(dev)), 1e-3)
     if keep.sum() >= _MIN_STEPS:
         coef = _nonnegative(x[keep], y[keep])
-    return StepMarginals(*(float(c) for c in coef), steps=int(keep.sum()))
+    icpt, dec, ctx, tok, pairs, req = (float(v) for v in coef)
+    return StepMarginals(icpt, dec, ctx, tok, pairs, req, steps=int(keep.sum()))
 
 
 def _nonnegative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
