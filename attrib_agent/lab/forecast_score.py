@@ -260,6 +260,15 @@ def summary(cases: list[WhaleCase], load: str, config: ForecastConfig | None = N
             "called_harmless_but_2x": missed}
 
 
+def _summary_line(cases: list[WhaleCase], load: str, label: str) -> str:
+    s = summary(cases, load)
+    err = "-" if s["median_rel_error"] is None else f"{100 * s['median_rel_error']:.0f} %"
+    rho = "-" if s["rank_correlation"] is None else f"{s['rank_correlation']:.2f}"
+    missed = ", ".join(s["called_harmless_but_2x"]) or "none"
+    return (f"{label}: median |error| {err}, rank correlation {rho} over {s['whales']} whales; "
+            f"called harmless though a short slowed >= 2x: {missed}")
+
+
 def format_report(cases: list[WhaleCase]) -> str:
     lines = [f"{'whale':<16} {'before it':<10} {'true harm s':>11} {'2x short':>8} "
              + " ".join(f"{'forecast ' + k + ' s':>18}" for k in LOADS)]
@@ -267,13 +276,7 @@ def format_report(cases: list[WhaleCase]) -> str:
         cells = " ".join(f"{m:>18.2f}" if (m := c.mean(k)) is not None else f"{'-':>18}" for k in LOADS)
         lines.append(f"{c.truth + '/' + c.whale:<16} {_label(c.context):<10} {c.true_harm_s:>11.2f} "
                      f"{'yes' if c.true_slowed_2x else 'no':>8} {cells}")
-    for k in LOADS:
-        s = summary(cases, k)
-        err = "-" if s["median_rel_error"] is None else f"{100 * s['median_rel_error']:.0f} %"
-        rho = "-" if s["rank_correlation"] is None else f"{s['rank_correlation']:.2f}"
-        missed = ", ".join(s["called_harmless_but_2x"]) or "none"
-        lines.append(f"{k} load: median |error| {err}, rank correlation {rho} over {s['whales']} whales; "
-                     f"called harmless though a short slowed >= 2x: {missed}")
+    lines += [_summary_line(cases, k, f"{k} load") for k in LOADS]
     lines.append("goals: median error <= 25 %; never harmless when the truth shows a short slowed >= 2x")
     return "\n".join(lines)
 
@@ -286,13 +289,7 @@ def format_side_by_side(cold: list[WhaleCase], kept: list[WhaleCase]) -> str:
         cells = " ".join(f"{m:>15.2f}" if (m := cases[i].mean(k)) is not None else f"{'-':>15}"
                          for k, _, cases in cols)
         lines.append(f"{c.truth + '/' + c.whale:<22} {c.true_harm_s:>11.2f} {cells}")
-    for k, name, cases in cols:
-        s = summary(cases, k)
-        err = "-" if s["median_rel_error"] is None else f"{100 * s['median_rel_error']:.0f} %"
-        rho = "-" if s["rank_correlation"] is None else f"{s['rank_correlation']:.2f}"
-        missed = ", ".join(s["called_harmless_but_2x"]) or "none"
-        lines.append(f"{k} load, {name}: median |error| {err}, rank correlation {rho} over {s['whales']} whales; "
-                     f"called harmless though a short slowed >= 2x: {missed}")
+    lines += [_summary_line(cases, k, f"{k} load, {name}") for k, name, cases in cols]
     fits = sum((c.fits for c in kept), Counter())
     lines.append("kept: each recording starts from the fit the agent that replayed the truth's previous recording "
                  "saved (the first of a truth starts cold); saved fits at the whale's arrival: "
