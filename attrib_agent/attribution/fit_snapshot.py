@@ -22,7 +22,7 @@ from attrib_agent.events import EngineStep, Event, MetricsSnapshot
 
 FORMAT: Final = "attrib-agent step-cost fit"
 VERSION: Final = 1
-MAX_BYTES: Final = 4 * 2**20  # a snapshot is ~100 KB (1,024 + 224 rows); a larger file is not ours
+MAX_BYTES: Final = 4 * 2**20  # a full snapshot is ~45 KB (1,024 + up to 224 rows); a larger file is not ours
 MAX_TEXT: Final = 200  # a model name longer than this is cut (it is a label, not content)
 
 
