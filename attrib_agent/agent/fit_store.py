@@ -106,8 +106,8 @@ class FitStore:
         engine = self.pipeline.engine_watch.fingerprint()
         cost = self.pipeline.attributor.cost
         now = (engine, cost.steps_seen, cost.window_steps, cost.coefficients)
-        if engine is None or cost.window_steps == 0 or now == self._saved:
-            return False
+        if engine is None or engine.device is None or cost.window_steps == 0 or now == self._saved:
+            return False  # nothing learnt, or the engine not fully known (a saved fit always names its device)
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
