@@ -159,3 +159,25 @@ def test_an_unwritable_state_dir_is_counted_not_fatal(tmp_path: Path) -> None:
 def test_no_state_dir_no_store() -> None:
     core = agent(None)
     assert core.sinks.get("fit_state") is None and "fit_state" not in core.state.health
+
+
+def test_the_fit_is_saved_every_interval_while_it_changes(tmp_path: Path) -> None:
+    now = [0.0]
+    core = agent(None)
+    store = FitStore(tmp_path, core.pipeline, save_interval_s=60.0, clock=lambda: now[0])
+    core.add_sink(store)
+    for ev in ReplaySource(EARLIER).events():
+        core.process(ev)
+    core.flush()
+    assert not state_file(tmp_path, 0).exists()  # not due yet
+    now[0] = 61.0
+    core.flush()
+    first = json.loads(state_file(tmp_path, 0).read_bytes())["fit"]["steps_seen"]
+    assert first == core.pipeline.attributor.cost.steps_seen > 0
+    now[0] = 122.0
+    assert store.save() is False  # nothing learnt since: not written again
+    for ev in ReplaySource(LATER).events():  # the same engine, later (its times follow the earlier run's)
+        core.process(ev)
+    now[0] = 183.0
+    core.flush()
+    assert json.loads(state_file(tmp_path, 0).read_bytes())["fit"]["steps_seen"] > first
