@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from attrib_agent.attribution.attributor import AttributionConfig, Attributor
 from attrib_agent.attribution.cost_model import StepCostModel
+from attrib_agent.attribution.fit_snapshot import EngineWatch
 from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.attribution.slo import SloConfig, SloTally
 from attrib_agent.attribution.store import ResultStore
@@ -95,6 +96,7 @@ class AttributionPipeline:
         self.config = cfg = config or PipelineConfig()
         self.timeline = self._new_timeline()
         self.attributor = Attributor(cfg.attribution)
+        self.engine_watch = EngineWatch(cfg.engine, cfg.block_size, cfg.num_blocks, cfg.token_budget)  # a saved fit's
         self.store = ResultStore(cfg.max_results, cfg.max_result_age_s)
         self.tally = SlowdownTally(victim_threshold_s=cfg.victim_threshold_s, slo=SloTally(cfg.slo))
         self.events: Counter[str] = Counter()
@@ -143,6 +145,7 @@ class AttributionPipeline:
             self.steps_total += 1
             self.step_seconds_total += event.elapsed_ms / 1000.0
         self.timeline.feed(event)
+        self.engine_watch.see(event, self.attributor.cost)
         if isinstance(event, RequestSpan):
             self._remember_span(event)
         if self._next_settle is None:

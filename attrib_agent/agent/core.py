@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from attrib_agent.agent import fit_store
 from attrib_agent.agent.gc_freeze import GcFreezer
 from attrib_agent.agent.shedding import Shedder
 from attrib_agent.attribution.result import AttributionResult
@@ -105,6 +106,7 @@ class AgentCore:
                 sink = spec.build(cfg, core.state)
                 if sink is not None:
                     core.add_sink(sink)
+        fit_store.attach(cfg, core)  # the step-cost fit kept across restarts (state_dir)
         return core
 
     def add_sink(self, sink: Sink) -> None:

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from itertools import combinations
 from math import isfinite
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 
@@ -286,6 +286,92 @@ class StepCostModel:
         """One decode step with only this request, at its context length."""
         return self.step_seconds_with_prefill(0, 1, max(context_tokens, 0), 0)
 
+    # ---- kept across restarts (the agent's state file; agent/fit_store.py does the I/O) ----------------------
+    def snapshot(self) -> dict[str, Any]:
+        """What the fit has learnt, numbers only (no request id, no text): the rows it reads, each as
+        [seq, its five features, seconds], the prefill rows kept past the window, the gaps, and the fit they gave.
+        Bounded as the model is: at most max_window + 7 x 32 rows. `restore` takes it back."""
+        # Steps restored from an earlier snapshot are numbered below 0: all move up so none is negative
+        shift = -min((e[0] for e in (*self._rows, *(e for k in self._kept for e in k))), default=0)
+        shift = max(shift, 0)
+        return {"steps_seen": self.steps_seen + shift, "rows": [_encoded(e, shift) for e in self._rows],
+                "kept": [[_encoded(e, shift) for e in k] for k in self._kept], "gaps": list(self._gaps),
+                "coefficients": list(self._coef), "step_gap_s": self._gap_s, "scale": self._scale}
+
+    def restore(self, data: Mapping[str, Any]) -> None:
+        """Take back a `snapshot` (an earlier agent's, on the same engine) as the oldest evidence: the steps seen
+        since start stay the newest, and the bounded window keeps the newest of both. With no step seen yet the
+        saved fit is adopted as it was (the first forecast prices as the last agent did); else the merged window
+        is refitted. ValueError, and nothing changed, when `data` is not a valid snapshot."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"expected a table, got {type(data).__name__}")
+        old = _whole(data.get("steps_seen"), "steps_seen")
+        rows = [_decoded(e, old) for e in _listed(data, "rows")]
+        kept = _listed(data, "kept")
+        if len(kept) != SIZE_CLASSES:
+            raise ValueError(f"kept: expected {SIZE_CLASSES} size classes, got {len(kept)}")
+        kept_rows = [[_decoded(e, old) for e in _listed({"k": k}, "k")] for k in kept]
+        gaps = [_number(g, "gaps", negative=True) for g in _listed(data, "gaps")]
+        coef = tuple(_number(c, "coefficients") for c in _listed(data, "coefficients"))
+        if len(coef) != TERMS:
+            raise ValueError(f"coefficients: expected {TERMS}, got {len(coef)}")
+        gap_s = _number(data.get("step_gap_s"), "step_gap_s")
+        scale = None if data.get("scale") is None else _number(data.get("scale"), "scale")
+        own = len(self._rows)
+        self._rows = deque([*rows, *self._rows], maxlen=self._rows.maxlen)
+        self._kept = [deque([*k, *mine], maxlen=KEPT_PER_SIZE) for k, mine in zip(kept_rows, self._kept, strict=True)]
+        self._gaps = deque([*gaps, *self._gaps], maxlen=self._gaps.maxlen)
+        if own == 0 and scale is not None:
+            self._coef, self._gap_s, self._scale = coef, gap_s, scale
+        elif len(self._rows) >= self.min_steps:
+            if self._scale is None:
+                self._coef = coef  # the refit's warm start
+            self.refit()
+
+    def forget_restored(self) -> None:
+        """Drop what `restore` brought (it turned out to be another engine's): back to this run's own steps."""
+        self._rows = deque((e for e in self._rows if e[0] >= 0), maxlen=self._rows.maxlen)
+        self._kept = [deque((e for e in k if e[0] >= 0), maxlen=KEPT_PER_SIZE) for k in self._kept]
+        self._coef, self._gap_s, self._scale = self.prior.as_tuple(), self.prior.step_gap_s, None
+        if len(self._rows) >= self.min_steps:
+            self.refit()
+
+
+def _encoded(entry: tuple[int, _Row, float], shift: int) -> list[float]:
+    seq, row, y = entry
+    return [seq + shift, *row[1:], y]
+
+
+def _decoded(entry: object, old_steps: int) -> tuple[int, _Row, float]:
+    """A saved row, its sequence number moved before every step of this run (the saved ones are older)."""
+    if not isinstance(entry, list) or len(entry) != TERMS + 1:
+        raise ValueError(f"a row: expected {TERMS + 1} numbers, got {str(entry)[:40]}")
+    seq = _whole(entry[0], "a row's sequence number")
+    if seq >= old_steps:
+        raise ValueError(f"a row's sequence number {seq} is not below steps_seen {old_steps}")
+    nums = [_number(v, "a row") for v in entry[1:]]
+    return seq - old_steps, (1.0, *nums[:-1]), nums[-1]
+
+
+def _listed(data: Mapping[str, Any], key: str) -> list[Any]:
+    value = data.get(key)
+    if not isinstance(value, list):
+        raise ValueError(f"{key}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def _whole(value: object, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{what}: expected a whole number >= 0, got {str(value)[:40]}")
+    return value
+
+
+def _number(value: object, what: str, *, negative: bool = False) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not isfinite(value) or (
+            value < 0 and not negative):
+        raise ValueError(f"{what}: expected a finite{'' if negative else ' non-negative'} number, "
+                         f"got {str(value)[:40]}")
+    return float(value)
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:

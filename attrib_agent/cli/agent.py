@@ -145,6 +145,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             await server
         stop.set()
         await consume
+        core.shutdown()  # the sinks' exit: spans sent, the journal closed, the step-cost fit saved (state_dir)
         return 0
 
     return asyncio.run(main())

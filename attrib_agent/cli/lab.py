@@ -122,10 +122,10 @@ def cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
-def forecast_report(truth_dirs: list[Path], *, warm: bool, as_json: bool) -> str:
+def forecast_report(truth_dirs: list[Path], *, warm: bool, as_json: bool, persisted: bool = False) -> str:
     from attrib_agent.lab.forecast_score import report_command
 
-    return report_command(truth_dirs, warm=warm, as_json=as_json)
+    return report_command(truth_dirs, warm=warm, as_json=as_json, persisted=persisted)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -93,8 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     fs = lsub.add_parser("forecast-score", help="score the admission forecast against counterfactual truth")
     fs.add_argument("truth_dirs", type=Path, nargs="+", metavar="TRUTH_DIR")
     fs.add_argument("--warm", action="store_true", help="cost model fitted on the truth's null run first")
+    fs.add_argument("--persisted", action="store_true", help="also each recording from the step-cost fit the "
+                    "agent that replayed the truth's previous recording saved (state_dir), side by side with cold")
     fs.add_argument("--json", action="store_true")
-    fs.set_defaults(func=lambda a: print(forecast_report(a.truth_dirs, warm=a.warm, as_json=a.json)) or 0)
+    fs.set_defaults(func=lambda a: print(forecast_report(a.truth_dirs, warm=a.warm, as_json=a.json,
+                                                         persisted=a.persisted)) or 0)
     return p
 
 

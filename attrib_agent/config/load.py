@@ -152,9 +152,9 @@ def _read_token(path: Path, source: str) -> Secret:
 
 
 def _check_paths(values: dict[str, Any], origin: dict[str, str]) -> None:
-    for name in ("log_file", "journal_dir"):
+    for name in ("log_file", "journal_dir", "state_dir"):
         p: Path | None = values[name]
-        want_dir = name == "journal_dir"
+        want_dir = name != "log_file"
         if p is None:
             continue
         try:  # Path.exists() raises for a name too long, a permission denied on the way (only ENOENT is False)

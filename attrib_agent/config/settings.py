@@ -52,6 +52,11 @@ AGENT: Final[tuple[Setting[Any], ...]] = (
     Setting("attribution_budget_cores", "agent", v.ratio(0.01), 1.0,
             "CPU the agent may use, in cores (the whole process); beyond it a share of the requests is attributed, "
             "the rest skipped (counted)", "CORES", live=True),
+    Setting("state_dir", "agent", v.path, None,
+            "keep the step-cost fit here across restarts (a file per engine, written every state_save_interval_s "
+            "and at exit; loaded at start when it describes the same engine)", "DIR", default_text="off"),
+    Setting("state_save_interval_s", "agent", v.seconds(1), 60.0,
+            "how often the step-cost fit is written to state_dir while it learns", "SECONDS"),
     Setting("log_level", "agent", v.choice(("DEBUG", "INFO", "WARNING", "ERROR"), upper=True), "INFO",
             "level of the agent's own log", "LEVEL"),
 )

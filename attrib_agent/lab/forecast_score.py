@@ -8,21 +8,33 @@ arrived. Two loads are scored: `learnt` (the agent's own estimate from recent ar
 and `declared` (the short stream's rate, size and phase over its remaining span, and the prompt lengths of the
 requests in flight, as a router that knows its traffic and what it sent would pass them). Only harm to shorts is
 compared: the truth measures nothing else.
+
+`persisted`: each recording's agent starts from the step-cost fit that the agent which replayed the truth's
+previous recording left in its `state_dir` (agent/fit_store.py): the same machine and vLLM, an earlier run, as
+a restarted sidecar would find it. The chain runs in the truth's run order; its first recording starts cold.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import statistics
+import tempfile
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from attrib_agent.agent.core import AgentCore
+from attrib_agent.agent.fit_store import state_file
+from attrib_agent.agent.replay import replay_into
 from attrib_agent.attribution.cost_model import StepCostModel
+from attrib_agent.attribution.fit_snapshot import decode
 from attrib_agent.attribution.forecast import ArrivalLoad, Candidate, Forecast, ForecastConfig, forecast
 from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
+from attrib_agent.config.load import AgentConfig
 from attrib_agent.events import RequestReceived
 from attrib_agent.lab.score import SLOWED_RATIO, spec_ids
 from attrib_agent.lab.server import LabError
@@ -46,6 +58,7 @@ class WhaleCase:
     true_harm_s: float
     true_slowed_2x: bool  # some short's TTFT at least doubled
     forecast_s: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in LOADS})
+    fits: Counter[str] = field(default_factory=Counter)  # persisted: what became of each recording's saved fit
 
     def mean(self, load: str) -> float | None:
         xs = self.forecast_s[load]
@@ -101,20 +114,27 @@ def declared_load(truth: Mapping[str, Any], at_offset_s: float) -> tuple[Arrival
 
 
 def forecast_at_arrival(recording: Path, whale: str, candidate: Candidate, loads: Mapping[str, tuple[
-        ArrivalLoad | None, ForecastConfig]], sent: Mapping[str, int], cost: StepCostModel | None = None
-                        ) -> dict[str, Forecast]:
+        ArrivalLoad | None, ForecastConfig]], sent: Mapping[str, int], cost: StepCostModel | None = None,
+                        state: bytes | None = None, fits: Counter[str] | None = None) -> dict[str, Forecast]:
     """Replay `recording` up to the whale's arrival; one forecast of admitting it per named load. The declared
-    one also knows the prompt lengths `sent` (by spec id), as the router that sent them would."""
+    one also knows the prompt lengths `sent` (by spec id), as the router that sent them would. `state`: a state
+    file's bytes, offered to the pipeline as the agent offers it (adopted at the first scrape if it matches);
+    `fits` counts its fate by the time the whale arrives (loaded, mismatch, invalid, pending: not decided yet)."""
     spec = spec_ids(Recording(recording))
     p = AttributionPipeline()
     if cost is not None:
         p.attributor.cost = copy.deepcopy(cost)
+    if state is not None:
+        seen = fits if fits is not None else Counter()
+        p.engine_watch.offer(decode(state), lambda verdict, detail: seen.update([verdict]))
     for ev in ReplaySource(recording).events():
         if isinstance(ev, RequestReceived) and spec.get(ev.request_id) == whale:
             learnt = engine_state(p)
             told = engine_state(p, prompts={rid: sent[s] for rid, s in spec.items() if s in sent})
             if learnt is None or told is None:
                 raise LabError(f"{recording}: no event before {whale}'s arrival")
+            if fits is not None and p.engine_watch.pending:
+                fits["pending"] += 1
             out = {}
             for name, (load, cfg) in loads.items():
                 s = learnt if load is None else replace(told, load=load)
@@ -144,6 +164,23 @@ def warmed_cost(truth: Mapping[str, Any], truth_dir: Path) -> StepCostModel | No
     return p.attributor.cost
 
 
+def persisted_states(truth: Mapping[str, Any], truth_dir: Path) -> dict[str, bytes | None]:
+    """By recording: the state file its agent found at start, as the agent that replayed the truth's previous
+    recording (run order) left it in their shared `state_dir`; None for the first. Each agent is the real one
+    (`AgentCore.from_config` with `state_dir`, a replay, shutdown), so what it saved is what a restart loads."""
+    out: dict[str, bytes | None] = {}
+    with tempfile.TemporaryDirectory(prefix="attrib-fit-") as tmp:
+        path = state_file(Path(tmp), 0)
+        for run in truth["runs"]:
+            if not run.get("recording") or not (truth_dir / run["recording"]).exists():
+                continue
+            out[run["recording"]] = path.read_bytes() if path.exists() else None
+            core = AgentCore.from_config(AgentConfig(state_dir=Path(tmp)), live=False)
+            asyncio.run(replay_into(core, truth_dir / run["recording"]))
+            core.shutdown()
+    return out
+
+
 def self_fitted_cost(recording: Path) -> StepCostModel:
     """A diagnostic, not a forecast an agent could make: the step-cost model fitted on the whole recording
     being scored (the whale's own steps included), which isolates the cost model from the rest."""
@@ -155,12 +192,13 @@ def self_fitted_cost(recording: Path) -> StepCostModel:
 
 
 def score_dirs(truth_dirs: Iterable[Path], config: ForecastConfig | None = None, *, warm: bool = False,
-               self_fit: bool = False) -> list[WhaleCase]:
+               self_fit: bool = False, persisted: bool = False) -> list[WhaleCase]:
     cfg = config or ForecastConfig()
     out = []
     for d in truth_dirs:
         truth, cases = whale_cases(d)
         cost = warmed_cost(truth, d) if warm else None
+        states = persisted_states(truth, d) if persisted else {}
         for case in cases:
             w = truth["whales"][case.whale]
             declared = declared_load(truth, w["offset_s"])
@@ -176,7 +214,8 @@ def score_dirs(truth_dirs: Iterable[Path], config: ForecastConfig | None = None,
                 sent = {k: v["prompt_tokens"] for k, v in truth["whales"].items()}
                 sent |= {k: CLASSES[v["class"]].prompt_tokens for k, v in truth["shorts"].items()}
                 got = forecast_at_arrival(rec, case.whale, Candidate(w["prompt_tokens"], w["output_tokens"]), loads,
-                                          sent, self_fitted_cost(rec) if self_fit else cost)
+                                          sent, self_fitted_cost(rec) if self_fit else cost,
+                                          states.get(run["recording"]), case.fits)
                 spec = spec_ids(Recording(rec))
                 for name, f in got.items():
                     case.forecast_s[name].append(shorts_harm(f, spec, truth["whales"]))
@@ -221,6 +260,15 @@ def summary(cases: list[WhaleCase], load: str, config: ForecastConfig | None = N
             "called_harmless_but_2x": missed}
 
 
+def _summary_line(cases: list[WhaleCase], load: str, label: str) -> str:
+    s = summary(cases, load)
+    err = "-" if s["median_rel_error"] is None else f"{100 * s['median_rel_error']:.0f} %"
+    rho = "-" if s["rank_correlation"] is None else f"{s['rank_correlation']:.2f}"
+    missed = ", ".join(s["called_harmless_but_2x"]) or "none"
+    return (f"{label}: median |error| {err}, rank correlation {rho} over {s['whales']} whales; "
+            f"called harmless though a short slowed >= 2x: {missed}")
+
+
 def format_report(cases: list[WhaleCase]) -> str:
     lines = [f"{'whale':<16} {'before it':<10} {'true harm s':>11} {'2x short':>8} "
              + " ".join(f"{'forecast ' + k + ' s':>18}" for k in LOADS)]
@@ -228,23 +276,40 @@ def format_report(cases: list[WhaleCase]) -> str:
         cells = " ".join(f"{m:>18.2f}" if (m := c.mean(k)) is not None else f"{'-':>18}" for k in LOADS)
         lines.append(f"{c.truth + '/' + c.whale:<16} {_label(c.context):<10} {c.true_harm_s:>11.2f} "
                      f"{'yes' if c.true_slowed_2x else 'no':>8} {cells}")
-    for k in LOADS:
-        s = summary(cases, k)
-        err = "-" if s["median_rel_error"] is None else f"{100 * s['median_rel_error']:.0f} %"
-        rho = "-" if s["rank_correlation"] is None else f"{s['rank_correlation']:.2f}"
-        missed = ", ".join(s["called_harmless_but_2x"]) or "none"
-        lines.append(f"{k} load: median |error| {err}, rank correlation {rho} over {s['whales']} whales; "
-                     f"called harmless though a short slowed >= 2x: {missed}")
+    lines += [_summary_line(cases, k, f"{k} load") for k in LOADS]
     lines.append("goals: median error <= 25 %; never harmless when the truth shows a short slowed >= 2x")
     return "\n".join(lines)
 
 
-def report_command(truth_dirs: list[Path], *, warm: bool, as_json: bool, self_fit: bool = False) -> str:
-    """What `attrib-agent lab forecast-score` prints (`self_fit`: the diagnostic of `self_fitted_cost`)."""
+def format_side_by_side(cold: list[WhaleCase], kept: list[WhaleCase]) -> str:
+    """Each whale's forecast from a cold start and from the fit the previous run's agent kept, per load."""
+    cols = [(k, name, cases) for k in LOADS for name, cases in (("cold", cold), ("kept", kept))]
+    lines = [f"{'whale':<22} {'true harm s':>11} " + " ".join(f"{k + ' ' + name + ' s':>15}" for k, name, _ in cols)]
+    for i, c in enumerate(cold):
+        cells = " ".join(f"{m:>15.2f}" if (m := cases[i].mean(k)) is not None else f"{'-':>15}"
+                         for k, _, cases in cols)
+        lines.append(f"{c.truth + '/' + c.whale:<22} {c.true_harm_s:>11.2f} {cells}")
+    lines += [_summary_line(cases, k, f"{k} load, {name}") for k, name, cases in cols]
+    fits = sum((c.fits for c in kept), Counter())
+    lines.append("kept: each recording starts from the fit the agent that replayed the truth's previous recording "
+                 "saved (the first of a truth starts cold); saved fits at the whale's arrival: "
+                 + (", ".join(f"{k} {n}" for k, n in sorted(fits.items())) or "none"))
+    return "\n".join(lines)
+
+
+def report_command(truth_dirs: list[Path], *, warm: bool, as_json: bool, self_fit: bool = False,
+                   persisted: bool = False) -> str:
+    """What `attrib-agent lab forecast-score` prints (`self_fit`: the diagnostic of `self_fitted_cost`;
+    `persisted`: cold and kept fits side by side)."""
     cases = score_dirs(truth_dirs, warm=warm, self_fit=self_fit)
+    kept = score_dirs(truth_dirs, warm=warm, persisted=True) if persisted else None
     if not as_json:
-        return format_report(cases)
-    return json.dumps({"warm": warm, "summaries": [summary(cases, k) for k in LOADS],
-                       "whales": [{"truth": c.truth, "whale": c.whale, "context": list(c.context),
-                                   "true_harm_s": c.true_harm_s, "true_slowed_2x": c.true_slowed_2x,
-                                   "forecast_s": c.forecast_s} for c in cases]}, indent=1)
+        return format_report(cases) if kept is None else format_side_by_side(cases, kept)
+    doc: dict[str, Any] = {"warm": warm, "summaries": [summary(cases, k) for k in LOADS]}
+    if kept is not None:
+        doc["persisted_summaries"] = [summary(kept, k) for k in LOADS]
+    doc["whales"] = [{"truth": c.truth, "whale": c.whale, "context": list(c.context),
+                      "true_harm_s": c.true_harm_s, "true_slowed_2x": c.true_slowed_2x, "forecast_s": c.forecast_s}
+                     | ({"persisted_forecast_s": kept[i].forecast_s} if kept is not None else {})
+                     for i, c in enumerate(cases)]
+    return json.dumps(doc, indent=1)

@@ -259,6 +259,7 @@ def test_the_agent_accepts_its_args(renderer: Path) -> None:
     assert (cfg.otlp_grpc_port, cfg.otlp_http_port, cfg.otlp_bind) == (4317, 4318, "127.0.0.1")
     assert cfg.otlp_forward is not None and cfg.otlp_forward.url.startswith("grpc://otel-collector.obs:4317")
     assert cfg.nvml is True and str(cfg.journal_dir) == "/var/lib/attrib-agent"
+    assert str(cfg.state_dir) == "/var/lib/attrib-agent-state"  # the fit kept across restarts (on by default)
     assert cfg.api_token is not None and env["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert cfg.warnings == ()  # e.g. no "environment variable ... is not a setting"
     assert "--no-nvml" in containers_named(pod_spec(render(renderer, "deploy", []), "deploy"), "initContainers",

@@ -127,6 +127,8 @@ def samples(tmp_path: Path, token_file: Path) -> dict[str, tuple[object, Any]]:
         "forecast_reference_max_tokens": (600, 600),
         "log_level": ("debug", "DEBUG"),
         "attribution_budget_cores": (0.5, 0.5),
+        "state_dir": (str(tmp_path / "state"), tmp_path / "state"),
+        "state_save_interval_s": (30, 30.0),
     }
 
 

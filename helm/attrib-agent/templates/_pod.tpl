@@ -128,7 +128,7 @@ has) into the emptyDir vLLM gets on its PYTHONPATH. YAML list items; empty unles
 {{- end -}}
 {{- end -}}
 
-{{/* The agent's flags. podVolumes false: the pod has none of the chart's volumes (no journal then). */}}
+{{/* The agent's flags. podVolumes false: the pod has none of the chart's volumes (no journal, no state then). */}}
 {{- define "attrib-agent.agentArgs" -}}
 {{- $a := .ctx.Values.agent -}}
 {{- $podVolumes := ne (toString .podVolumes) "false" -}}
@@ -154,6 +154,10 @@ has) into the emptyDir vLLM gets on its PYTHONPATH. YAML list items; empty unles
 - --journal-max-bytes
 - {{ $a.journal.maxBytes | quote }}
 {{- end }}
+{{- if and $a.state.enabled $podVolumes }}
+- --state-dir
+- /var/lib/attrib-agent-state
+{{- end }}
 {{- if and .ctx.Values.exactMode.enabled $podVolumes }}
 - --plugin-socket
 - {{ include "attrib-agent.pluginSocket" .ctx | quote }}
@@ -165,7 +169,7 @@ has) into the emptyDir vLLM gets on its PYTHONPATH. YAML list items; empty unles
 
 {{/*
 The agent container. Takes (dict "ctx" . "native" bool "logDir" dir "logVolume" name "logMount" path
-"podVolumes" bool): podVolumes false leaves out the mounts of the chart's own volumes (tmp, journal).
+"podVolumes" bool): podVolumes false leaves out the mounts of the chart's own volumes (tmp, journal, state).
 */}}
 {{- define "attrib-agent.agentContainer" -}}
 {{- $ := .ctx -}}
@@ -227,6 +231,10 @@ The agent container. Takes (dict "ctx" . "native" bool "logDir" dir "logVolume" 
     - name: attrib-agent-journal
       mountPath: /var/lib/attrib-agent
     {{- end }}
+    {{- if and $a.state.enabled $podVolumes }}
+    - name: attrib-agent-state
+      mountPath: /var/lib/attrib-agent-state
+    {{- end }}
     {{- if and $.Values.exactMode.enabled $podVolumes }}
     - name: attrib-plugin-socket
       mountPath: {{ $.Values.exactMode.socketDir }}
@@ -252,6 +260,16 @@ The agent container. Takes (dict "ctx" . "native" bool "logDir" dir "logVolume" 
   {{- else }}
   emptyDir:
     sizeLimit: {{ .Values.agent.journal.sizeLimit }}
+  {{- end }}
+{{- end }}
+{{- if .Values.agent.state.enabled }}
+- name: attrib-agent-state
+  {{- if .Values.agent.state.existingClaim }}
+  persistentVolumeClaim:
+    claimName: {{ .Values.agent.state.existingClaim }}
+  {{- else }}
+  emptyDir:
+    sizeLimit: {{ .Values.agent.state.sizeLimit }}
   {{- end }}
 {{- end }}
 {{- if .Values.exactMode.enabled }}

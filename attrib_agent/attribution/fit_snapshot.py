@@ -1,0 +1,162 @@
+"""The step-cost fit as a restarted agent finds it: which engine it describes, its encoding, and when to adopt it.
+
+A fit prices one engine: one model on one machine, with one KV pool. The agent learns what identifies it from
+what it reads anyway: the model from `/metrics` labels, the block size and pool from `vllm:cache_config_info` (or
+the settings that override it; the pool's size is what the engine's memory, model and dtype left for KV), the
+token budget when configured (an inferred one moves as steps are seen, so it is not compared) and the device from
+the step lines. A saved fit is adopted at the first scrape when those agree: a whale may arrive before the first
+step (six of the lab's twelve do), and a fit adopted at the first step would come too late for it. The device is
+compared when the first step shows it: a different one drops the adopted evidence again. Pure: the agent layer
+(agent/fit_store.py) reads and writes the file; this decides.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Final
+
+from attrib_agent.attribution.cost_model import StepCostModel
+from attrib_agent.events import EngineStep, Event, MetricsSnapshot
+
+FORMAT: Final = "attrib-agent step-cost fit"
+VERSION: Final = 1
+MAX_BYTES: Final = 4 * 2**20  # a full snapshot is ~45 KB (1,024 + up to 224 rows); a larger file is not ours
+MAX_TEXT: Final = 200  # a model name longer than this is cut (it is a label, not content)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFingerprint:
+    """What must match for a saved fit to price this engine."""
+
+    engine: int
+    model: str
+    device: str | None  # None until a step was read (a saved fingerprint always has it)
+    block_size: int | None
+    num_blocks: int | None
+    token_budget: int | None  # configured; None when inferred
+
+    def differences(self, other: EngineFingerprint) -> list[str]:
+        """`name: saved -> now` for every part that differs (the device only when both know it)."""
+        return [f"{f.name}: {getattr(other, f.name)!r} -> {getattr(self, f.name)!r}" for f in fields(self)
+                if getattr(self, f.name) != getattr(other, f.name)
+                and not (f.name == "device" and None in (self.device, other.device))]
+
+    @classmethod
+    def parse(cls, data: object) -> EngineFingerprint:
+        if not isinstance(data, Mapping) or set(data) != {f.name for f in fields(cls)}:
+            raise ValueError("engine: expected the fields " + ", ".join(f.name for f in fields(cls)))
+        ints = [data[n] for n in ("engine", "block_size", "num_blocks", "token_budget")]
+        if not isinstance(data["model"], str) or not isinstance(data["device"], str | None) or any(
+                v is not None and (not isinstance(v, int) or isinstance(v, bool)) for v in ints):
+            raise ValueError("engine: model and device are text, the others whole numbers")
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
+
+
+@dataclass(frozen=True, slots=True)
+class FitSnapshot:
+    engine: EngineFingerprint
+    fit: Mapping[str, Any]  # StepCostModel.snapshot(), checked when restored
+
+
+def encode(engine: EngineFingerprint, model: StepCostModel) -> bytes:
+    """The state file's bytes: numbers and the engine's labels only."""
+    doc = {"format": FORMAT, "version": VERSION, "engine": asdict(engine), "fit": model.snapshot()}
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+
+
+def decode(data: bytes) -> FitSnapshot:
+    """ValueError saying what is wrong: too large, not JSON (a truncated write), another format or version."""
+    if len(data) > MAX_BYTES:
+        raise ValueError(f"{len(data)} bytes, more than the {MAX_BYTES} a fit takes")
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"not JSON ({type(e).__name__}): truncated or not a state file") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ValueError(f"not a {FORMAT} file")
+    if doc.get("version") != VERSION:
+        raise ValueError(f"version {str(doc.get('version'))[:20]}, this agent reads version {VERSION}")
+    if not isinstance(doc.get("fit"), dict):
+        raise ValueError("fit: missing")
+    return FitSnapshot(EngineFingerprint.parse(doc.get("engine")), doc["fit"])
+
+
+# (verdict, detail): "loaded", "mismatch" (detail: what differs) or "invalid" (detail: the ValueError)
+Decision = Callable[[str, str], None]
+
+
+class EngineWatch:
+    """The pipeline's: the engine's facts as events show them, and a saved fit waiting for them to be known."""
+
+    def __init__(self, engine: int, block_size: int | None = None, num_blocks: int | None = None,
+                 token_budget: int | None = None) -> None:
+        self.engine, self._label = engine, str(engine)
+        self._configured = (block_size, num_blocks)
+        self.token_budget = token_budget
+        self.model: str | None = None  # None until a scrape of this engine was read
+        self.device: str | None = None  # None until one of its steps was read
+        self._pool: tuple[int | None, int | None] = (None, None)
+        self._offer: tuple[FitSnapshot, Decision] | None = None
+        self._unchecked: tuple[str, Decision] | None = None  # adopted before a step showed the device: (saved, tell)
+
+    def offer(self, snapshot: FitSnapshot, decided: Decision) -> None:
+        """Adopt `snapshot` into the cost model once the engine is known (at once if it is), then `decided`."""
+        self._offer = (snapshot, decided)
+
+    @property
+    def pending(self) -> bool:
+        return self._offer is not None
+
+    def see(self, event: Event, cost: StepCostModel) -> None:
+        """One event: learn from it, and decide on a waiting fit once the engine is known."""
+        if isinstance(event, EngineStep):
+            if event.engine == self.engine and not event.dummy and event.device != self.device:
+                self.device = event.device
+                self._check_device(cost)
+        elif isinstance(event, MetricsSnapshot) and event.engine == self._label:
+            self.model = event.model_name[:MAX_TEXT]
+            if event.block_size is not None or event.num_gpu_blocks is not None:
+                self._pool = (event.block_size, event.num_gpu_blocks)
+        else:
+            return
+        if self._offer is not None:
+            self.decide(cost)
+
+    def _check_device(self, cost: StepCostModel) -> None:
+        if self._unchecked is None:
+            return
+        (saved, decided), self._unchecked = self._unchecked, None
+        if saved != self.device:
+            cost.forget_restored()
+            decided("mismatch", f"device: {saved!r} -> {self.device!r} (the adopted fit dropped)")
+
+    def fingerprint(self) -> EngineFingerprint | None:
+        """The engine as known now; None until a scrape of it was read."""
+        if self.model is None:
+            return None
+        block_size = self._configured[0] if self._configured[0] is not None else self._pool[0]
+        num_blocks = self._configured[1] if self._configured[1] is not None else self._pool[1]
+        return EngineFingerprint(self.engine, self.model, self.device, block_size, num_blocks, self.token_budget)
+
+    def decide(self, cost: StepCostModel) -> None:
+        now = self.fingerprint()
+        if self._offer is None or now is None:
+            return
+        (snapshot, decided), self._offer = self._offer, None
+        differ = now.differences(snapshot.engine)
+        if differ:
+            decided("mismatch", "; ".join(differ))
+            return
+        try:
+            cost.restore(snapshot.fit)
+        except ValueError as e:
+            decided("invalid", str(e))
+            return
+        if now.device is None and snapshot.engine.device is not None:
+            self._unchecked = (snapshot.engine.device, decided)
+        decided("loaded", f"{len(snapshot.fit.get('rows', ()))} steps")
+
+
+__all__ = ["FORMAT", "MAX_BYTES", "VERSION", "EngineFingerprint", "EngineWatch", "FitSnapshot", "decode", "encode"]

@@ -1,0 +1,73 @@
+"""The step-cost fit's snapshot (what the agent's state file holds) and its restore: a round trip prices as the
+saved fit did, a restore into a model that has seen steps keeps those as the newest, and a bad snapshot changes
+nothing."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from attrib_agent.attribution.cost_model import FIT_WINDOW, KEPT_PER_SIZE, SIZE_CLASSES, StepCostModel
+
+
+def machine(model: StepCostModel, n: int, seed: int, per_token: float) -> None:
+    """Steps of a machine whose prefill costs `per_token` a token: decode steps, one long chunk in 50."""
+    rnd = random.Random(seed)
+    for i in range(n):
+        chunk = 2048 if i % 50 == 0 else 0
+        decode = rnd.randint(1, 8)
+        model.observe(chunk, decode, decode * 300, 0.002 + per_token * chunk + 0.0005 * decode,
+                      prefill_requests=1 if chunk else 0)
+
+
+def test_a_round_trip_prices_as_the_saved_fit_and_is_plain_json() -> None:
+    saved = StepCostModel()
+    machine(saved, 3000, 1, 2e-4)
+    snap = json.loads(json.dumps(saved.snapshot(), allow_nan=False))
+    assert len(snap["rows"]) == FIT_WINDOW and all(len(k) <= KEPT_PER_SIZE for k in snap["kept"])
+    fresh = StepCostModel()
+    fresh.restore(snap)
+    assert fresh.fitted and fresh.coefficients == saved.coefficients
+    assert fresh.solo_ttft_s(6000, 2048) == saved.solo_ttft_s(6000, 2048)
+    assert fresh.solo_ttft_s(6000, 2048) > 2 * StepCostModel().solo_ttft_s(6000, 2048)  # the prior is 3x off
+
+
+def test_steps_seen_before_the_restore_stay_the_newest() -> None:
+    saved = StepCostModel()
+    machine(saved, 600, 2, 2e-4)
+    mine = StepCostModel()
+    machine(mine, 100, 3, 2e-4)
+    newest = list(mine._rows)
+    mine.restore(saved.snapshot())
+    assert list(mine._rows)[-len(newest):] == newest and mine.window_steps == 700
+    assert min(seq for seq, _, _ in mine._rows) < 0 <= min(seq for seq, _, _ in newest)
+    assert mine.fitted  # refitted on both
+    mine.forget_restored()
+    assert list(mine._rows) == newest
+
+
+@pytest.mark.parametrize("damage", ["rows", "coefficients", "kept", "steps_seen", "seq", "nan"])
+def test_a_bad_snapshot_is_refused_and_changes_nothing(damage: str) -> None:
+    saved = StepCostModel()
+    machine(saved, 300, 4, 2e-4)
+    snap = saved.snapshot()
+    if damage == "rows":
+        snap["rows"][3] = [1, 2]
+    elif damage == "coefficients":
+        snap["coefficients"] = snap["coefficients"][:5]
+    elif damage == "kept":
+        snap["kept"] = snap["kept"][: SIZE_CLASSES - 1]
+    elif damage == "steps_seen":
+        snap["steps_seen"] = -1
+    elif damage == "seq":
+        snap["rows"][0][0] = snap["steps_seen"]
+    else:
+        snap["rows"][0][-1] = float("nan")
+    model = StepCostModel()
+    machine(model, 10, 5, 1e-4)
+    before = (list(model._rows), model.coefficients, model.fitted)
+    with pytest.raises(ValueError):
+        model.restore(snap)
+    assert (list(model._rows), model.coefficients, model.fitted) == before

@@ -1,0 +1,26 @@
+"""`lab forecast-score --persisted`: each recording's agent starts from the fit the agent that replayed the
+truth's previous recording saved in its state_dir (a restarted sidecar on the same machine). On
+preempt-midstream both whales arrive before the agent has seen a step, so cold they are priced by the prior; kept,
+by the machine's own earlier steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from attrib_agent.lab.forecast_score import format_side_by_side, score_dirs
+
+TRUTH = Path(__file__).resolve().parents[2] / "fixtures" / "truth" / "preempt-midstream"
+
+
+def test_each_recording_starts_from_the_previous_agents_saved_fit_and_forecasts_closer() -> None:
+    cold = score_dirs([TRUTH])
+    kept = score_dirs([TRUTH], persisted=True)
+    for c, k in zip(cold, kept, strict=True):
+        runs = len(k.forecast_s["declared"])
+        assert k.fits == {"loaded": runs}  # every recording had a predecessor, all the same engine
+        err_cold = abs(c.mean("declared") - c.true_harm_s)  # type: ignore[operator]
+        err_kept = abs(k.mean("declared") - k.true_harm_s)  # type: ignore[operator]
+        assert err_kept < err_cold, (k.whale, c.mean("declared"), k.mean("declared"), k.true_harm_s)
+    text = format_side_by_side(cold, kept)
+    assert "declared kept s" in text and "loaded" in text
+
