@@ -1,12 +1,21 @@
 """`/metrics` served from a body rendered where the pipeline lives (the agent's pipeline thread), not on the
 event loop: prometheus_client's own encoders over the agent's registry, per `Accept` (text or OpenMetrics),
-`name[]` filter and gzip, kept and refreshed by a `Renderer` (sinks/api/render_cache.py). A scrape reads the
-clock (lag, gap seconds), so a body is reused for one state version and at most `max_age_s`.
+`name[]` filter and gzip, kept and refreshed by a `Renderer` (sinks/api/render_cache.py).
+
+Two parts make a body. The pipeline part (attribution, KV, cost model, forecast: 10-30 ms at GPU rates, as it
+walks the pipeline's state) is built on the pipeline thread and kept: reused while the state version is unchanged
+(and at most `max_age_s`), rebuilt on demand when a scrape finds it out of date (the scrape waits up to the
+Renderer's `fresh_wait_s` for it), and rebuilt ahead at most every `ahead_s` while scraped, not at every change
+(at GPU rates the state changes with every event). When the pipeline thread is in a long pass, the scrape gets
+the kept part, never older than `serve_stale_s` (older, the scrape waits for the build). The live part (vLLM's
+gap, the sources' health, backlog and lag, build and mode) is read on the loop at every scrape, so those series
+are always current, and appended: a gzip body continues the kept part's deflate stream (`_Kept`), one stream.
 """
 
 from __future__ import annotations
 
-import gzip
+import time
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
@@ -18,28 +27,71 @@ from starlette.types import Message, Receive, Scope, Send
 from attrib_agent.sinks.api.render_cache import GZIP_LEVEL, GZIP_MIN_BYTES, Renderer
 
 Rendered = tuple[list[tuple[bytes, bytes]], bytes]  # (headers, body)
+EOF = b"# EOF\n"  # OpenMetrics' last line: after the live part
 
 
-def render(registry: CollectorRegistry, accept: str, names: tuple[str, ...], gzip_ok: bool) -> Rendered:
-    """One exposition body, as prometheus_client's ASGI app would send it."""
+class _Kept:
+    """The pipeline part of one body (content type, query), as it is kept between scrapes: its text, and for
+    gzip its deflate stream so far and the compressor's state, which a copy continues with the live part."""
+
+    __slots__ = ("content_type", "text", "gzip_head", "_zip")
+
+    def __init__(self, content_type: str, text: bytes, gzip_ok: bool) -> None:
+        self.content_type, self.text = content_type, text
+        self._zip: Any = None
+        self.gzip_head = b""
+        if gzip_ok and len(text) >= GZIP_MIN_BYTES:
+            self._zip = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)  # 31: a gzip stream
+            self.gzip_head = self._zip.compress(text)
+
+    def finish(self, live: bytes) -> Rendered:
+        """The whole body: this part, then `live` (read now), gzipped if this part was."""
+        headers = [(b"content-type", self.content_type.encode())]
+        if self._zip is None:
+            body = self.text + live
+        else:
+            tail = self._zip.copy()  # the kept state stays as it was, for the next scrape
+            body = self.gzip_head + tail.compress(live) + tail.flush()
+            headers.append((b"content-encoding", b"gzip"))
+        headers.append((b"vary", b"Accept-Encoding"))
+        return headers, body
+
+
+def _encode(registry: CollectorRegistry, accept: str, names: tuple[str, ...]) -> tuple[bytes, str]:
     encoder, content_type = choose_encoder(accept)
-    body = encoder(registry.restricted_registry(list(names)) if names else registry)
-    headers = [(b"content-type", content_type.encode())]
-    if gzip_ok and len(body) >= GZIP_MIN_BYTES:
-        body = gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0)
-        headers.append((b"content-encoding", b"gzip"))
-    headers.append((b"vary", b"Accept-Encoding"))
-    return headers, body
+    return encoder(registry.restricted_registry(list(names)) if names else registry), content_type
+
+
+def render(registry: CollectorRegistry, accept: str, names: tuple[str, ...], gzip_ok: bool,
+           live: CollectorRegistry | None = None) -> Rendered:
+    """One exposition body, as prometheus_client's ASGI app would send it (built in one go)."""
+    return _pipeline_part(registry, accept, names, gzip_ok, live is not None).finish(
+        _live_part(live, accept, names))
+
+
+def _pipeline_part(registry: CollectorRegistry, accept: str, names: tuple[str, ...], gzip_ok: bool,
+                   more: bool) -> _Kept:
+    text, content_type = _encode(registry, accept, names)
+    if more and text.endswith(EOF):
+        text = text[: -len(EOF)]  # the live part ends the body
+    return _Kept(content_type, text, gzip_ok)
+
+
+def _live_part(live: CollectorRegistry | None, accept: str, names: tuple[str, ...]) -> bytes:
+    return b"" if live is None else _encode(live, accept, names)[0]
 
 
 class MetricsEndpoint:
-    """The ASGI app of `/metrics` (GET; any other method is answered 405)."""
+    """The ASGI app of `/metrics` (GET; any other method is answered 405). `registry` is read where the pipeline
+    lives and kept; `live`, if given, on the loop at every scrape (collector.split_registries)."""
 
     def __init__(self, registry: CollectorRegistry, version: Callable[[], int],
-                 read: Callable[[Callable[[], Any]], Awaitable[Any]], *, max_age_s: float,
-                 serve_stale_s: float = 0.0) -> None:
-        self.registry = registry
-        self.renderer: Renderer[Rendered] = Renderer(version, read, max_age_s=max_age_s, serve_stale_s=serve_stale_s)
+                 read: Callable[[Callable[[], Any]], Awaitable[Any]], *, max_age_s: float | None,
+                 serve_stale_s: float = 0.0, ahead_s: float = 0.0, live: CollectorRegistry | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.registry, self.live = registry, live
+        self.renderer: Renderer[_Kept] = Renderer(version, read, max_age_s=max_age_s, serve_stale_s=serve_stale_s,
+                                                  ahead_s=ahead_s, clock=clock)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("method", "GET") not in ("GET", "HEAD"):
@@ -49,8 +101,10 @@ class MetricsEndpoint:
         accept = ",".join(v.decode("latin-1") for k, v in headers if k == b"accept")
         gzip_ok = any(k == b"accept-encoding" and b"gzip" in v for k, v in headers)
         names = tuple(sorted(parse_qs(scope.get("query_string", b"").decode("latin-1")).get("name[]", [])))
-        out_headers, body = await self.renderer.get(
-            (accept, names, gzip_ok), lambda: render(self.registry, accept, names, gzip_ok))
+        more = self.live is not None
+        kept = await self.renderer.get(
+            (accept, names, gzip_ok), lambda: _pipeline_part(self.registry, accept, names, gzip_ok, more))
+        out_headers, body = kept.finish(_live_part(self.live, accept, names))
         await _send(send, 200, out_headers, body)
 
 
