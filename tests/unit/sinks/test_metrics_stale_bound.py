@@ -108,3 +108,16 @@ def test_the_two_parts_serve_what_one_registry_serves() -> None:
         assert body.decode().count("# EOF") == (1 if accept else 0)
     _, only = render(pipeline_part, "", ("attrib_vllm_gap_seconds",), False, live_part)
     assert only.decode().splitlines()[-1] == "attrib_vllm_gap_seconds 10.0"
+
+
+def test_live_texts_kept_are_bounded_and_follow_the_values() -> None:
+    from attrib_agent.sinks.prometheus.exposition import _LiveText
+
+    now = [100.0]
+    state = AgentState(AttributionPipeline(), clock=lambda: now[0])
+    live = _LiveText(split_registries(state)[1], max_entries=8)
+    for i in range(50):  # a gap open for longer at every scrape: that family's text changes, the others are kept
+        state.vllm_gap_since = now[0] - i
+        text = live.encode(OM["accept"], ()).decode()
+        assert _value(text, "attrib_vllm_gap_seconds") == float(i) and text.endswith("# EOF\n")
+        assert len(live._texts) <= 8
