@@ -4,12 +4,13 @@ event loop: prometheus_client's own encoders over the agent's registry, per `Acc
 
 Two parts make a body. The pipeline part (attribution, KV, cost model, forecast: 40-60 ms a build at GPU rates,
 most of it lazy pipeline work the KV picture forces) is built on the pipeline thread and kept: reused while the
-state version is unchanged (and at most `max_age_s`, if set), rebuilt on demand when a scrape finds it out of date (the scrape waits up to the
-Renderer's `fresh_wait_s` for it), and rebuilt ahead at most every `ahead_s` while scraped, not at every change
-(at GPU rates the state changes with every event). When the pipeline thread is in a long pass, the scrape gets
-the kept part, never older than `serve_stale_s` (older, the scrape waits for the build). The live part (vLLM's
-gap, the sources' health, backlog and lag, build and mode) is read on the loop at every scrape, so those series
-are always current, and appended: a gzip body continues the kept part's deflate stream (`_Kept`), one stream.
+state version is unchanged (and at most `max_age_s`, if set), rebuilt on demand when a scrape finds it out of
+date (the scrape waits up to the Renderer's `fresh_wait_s` for it), and rebuilt ahead at most every `ahead_s`
+while scraped, not at every change (at GPU rates the state changes with every event). When the pipeline thread
+is in a long pass, the scrape gets the kept part, never older than `serve_stale_s` (older, the scrape waits for
+the build). The live part (vLLM's gap, the sources' health, backlog and lag, build and mode) is read on the loop
+at every scrape, so those series are always current, and appended: a gzip body continues the kept part's
+deflate stream (`_Kept`), one stream.
 """
 
 from __future__ import annotations
