@@ -37,7 +37,7 @@ def _value(text: str, name: str, **labels: str) -> float | None:
 
 
 def test_stale_body_bounded_and_live_series_current(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(core_mod, "METRICS_STALE_S", 0.6)
+    monkeypatch.setattr(core_mod, "METRICS_STALE_S", 1.5)
     core = AgentCore(AttributionPipeline(), threaded=True)
     app = core.asgi_app(None)
     received = RequestReceived(ts=time.time(), log_ts=None, request_id="r1", max_tokens=None)
@@ -50,22 +50,24 @@ def test_stale_body_bounded_and_live_series_current(monkeypatch: pytest.MonkeyPa
             await core.state.read(lambda: core.process(received))
             gate = threading.Event()
             long_pass = asyncio.ensure_future(core.state.read(gate.wait))  # the pipeline thread held
-            await asyncio.sleep(0.05)
-            core.state.vllm_gap_since = time.time() - 48.0
-            t0 = time.monotonic()
-            down = await c.get("/metrics", headers=OM)
-            # the kept part (before the event: the thread could not build), the gap as it is now
-            assert time.monotonic() - t0 < 0.5 and down.headers["content-encoding"] == "gzip"
-            assert _value(down.text, "attrib_events_total", kind="request_received") == 0.0
-            assert 47.9 <= (_value(down.text, "attrib_vllm_gap_seconds") or 0.0) < 60
-            core.state.vllm_gap_since = None
-            closed = (await c.get("/metrics", headers=OM)).text
-            assert _value(closed, "attrib_vllm_gap_seconds") == 0.0 and closed.endswith("# EOF\n")
-            await asyncio.sleep(0.7)  # the kept part is now older than its bound: no scrape may get it
-            late = asyncio.ensure_future(c.get("/metrics", headers=OM))
-            await asyncio.sleep(0.3)
-            assert not late.done()
-            gate.set()
+            try:
+                await asyncio.sleep(0.05)
+                core.state.vllm_gap_since = time.time() - 48.0
+                t0 = time.monotonic()
+                down = await asyncio.wait_for(c.get("/metrics", headers=OM), 1.0)
+                # the kept part (before the event: the thread could not build), the gap as it is now
+                assert time.monotonic() - t0 < 1.0 and down.headers["content-encoding"] == "gzip"
+                assert _value(down.text, "attrib_events_total", kind="request_received") == 0.0
+                assert 47.9 <= (_value(down.text, "attrib_vllm_gap_seconds") or 0.0) < 60
+                core.state.vllm_gap_since = None
+                closed = (await asyncio.wait_for(c.get("/metrics", headers=OM), 1.0)).text
+                assert _value(closed, "attrib_vllm_gap_seconds") == 0.0 and closed.endswith("# EOF\n")
+                await asyncio.sleep(1.6)  # the kept part is now older than its bound: no scrape may get it
+                late = asyncio.ensure_future(c.get("/metrics", headers=OM))
+                await asyncio.sleep(0.3)
+                assert not late.done()
+            finally:
+                gate.set()
             await long_pass
             text = (await late).text
             assert _value(text, "attrib_events_total", kind="request_received") == 1.0
