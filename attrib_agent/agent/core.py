@@ -37,7 +37,7 @@ from attrib_agent.sinks.api.app import api_app
 from attrib_agent.sinks.api.render_cache import refresh_forever
 from attrib_agent.sinks.journal import JournalSink
 from attrib_agent.sinks.journal import sink as journal_sink
-from attrib_agent.sinks.prometheus.collector import registry_for
+from attrib_agent.sinks.prometheus.collector import split_registries
 from attrib_agent.sinks.prometheus.exposition import MetricsEndpoint
 from attrib_agent.sinks.sink import MultiSink, Sink
 
@@ -46,7 +46,12 @@ logger = logging.getLogger("attrib_agent")
 MAX_QUEUED_EVENTS = 100_000
 SINK_FLUSH_S = 0.5  # "a restart loses at most the last second"
 IDLE_SETTLE_S = 0.5  # live, with no events arriving (vLLM down), still attribute what is due
-METRICS_MAX_AGE_S = 1.0  # a /metrics body is reused for at most this long (and only while the state is unchanged)
+# /metrics' pipeline part (exposition.py) reads no clock (the live part does: lag, gap seconds), so it is reused
+# while the state version is unchanged; rebuilt ahead at most every METRICS_AHEAD_S while scraped (was: at every
+# refresher tick, ~3 a second at GPU rates, 10-30 ms each), never served older than METRICS_STALE_S (a scrape waits
+# for the build then); a scrape that finds it out of date asks for a build and waits `fresh_wait_s` (0.1 s) for it.
+METRICS_AHEAD_S = 2.5
+METRICS_STALE_S = 5.0
 READS_MAX_STALE_S = 1.0  # /v1/timeline, /v1/culprits/top bodies served up to this old, changes since or not
 REFRESH_S = 0.25  # how often the bodies asked for lately are checked and rebuilt when no longer fresh
 SERVE_STALE_S = 30.0  # past those bounds, a body this young is still served while its successor is built
@@ -288,9 +293,12 @@ class AgentCore:
     def asgi_app(self, token: str | None) -> Any:
         """The API with /metrics; its heavier bodies built where the pipeline lives (`state.reads`), kept and
         served while the next is built. `app.state.renderers`: what `serve` keeps fresh ahead of requests."""
-        # A scrape reads the clock too (lag, gap seconds): a body is reused for one state version and <= 1 s.
-        metrics = MetricsEndpoint(registry_for(self.state), lambda: self.pipeline.version, self.state.reads,
-                                  max_age_s=METRICS_MAX_AGE_S, serve_stale_s=SERVE_STALE_S)
+        # The pipeline part is reused for one state version; the live part (lag, gap seconds, health) is read at
+        # every scrape.
+        pipeline_part, live_part = split_registries(self.state)
+        metrics = MetricsEndpoint(pipeline_part, lambda: self.pipeline.version, self.state.reads,
+                                  max_age_s=None, serve_stale_s=METRICS_STALE_S,
+                                  ahead_s=METRICS_AHEAD_S, live=live_part)
         app = api_app(self.state, token=token, metrics_app=metrics, max_stale_s=READS_MAX_STALE_S,
                       serve_stale_s=SERVE_STALE_S)
         app.state.renderers = [*app.state.renderers, metrics.renderer]

@@ -92,9 +92,10 @@ class RenderCache(Generic[T]):
     def max_entries(self) -> int:
         return self._max
 
-    def put(self, key: Hashable, body: T, version: int | None = None) -> None:
-        """Keep `body` as built at `version` (default: the current one) and now."""
-        self._entries[key] = (self._version() if version is None else version, self._clock(), body)
+    def put(self, key: Hashable, body: T, version: int | None = None, at: float | None = None) -> None:
+        """Keep `body` as built at `version` (default: the current one) and time `at` (default: now)."""
+        self._entries[key] = (self._version() if version is None else version, self._clock() if at is None else at,
+                              body)
         self._entries.move_to_end(key)
         while len(self._entries) > self._max:
             self._entries.popitem(last=False)
@@ -108,20 +109,24 @@ class Renderer(Generic[T]):
     without waiting long for a rebuild: a body that is no longer fresh (RenderCache's rules) but younger than
     `serve_stale_s` is served if its successor, built in the background, takes over `fresh_wait_s` (a long
     pass holds the pipeline thread), and `refresh()` rebuilds ahead of time the bodies asked for in the last
-    `hot_s`. Only a query never asked before (or not for `serve_stale_s`)
-    waits for its first build; concurrent requests for it share that one build."""
+    `hot_s`, each at most every `ahead_s` (0: whenever no longer fresh; a body whose inputs change with every
+    event, like /metrics at GPU rates, would otherwise be rebuilt at every refresher tick for a scraper that
+    comes every 15 s). A body older than `serve_stale_s` is never served: its request waits for the build. Only a
+    query never asked before (or not for `serve_stale_s`) waits for its first build; concurrent requests for it
+    share that one build."""
 
     def __init__(self, version: Callable[[], int], read: Callable[[Callable[[], Any]], Awaitable[Any]], *,
                  max_entries: int = 16, max_age_s: float | None = None, max_stale_s: float = 0.0,
-                 serve_stale_s: float = 0.0, hot_s: float = 60.0, fresh_wait_s: float = 0.1,
+                 serve_stale_s: float = 0.0, hot_s: float = 60.0, fresh_wait_s: float = 0.1, ahead_s: float = 0.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.cache: RenderCache[T] = RenderCache(version, max_entries=max_entries, max_age_s=max_age_s,
                                                  max_stale_s=max_stale_s, clock=clock)
         self._version, self._read, self._clock = version, read, clock
         self._serve_stale_s, self._hot_s, self._fresh_wait_s = serve_stale_s, hot_s, fresh_wait_s
+        self._ahead_s = ahead_s
         self._builds: dict[Hashable, asyncio.Future[T]] = {}
         self._asked: OrderedDict[Hashable, tuple[float, Callable[[], T]]] = OrderedDict()  # key -> (when, build)
-        self.stale_served = 0
+        self.stale_served = self.builds = 0
 
     async def get(self, key: Hashable, build: Callable[[], T]) -> T:
         self._asked[key] = (self._clock(), build)
@@ -145,9 +150,11 @@ class Renderer(Generic[T]):
     def _start(self, key: Hashable, build: Callable[[], T]) -> asyncio.Future[T]:
         async def run() -> T:
             try:
-                built: tuple[int, T] = await self._read(lambda: (self._version(), build()))
-                version, body = built
-                self.cache.put(key, body, version)
+                self.builds += 1
+                # the version and time the state is read at, there: a body's age counts from then
+                built: tuple[int, float, T] = await self._read(lambda: (self._version(), self._clock(), build()))
+                version, at, body = built
+                self.cache.put(key, body, version, at)
                 return body
             finally:
                 self._builds.pop(key, None)
@@ -163,11 +170,15 @@ class Renderer(Generic[T]):
         for key, (asked, build) in list(self._asked.items()):
             if now - asked > self._hot_s:
                 del self._asked[key]
-            elif key not in self._builds and not self.cache.fresh(key):
+            elif key not in self._builds and not self.cache.fresh(key) and self._due(key, now):
                 with contextlib.suppress(Exception):  # a failing build answers its next request with the error
                     await self._start(key, build)
                     n += 1
         return n
+
+    def _due(self, key: Hashable, now: float) -> bool:
+        kept = self.cache.entry(key)
+        return kept is None or now - kept[1] >= self._ahead_s
 
 
 async def refresh_forever(renderers: list[Renderer[Any]], stop: asyncio.Event, every_s: float) -> None:

@@ -36,21 +36,22 @@ def pipeline_families(state: AgentState) -> list[Metric]:
     held = gauge("attrib_timeline_held")
     for kind, n in p.timeline_held.items():
         held.add_metric([kind], n)
+    return [events, steps, step_s, restarts, preemptions, dropped, stored, evicted, held]
+
+
+def live_pipeline_families(state: AgentState) -> list[Metric]:
+    """How far behind the stream the pipeline is, and what the agent sheds to keep up: the clock against single
+    numbers any thread may read (the last event's time, the queue), so afresh at every scrape."""
     lag = gauge("attrib_pipeline_lag_seconds")
-    if p.last_event_ts is not None:
-        lag.add_metric([], state.clock() - p.last_event_ts)
-    return [events, steps, step_s, restarts, preemptions, dropped, stored, evicted, held, lag,
-            *backlog_families(state)]
-
-
-def backlog_families(state: AgentState) -> list[Metric]:
-    """How far behind the stream the pipeline is, and what the agent sheds to keep up."""
+    last = state.pipeline.last_event_ts
+    if last is not None:
+        lag.add_metric([], state.clock() - last)
     b = state.pipeline_backlog()
     events = one(gauge("attrib_pipeline_backlog_events"), b.events)
     waited = one(gauge("attrib_pipeline_backlog_seconds"), b.oldest_s)
     share = one(gauge("attrib_attributed_share_ratio"), b.attributed_share)
     skipped = one(counter("attrib_victims_skipped_total"), b.victims_skipped)
-    return [events, waited, share, skipped]
+    return [lag, events, waited, share, skipped]
 
 
 def kv_families(state: AgentState) -> list[Metric]:

@@ -22,12 +22,17 @@ def agent_families(state: AgentState) -> list[Metric]:
     gaps.add_metric([], state.vllm_gaps)
     gap_s = gauge("attrib_vllm_gap_seconds")
     gap_s.add_metric([], state.vllm_gap_seconds())
+    return [build, mode, started, gaps, gap_s]
+
+
+def journal_families(state: AgentState) -> list[Metric]:
+    """The journal's writes (by the sinks, at flush: after the state version they belong to, so read afresh)."""
     written = counter("attrib_journal_written_total")
     written.add_metric([], state.journal_written)
     errors = counter("attrib_journal_errors_total")
-    for kind, n in fold_kinds(state.journal_errors).items():
+    for kind, n in fold_kinds(dict(state.journal_errors)).items():  # copied at once: the pipeline thread writes it
         errors.add_metric([kind], n)
-    return [build, mode, started, gaps, gap_s, written, errors]
+    return [written, errors]
 
 
 def source_families(state: AgentState) -> list[Metric]:
