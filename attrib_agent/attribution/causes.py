@@ -23,6 +23,7 @@ import bisect
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from attrib_agent.attribution.result import NO_CAUSES, NO_EVIDENCE, Cause, Evidence
@@ -42,6 +43,7 @@ _Weights = dict[str, dict[str, dict[str, float]]]  # phase -> culprit -> cause -
 _Share = tuple[str, bool, float, float]  # a step member's id, decode, prefill or batching seconds, bandwidth seconds
 _StepKey = tuple[int, float]  # (iteration, end): iterations restart with vLLM
 _NOTHING_SHARED: tuple[Mapping[str, int], int] = ({}, 0)
+_BY_ARRIVAL = attrgetter("arrival_ts", "request_id")  # of lifecycles with an arrival
 
 
 @dataclass(eq=False)
@@ -70,10 +72,10 @@ class EngineView:
     _max_wait: float = 0.0
 
     def __post_init__(self) -> None:
-        self._ends.extend(s.end_ts for s in self.steps)
-        self._queue.extend(sorted((lc for lc in self.lifecycles.values() if lc.arrival_ts is not None),
-                                  key=lambda lc: (lc.arrival_ts or 0.0, lc.request_id)))
-        self._arrivals.extend(lc.arrival_ts or 0.0 for lc in self._queue)
+        self._ends.extend([s.end_ts for s in self.steps])  # built every pass over the whole window: kept lean
+        self._queue.extend(sorted([lc for lc in self.lifecycles.values() if lc.arrival_ts is not None],
+                                  key=_BY_ARRIVAL))
+        self._arrivals.extend([lc.arrival_ts or 0.0 for lc in self._queue])
         last = self._ends[-1] if self._ends else 0.0
         waits = [(lc.scheduled_ts if lc.scheduled_ts is not None else max(lc.end_ts or last, last))
                  - (lc.arrival_ts or 0.0) for lc in self._queue]
@@ -96,10 +98,10 @@ class EngineView:
 
     def between(self, t0: float, t1: float) -> Sequence[StepRecord]:
         """Steps ending after t0 and starting before t1."""
-        i = bisect.bisect_right(self._ends, t0)
+        steps = self.steps
         out = []
-        for s in self.steps[i:]:
-            if s.start_ts >= t1:
+        for i in range(bisect.bisect_right(self._ends, t0), len(steps)):  # not a slice: that copies the window's tail
+            if (s := steps[i]).start_ts >= t1:
                 break
             out.append(s)
         return out
