@@ -286,8 +286,7 @@ class EngineTimeline:
         read them, and the inference walks every step held."""
         outcomes = self.outcomes()
         if self._preempted is None or self._preempted[0] != self._version:
-            found = infer_preemptions(outcomes, list(self._samples),
-                                      {lc.request_id: lc for lc in self._book.lifecycles()}, in_order=True,
+            found = infer_preemptions(outcomes, list(self._samples), self._book.by_id(), in_order=True,
                                       eventful=None if len(self._exact) else self._window.eventful())
             found = certain(found, exact_iterations(outcomes, self._exact)) if len(self._exact) else found
             self._preempted = (self._version, found, [p for p in found if p.actionable])
