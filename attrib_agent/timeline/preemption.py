@@ -187,9 +187,9 @@ def _refuted(p: PreemptionSighting, resume: ResumeSighting | None, lc: RequestLi
 
     vLLM counts a preemption when the victim's next output is processed (the PREEMPTED event rides on it), so a
     real one must show by then; only an abort before any further output escapes it, and an aborted request has
-    no finish to read. Such a sighting is dropped, not kept at a low confidence: every reader of the list acts
-    on it (the preemption counter, the `preemption` cause, the timeline's hatching), and the inference that
-    made it was wrong about the step's membership, which is what must be fixed, not hedged."""
+    no finish to read. Such a sighting is dropped, not kept at a low confidence: vLLM's own count says the
+    inference that made it was wrong about the step's membership, which is what must be fixed, not hedged, and
+    /v1/timeline lists every sighting kept (those below the actionable bar too, as doubts)."""
     if not watch:
         return False
     out_ts = resume.ts if resume is not None else None
