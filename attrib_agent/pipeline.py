@@ -26,7 +26,7 @@ from attrib_agent.attribution.whales import KvUse, footprints, whales
 from attrib_agent.events import EngineStep, Event, GpuSample, MetricsSnapshot, RequestSpan
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.model import RequestLifecycle
-from attrib_agent.timeline.preemption import InferredPreemption, actionable
+from attrib_agent.timeline.preemption import InferredPreemption
 from attrib_agent.timeline.sched_state import StepInput
 from attrib_agent.timeline.step_outcome import StepOutcome
 
@@ -267,7 +267,7 @@ class AttributionPipeline:
         """Count a request's inferred preemptions once, when its result is final: the timeline's own list
         covers only the steps it still holds, so it cannot back a monotonic counter."""
         if finalised:
-            self.preemptions_inferred += sum(p.request_id in finalised for p in actionable(self.timeline.preemptions()))
+            self.preemptions_inferred += sum(p.request_id in finalised for p in self.timeline.actionable_preemptions())
 
     def _blockers(self, rid: str, lcs: dict[str, RequestLifecycle], now: float) -> list[str]:
         """What `rid`'s answer still waits for; empty when its result can be final.
@@ -323,6 +323,9 @@ class AttributionPipeline:
 
     def preemptions(self) -> list[InferredPreemption]:
         return self.timeline.preemptions()
+
+    def actionable_preemptions(self) -> list[InferredPreemption]:
+        return self.timeline.actionable_preemptions()
 
     def outcomes(self) -> list[tuple[StepInput, StepOutcome]]:
         """The engine steps held, each with what the timeline reconstructed of it."""

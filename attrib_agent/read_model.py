@@ -178,6 +178,9 @@ class AgentState:
     def preemptions(self) -> list[InferredPreemption]:
         return self.pipeline.preemptions()
 
+    def actionable_preemptions(self) -> list[InferredPreemption]:
+        return self.pipeline.actionable_preemptions()
+
     def outcomes(self) -> list[tuple[StepInput, StepOutcome]]:
         return self.pipeline.outcomes()
 

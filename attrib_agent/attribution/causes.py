@@ -21,23 +21,29 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import Any
 
 from attrib_agent.attribution.result import NO_CAUSES, NO_EVIDENCE, Cause, Evidence
 from attrib_agent.attribution.sim_trace import Member, Pricer, StepPrices
 from attrib_agent.attribution.sim_types import SchedulerConfig, SimOutcome
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.gpu_samples import GpuSamples
-from attrib_agent.timeline.ledger import step_split
 from attrib_agent.timeline.model import RequestLifecycle, StepMember, StepRecord
-from attrib_agent.timeline.preemption import InferredPreemption, actionable
+from attrib_agent.timeline.preemption import InferredPreemption
+from attrib_agent.timeline.sched_state import StepInput
+from attrib_agent.timeline.step_outcome import StepOutcome
 
 PHASES = ("ttft", "itl")
 _STEP_EPS_S = 0.0005  # log times are stamped to the millisecond
 _HELD_LOOKBACK = 64  # steps scanned back from a preemption for the victim's last step (it ran in the one before)
 _Weights = dict[str, dict[str, dict[str, float]]]  # phase -> culprit -> cause -> seconds
 _Share = tuple[str, bool, float, float]  # a step member's id, decode, prefill or batching seconds, bandwidth seconds
+_StepKey = tuple[int, float]  # (iteration, end): iterations restart with vLLM
+_NOTHING_SHARED: tuple[Mapping[str, int], int] = ({}, 0)
+_BY_ARRIVAL = attrgetter("arrival_ts", "request_id")  # of lifecycles with an arrival
 
 
 @dataclass(eq=False)
@@ -62,13 +68,14 @@ class EngineView:
     _heads: dict[tuple[int, float], tuple[RequestLifecycle, int | None] | None] = field(default_factory=dict)
     _prices: dict[tuple[int, float], tuple[StepPrices, float | None]] = field(default_factory=dict)
     _shares: dict[tuple[int, float], tuple[_Share, ...]] = field(default_factory=dict)
+    _kv: dict[tuple[int, float], tuple[dict[str, float], int]] = field(default_factory=dict)
     _max_wait: float = 0.0
 
     def __post_init__(self) -> None:
-        self._ends.extend(s.end_ts for s in self.steps)
-        self._queue.extend(sorted((lc for lc in self.lifecycles.values() if lc.arrival_ts is not None),
-                                  key=lambda lc: (lc.arrival_ts or 0.0, lc.request_id)))
-        self._arrivals.extend(lc.arrival_ts or 0.0 for lc in self._queue)
+        self._ends.extend([s.end_ts for s in self.steps])  # built every pass over the whole window: kept lean
+        self._queue.extend(sorted([lc for lc in self.lifecycles.values() if lc.arrival_ts is not None],
+                                  key=_BY_ARRIVAL))
+        self._arrivals.extend([lc.arrival_ts or 0.0 for lc in self._queue])
         last = self._ends[-1] if self._ends else 0.0
         waits = [(lc.scheduled_ts if lc.scheduled_ts is not None else max(lc.end_ts or last, last))
                  - (lc.arrival_ts or 0.0) for lc in self._queue]
@@ -76,15 +83,25 @@ class EngineView:
 
     def holders(self, step: StepRecord) -> dict[str, float]:
         """The step's members by the KV blocks each holds alone (all it holds where nothing is shared)."""
-        own = self.kv_shared.get((step.iteration, step.end_ts), ({}, 0))[0]
-        return {m.request_id: float(b) for m in step.members if (b := own.get(m.request_id, m.blocks)) > 0}
+        return self.kv(step)[0]
+
+    def kv(self, step: StepRecord) -> tuple[dict[str, float], int]:
+        """`holders(step)` and the blocks their sum counts twice (a shared prefix), read once per step and pass:
+        the victims queued in a step all ask. Callers do not change the dict."""
+        key = (step.iteration, step.end_ts)
+        got = self._kv.get(key)
+        if got is None:
+            own, twice = self.kv_shared.get(key, _NOTHING_SHARED)
+            got = self._kv[key] = (
+                {m.request_id: float(b) for m in step.members if (b := own.get(m.request_id, m.blocks)) > 0}, twice)
+        return got
 
     def between(self, t0: float, t1: float) -> Sequence[StepRecord]:
         """Steps ending after t0 and starting before t1."""
-        i = bisect.bisect_right(self._ends, t0)
+        steps = self.steps
         out = []
-        for s in self.steps[i:]:
-            if s.start_ts >= t1:
+        for i in range(bisect.bisect_right(self._ends, t0), len(steps)):  # not a slice: that copies the window's tail
+            if (s := steps[i]).start_ts >= t1:
                 break
             out.append(s)
         return out
@@ -311,8 +328,7 @@ def _phase(lc: RequestLifecycle, step: StepRecord, mine: StepMember | None) -> s
 def _queued(out: VictimCauses, phase: str, step: StepRecord, seconds: float, lc: RequestLifecycle,
             view: EngineView) -> None:
     """A step the victim spent waiting to be scheduled: KV capacity, the queue's head, or the token budget."""
-    holders = view.holders(step)
-    twice = view.kv_shared.get((step.iteration, step.end_ts), ({}, 0))[1]
+    holders, twice = view.kv(step)
     free = view.pool_blocks - 1 - sum(m.blocks for m in step.members) + twice  # vLLM keeps a null block
     head, held = view.head(step) or (lc, None)
     # vLLM admits a request only if its whole sequence fits: a preempted one its prompt and the output it had
@@ -385,11 +401,37 @@ def _normalised(d: Mapping[str, float]) -> dict[str, float]:
 def engine_view(timeline: EngineTimeline, config: SchedulerConfig, pricer: Pricer) -> EngineView:
     """The timeline's steps, requests, preemptions and GPU readings, with the pool the attributor simulates."""
     outcomes = timeline.outcomes()
-    shared = {}
-    for _, out in outcomes:
-        if out.prefix_shares and (split := step_split(out)).shared:
-            key = (out.record.iteration, out.record.end_ts)
-            shared[key] = (dict(split.exclusive), sum(b for _, b in out.holdings) - split.total)
     return EngineView([out.record for _, out in outcomes], {lc.request_id: lc for lc in timeline.lifecycles()},
-                      actionable(timeline.preemptions()), config.num_blocks, config.block_size, config.token_budget,
-                      pricer, timeline.gpu, shared)
+                      timeline.actionable_preemptions(), config.num_blocks, config.block_size, config.token_budget,
+                      pricer, timeline.gpu, SharedBlocks(outcomes))
+
+
+class SharedBlocks(Mapping[_StepKey, tuple[Mapping[str, int], int]]):
+    """`EngineView.kv_shared` of a timeline's steps, looked up when a victim reads a step (each outcome's split is
+    worked out once, `StepOutcome.kv_split`): a pass reads its victims' steps, not every step of the window."""
+
+    def __init__(self, outcomes: Sequence[tuple[StepInput, StepOutcome]]) -> None:
+        self._outcomes = outcomes
+        self._by_step: dict[_StepKey, StepOutcome] | None = None
+
+    def get(self, key: _StepKey, default: Any = None) -> Any:  # Mapping's is by KeyError: most steps share nothing
+        if self._by_step is None:
+            self._by_step = {(o.record.iteration, o.record.end_ts): o for _, o in self._outcomes if o.prefix_shares}
+        out = self._by_step.get(key)
+        if out is None or not (split := out.kv_split()).shared:
+            return default
+        return dict(split.exclusive), split.twice
+
+    def __getitem__(self, key: _StepKey) -> tuple[Mapping[str, int], int]:
+        got: tuple[Mapping[str, int], int] | None = self.get(key)
+        if got is None:
+            raise KeyError(key)
+        return got
+
+    def __iter__(self) -> Iterator[_StepKey]:
+        for _, o in self._outcomes:
+            if o.prefix_shares and o.kv_split().shared:
+                yield o.record.iteration, o.record.end_ts
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)

@@ -77,7 +77,7 @@ class EngineTimeline:
         self._feeds_since_bound = 0
         self._version = 0
         self._ledger: tuple[int, KvBlockLedger] | None = None
-        self._preempted: tuple[int, list[InferredPreemption]] | None = None
+        self._preempted: tuple[int, list[InferredPreemption], list[InferredPreemption]] | None = None  # all, actionable
         self._budget: tuple[int, int] | None = None  # (version, the inferred token budget)
         self._cut_pairs: dict[int, tuple[StepRecord, StepRecord, int]] = {}  # token_budget's answer per step pair
         self._exact = ExactSteps(max_steps, max_requests)  # the step plugin's facts (exact mode), when it reports
@@ -286,12 +286,17 @@ class EngineTimeline:
         read them, and the inference walks every step held."""
         outcomes = self.outcomes()
         if self._preempted is None or self._preempted[0] != self._version:
-            found = infer_preemptions(outcomes, list(self._samples),
-                                      {lc.request_id: lc for lc in self._book.lifecycles()}, in_order=True,
+            found = infer_preemptions(outcomes, list(self._samples), self._book.by_id(), in_order=True,
                                       eventful=None if len(self._exact) else self._window.eventful())
             found = certain(found, exact_iterations(outcomes, self._exact)) if len(self._exact) else found
-            self._preempted = (self._version, found)
+            self._preempted = (self._version, found, [p for p in found if p.actionable])
         return list(self._preempted[1])
+
+    def actionable_preemptions(self) -> list[InferredPreemption]:
+        """`preemptions()` an operator may act on (`InferredPreemption.actionable`), sorted out once per version:
+        what is counted, blamed as `preemption` and exported on spans."""
+        self.preemptions()
+        return list(self._preempted[2]) if self._preempted is not None else []
 
     def preemption_counts(self) -> PreemptionCounts:
         return preemption_counts(self.preemptions(), list(self._samples))

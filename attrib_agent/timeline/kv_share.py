@@ -27,6 +27,7 @@ class KvSplit:
 
     exclusive: tuple[tuple[str, int], ...]  # in the holdings' order
     shared: int
+    twice: int = 0  # blocks the holdings count more than once: sum(held) - total
 
     @property
     def total(self) -> int:
@@ -57,4 +58,5 @@ def split_holdings(holdings: Holdings, shares: Shares) -> KvSplit:
             taken[rid] = min(p, sizes[1] if p == sizes[0] else sizes[0])
     if not taken:
         return KvSplit(tuple(holdings), 0)
-    return KvSplit(tuple([(rid, b - taken.get(rid, 0)) for rid, b in holdings]), shared)
+    return KvSplit(tuple([(rid, b - taken.get(rid, 0)) for rid, b in holdings]), shared,
+                   sum(taken.values()) - shared)

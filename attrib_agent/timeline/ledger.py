@@ -16,7 +16,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from attrib_agent.timeline.kv_share import KvSplit, split_holdings
+from attrib_agent.timeline.kv_share import KvSplit
 from attrib_agent.timeline.sched_state import Geometry, StepInput
 from attrib_agent.timeline.step_outcome import StepOutcome
 
@@ -101,7 +101,7 @@ class KvBlockLedger:
     def split_at(self, ts: float) -> KvSplit:
         """Exclusive blocks per request and the shared blocks in force at `ts` (each physical block once)."""
         i = _last_at_or_before(self._ends, ts)
-        return KvSplit((), 0) if i is None else step_split(self._steps[i][1])
+        return KvSplit((), 0) if i is None else self._steps[i][1].kv_split()
 
     def step_reconciliations(self) -> list[KvReconciliation]:
         """At every step line: predicted blocks against the line's own KV usage."""
@@ -165,14 +165,9 @@ def block_seconds(steps: Sequence[tuple[StepInput, StepOutcome]], request_ids: I
     return seconds
 
 
-def step_split(out: StepOutcome) -> KvSplit:
-    """The step's holdings with shared prefix blocks counted once (kv_share.py)."""
-    return split_holdings(out.holdings, out.prefix_shares)
-
-
 def own_blocks(out: StepOutcome) -> Sequence[tuple[str, int]]:
     """Each request's exclusive blocks after the step (its holdings where no prefix is shared: no split built)."""
-    return step_split(out).exclusive if out.prefix_shares else out.holdings
+    return out.kv_split().exclusive if out.prefix_shares else out.holdings
 
 
 def reconcile(geometry: Geometry, steps: Sequence[tuple[StepInput, StepOutcome]], ends: Sequence[float],

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -96,6 +96,11 @@ class LifecycleBook:
     def lookup(self) -> Callable[[str], RequestLifecycle | None]:
         """`get` as one C call (the step inference asks it for every request of every step it infers)."""
         return self._lifecycles.get
+
+    def by_id(self) -> Mapping[str, RequestLifecycle]:
+        """Every held lifecycle by id (what `lifecycles()` lists), live and read-only: for readers that look a few
+        up, with no dict built over all of them."""
+        return self._lifecycles
 
     def entry(self, request_id: str) -> BookEntry | None:
         return self._entries.get(request_id)

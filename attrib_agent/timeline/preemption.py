@@ -43,6 +43,15 @@ class InferredPreemption:
     confidence: float  # 0..1
     evidence: tuple[str, ...]  # names from EVIDENCE_STRENGTH, plus "counter_silent" when it counts against
 
+    @property
+    def actionable(self) -> bool:
+        """Whether an operator may act on it: counted in `attrib_preemptions_inferred_total`, blamed as the
+        `preemption` cause, hatched on the page and exported on spans. A lone count gap (0.5) is how a
+        mis-inferred membership looks, and a sighting the counter did not confirm (`counter_silent`) is weaker
+        still; the timeline still lists them, with their confidence (`EngineTimeline.actionable_preemptions`
+        hands out the list once)."""
+        return self.confidence > ACTIONABLE_CONFIDENCE
+
 
 @dataclass(frozen=True, slots=True)
 class PreemptionCounts:
@@ -60,12 +69,17 @@ def infer_preemptions(steps: Sequence[tuple[StepInput, StepOutcome]], samples: S
     marked = range(len(steps)) if eventful is None else eventful
     sightings = [(k, p) for k in marked for p in steps[k][1].preemptions]
     resumes = [r for k in marked for r in steps[k][1].resumes]
-    confirmed, silent = _counter_matches(resumes, samples)
-    ends = _StepEnds(steps, in_order) if sightings else None
-    deltas = _counter_deltas(samples) if sightings else []
+    if not sightings:
+        return []
+    deltas = _Deltas(samples)
+    confirmed, silent = _counter_matches(resumes, deltas)
+    ends = _StepEnds(steps, in_order)
+    resumed: dict[str, list[ResumeSighting]] = {}
+    for r in resumes:
+        resumed.setdefault(r.request_id, []).append(r)
     result: list[InferredPreemption] = []
     for k, p in sightings:
-        resume = next((r for r in resumes if r.request_id == p.request_id and r.seq > p.seq), None)
+        resume = next((r for r in resumed.get(p.request_id, ()) if r.seq > p.seq), None)
         if _refuted(p, resume, lifecycles.get(p.request_id), deltas):
             continue
         evidence = ["count_gap"]
@@ -78,7 +92,7 @@ def infer_preemptions(steps: Sequence[tuple[StepInput, StepOutcome]], samples: S
             if resume in confirmed:
                 evidence.append("counter_rise")
         lc = lifecycles.get(p.request_id)
-        if lc is not None and ends is not None and _lifecycle_gap(ends, lc):
+        if lc is not None and _lifecycle_gap(ends, lc):
             evidence.append("lifecycle_gap")
         doubt = 1.0
         if resume is not None and resume in silent:
@@ -92,18 +106,6 @@ def infer_preemptions(steps: Sequence[tuple[StepInput, StepOutcome]], samples: S
             None if resume is None else resume.iteration, None if resume is None else resume.ts,
             round((1.0 - miss) * doubt, 4), tuple(evidence)))
     return result
-
-
-def actionable(inferred: Sequence[InferredPreemption]) -> list[InferredPreemption]:
-    """The sightings an operator may act on: counted in `attrib_preemptions_inferred_total` and blamed as the
-    `preemption` cause. A lone count gap (0.5) is how a mis-inferred membership looks, and a sighting the counter
-    did not confirm (`counter_silent`) is weaker still; the timeline still lists them, with their confidence."""
-    return [p for p in inferred if is_actionable(p)]
-
-
-def is_actionable(p: InferredPreemption) -> bool:
-    """One sighting: does it clear `actionable`'s bar (so the page hatches it and spans carry it)?"""
-    return p.confidence > ACTIONABLE_CONFIDENCE
 
 
 def preemption_counts(inferred: Sequence[InferredPreemption], samples: Sequence[MetricsSample]) -> PreemptionCounts:
@@ -124,22 +126,49 @@ def _counter_deltas(samples: Sequence[MetricsSample]) -> list[tuple[float, float
     return out
 
 
+class _Deltas:
+    """`_counter_deltas` with the one whose scrape window holds a moment found by bisection: consecutive scrapes'
+    windows follow one another without overlap when the samples came in time order (checked once; else each
+    search walks them all, as before)."""
+
+    def __init__(self, samples: Sequence[MetricsSample]) -> None:
+        self.deltas = _counter_deltas(samples)
+        self._starts = [t0 for t0, _, _ in self.deltas]
+        self._ordered = all(t0 <= t1 for t0, t1, _ in self.deltas) \
+            and all(a[1] <= b[0] for a, b in pairwise(self.deltas))
+
+    def __len__(self) -> int:
+        return len(self.deltas)
+
+    def holding(self, ts: float) -> int | None:
+        """The first delta with t0 <= ts < t1 (a sighting: the scrape before its step saw the counter)."""
+        if not self._ordered:
+            return next((j for j, (t0, t1, _) in enumerate(self.deltas) if t0 <= ts < t1), None)
+        j = bisect.bisect_right(self._starts, ts) - 1
+        return j if j >= 0 and ts < self.deltas[j][1] else None
+
+    def after(self, ts: float) -> int | None:
+        """The first delta with t0 < ts <= t1 (an output: the first scrape after it was processed)."""
+        if not self._ordered:
+            return next((j for j, (t0, t1, _) in enumerate(self.deltas) if t0 < ts <= t1), None)
+        j = bisect.bisect_left(self._starts, ts) - 1
+        return j if j >= 0 and ts <= self.deltas[j][1] else None
+
+
 def _counter_matches(resumes: Sequence[ResumeSighting],
-                     samples: Sequence[MetricsSample]) -> tuple[set[ResumeSighting], set[ResumeSighting]]:
+                     watch: _Deltas) -> tuple[set[ResumeSighting], set[ResumeSighting]]:
     """Resumptions the counter's rises account for, and those it was watching but did not count.
 
     A rise shows at the first scrape after the step's output was processed, or the next one if the step
     landed while that scrape was in flight; each unit of rise confirms one resumption, earliest first.
     """
-    deltas = _counter_deltas(samples)
-    budget = [d for _, _, d in deltas]
+    budget = [d for _, _, d in watch.deltas]
     confirmed: set[ResumeSighting] = set()
     silent: set[ResumeSighting] = set()
     for r in sorted(resumes, key=lambda r: r.ts):
-        windows = [i for i, (t0, t1, _) in enumerate(deltas) if t0 < r.ts <= t1]
-        if not windows:
+        i = watch.after(r.ts)
+        if i is None:
             continue
-        i = windows[0]
         for j in (i, i + 1):
             if j < len(budget) and budget[j] >= 1.0:
                 budget[j] -= 1.0
@@ -151,17 +180,17 @@ def _counter_matches(resumes: Sequence[ResumeSighting],
 
 
 def _refuted(p: PreemptionSighting, resume: ResumeSighting | None, lc: RequestLifecycle | None,
-             deltas: Sequence[tuple[float, float, float]]) -> bool:
+             watch: _Deltas) -> bool:
     """Whether vLLM's own counter says this sighting was no preemption: the victim produced output after it
     (its resumption, or its span's first token or finish), and `vllm:num_preemptions_total`, watched without a
     break from before the sighting until two scrapes after that output, never rose.
 
     vLLM counts a preemption when the victim's next output is processed (the PREEMPTED event rides on it), so a
     real one must show by then; only an abort before any further output escapes it, and an aborted request has
-    no finish to read. Such a sighting is dropped, not kept at a low confidence: every reader of the list acts
-    on it (the preemption counter, the `preemption` cause, the timeline's hatching), and the inference that
-    made it was wrong about the step's membership, which is what must be fixed, not hedged."""
-    if not deltas:
+    no finish to read. Such a sighting is dropped, not kept at a low confidence: vLLM's own count says the
+    inference that made it was wrong about the step's membership, which is what must be fixed, not hedged, and
+    /v1/timeline lists every sighting kept (those below the actionable bar too, as doubts)."""
+    if not watch:
         return False
     out_ts = resume.ts if resume is not None else None
     if lc is not None and lc.complete and lc.aborted_ts is None:
@@ -169,9 +198,10 @@ def _refuted(p: PreemptionSighting, resume: ResumeSighting | None, lc: RequestLi
         out_ts = min([*later, *([] if out_ts is None else [out_ts])], default=out_ts)
     if out_ts is None:
         return False
-    i = next((j for j, (t0, t1, _) in enumerate(deltas) if t0 <= p.ts < t1), None)
+    i = watch.holding(p.ts)
     if i is None:
         return False
+    deltas = watch.deltas
     for j in range(i, len(deltas)):
         t0, t1, rise = deltas[j]
         if rise > 0 or (j > i and t0 != deltas[j - 1][1]):  # it rose, or the watch broke (a reset, a gap)

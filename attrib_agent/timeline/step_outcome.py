@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from attrib_agent.events import quick_init
+from attrib_agent.timeline.kv_share import KvSplit, split_holdings
 from attrib_agent.timeline.model import StepRecord
 from attrib_agent.timeline.step_counts import Slot
 
@@ -54,9 +55,17 @@ class ResumeSighting:
     recompute_tokens: int
 
 
+class _SplitMemo:
+    """Room for `StepOutcome.kv_split`'s answer: a slot outside the dataclass's fields, so it is neither compared,
+    printed nor carried over by `dataclasses.replace` (a replaced outcome has other holdings)."""
+
+    __slots__ = ("_kv_split",)
+    _kv_split: KvSplit
+
+
 @quick_init
 @dataclass(frozen=True, slots=True)
-class StepOutcome:
+class StepOutcome(_SplitMemo):
     record: StepRecord
     departures: tuple[Departure, ...] = ()
     preemptions: tuple[PreemptionSighting, ...] = ()
@@ -66,6 +75,16 @@ class StepOutcome:
     observed_blocks: float | None = None  # the line's KV usage x usable blocks
     # (request id, the request whose prefix copy it shares, hit blocks) of every running request with a prefix hit
     prefix_shares: tuple[tuple[str, str, int], ...] = ()
+
+    def kv_split(self) -> KvSplit:
+        """The holdings with shared prefix blocks counted once (kv_share.py), worked out on the first read: an
+        outcome never changes, and the ledger, the causes' pool and /v1/timeline each read it, every pass."""
+        try:
+            return self._kv_split
+        except AttributeError:
+            split = split_holdings(self.holdings, self.prefix_shares)
+            object.__setattr__(self, "_kv_split", split)  # past the frozen check; a race stores equal values
+            return split
 
 
 @dataclass(slots=True)

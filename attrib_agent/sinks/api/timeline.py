@@ -22,9 +22,7 @@ from attrib_agent.attribution.result_codec import culprit_to_dict
 from attrib_agent.read_model import TimelineReads
 from attrib_agent.sinks.api.top import BadQuery, parse_duration
 from attrib_agent.timeline.gpu_samples import MAX_SAMPLE_AGE_S, bandwidth_ratio
-from attrib_agent.timeline.ledger import step_split
 from attrib_agent.timeline.model import RequestLifecycle
-from attrib_agent.timeline.preemption import is_actionable
 from attrib_agent.timeline.sched_state import StepInput
 from attrib_agent.timeline.step_outcome import StepOutcome
 
@@ -124,7 +122,7 @@ def timeline_parts(view: TimelineReads, since: float | None, until: float | None
     kv_shared: list[list[float]] = []
     held: dict[str, int] = {}
     for si, out in chosen:
-        split = step_split(out)
+        split = out.kv_split()
         now = dict(split.exclusive)
         for rid in held.keys() - now.keys():
             kv[rid].append([si.end_ts, 0])
@@ -202,7 +200,7 @@ def _lanes(view: TimelineReads, t0: float | None, t1: float | None,
     for p in view.preemptions():
         preempted.setdefault(p.request_id, []).append(
             {"ts": p.preempted_ts, "resumed_ts": p.resumed_ts, "confidence": p.confidence,
-             "actionable": is_actionable(p)})
+             "actionable": p.actionable})
     return [_lane(lc, lc.request_id in whales, view.status(lc.request_id), preempted.get(lc.request_id, []))
             for lc in lcs], truncated
 

@@ -28,7 +28,7 @@ from attrib_agent.attribution.result import AttributionResult, Cause, Culprit
 from attrib_agent.attribution.tally import victim_class
 from attrib_agent.sinks.otel.export import tracer_provider_for
 from attrib_agent.timeline.model import RequestLifecycle
-from attrib_agent.timeline.preemption import InferredPreemption, actionable
+from attrib_agent.timeline.preemption import InferredPreemption
 
 __all__ = ["SPAN_NAME", "SKIP_REASONS", "SlowdownSpans", "SpanOf", "top_cause", "tracer_provider_for"]
 
@@ -53,7 +53,7 @@ class Lifecycles(Protocol):
 
     def lifecycle(self, request_id: str) -> RequestLifecycle | None: ...
 
-    def preemptions(self) -> list[InferredPreemption]: ...
+    def actionable_preemptions(self) -> list[InferredPreemption]: ...
 
 
 class SlowdownSpans:
@@ -102,7 +102,7 @@ class SlowdownSpans:
         preemptions: list[InferredPreemption] = []
         if timeline is not None and any(r.final and (self.emit_quiet or not r.no_interference) for r in batch):
             try:
-                preemptions = actionable(timeline.preemptions())  # the ones counted and blamed
+                preemptions = timeline.actionable_preemptions()  # the ones counted and blamed
             except Exception:  # the events are extras: spans still go out without them
                 logger.exception("preemption inference for spans failed")
         n = 0

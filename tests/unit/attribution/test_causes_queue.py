@@ -3,11 +3,13 @@ preemption, what that head needs to be admitted, and which phase the first token
 
 from __future__ import annotations
 
-from attrib_agent.attribution.causes import EngineView, observed_causes
+from attrib_agent.attribution.causes import EngineView, SharedBlocks, observed_causes
 from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior
 from attrib_agent.attribution.sim_trace import Pricer
 from attrib_agent.timeline.model import RequestLifecycle, StepMember, StepRecord
 from attrib_agent.timeline.preemption import InferredPreemption
+from attrib_agent.timeline.sched_state import StepInput
+from attrib_agent.timeline.step_outcome import StepOutcome
 
 COST = StepCostModel(StepCostPrior(intercept_s=0.01, per_prefill_token_s=0.001, per_decode_request_s=0.001,
                                    per_decode_context_token_s=0.0, per_prefill_pair_s=0.0, step_gap_s=0.0,
@@ -86,3 +88,29 @@ def test_shared_prefix_blocks_are_free_once_and_weigh_by_what_each_holds_alone()
         else:  # 13 - 1 - 16 + 6 = 2 free < 4 needed
             assert set(ttft) == want and all(set(c) == {"kv_pressure"} for c in ttft.values()), dict(ttft)
             assert ttft["w"]["kv_pressure"] == 2 * ttft["r"]["kv_pressure"] == 2 * ttft["h"]["kv_pressure"]
+
+
+def test_shared_blocks_are_each_steps_own_split_read_on_demand() -> None:
+    """engine_view no longer walks every step's split each pass: `SharedBlocks` reads a step's (once worked out)
+    split when a victim asks, and gives what the walk gave: each holder's own blocks and the blocks counted twice,
+    for the steps that share any; the causes are the same."""
+    r, h = StepMember("r", "decode", 1, 100, 7), StepMember("h", "decode", 1, 100, 7)
+    w = StepMember("w", "prefill", 2048 - 2, 2048 - 2 + 16, 2)
+    shared_step, plain_step = step(1, 0.2, r, h, w), step(2, 0.3, r, h)
+
+    def outcome(rec: StepRecord, shares: tuple[tuple[str, str, int], ...]) -> tuple[StepInput, StepOutcome]:
+        si = StepInput(rec.iteration, 0, rec.iteration, rec.end_ts, rec.elapsed_s, 0, 0, 0, 0, 0.9)
+        return si, StepOutcome(rec, holdings=tuple((m.request_id, m.blocks) for m in rec.members), prefix_shares=shares)
+
+    outcomes = [outcome(shared_step, (("h", "r", 6),)), outcome(plain_step, ())]
+    blocks = SharedBlocks(outcomes)
+    assert dict(blocks) == {(1, 0.2): ({"r": 1, "h": 1, "w": 2}, 6)} and len(blocks) == 1
+    assert blocks.get((2, 0.3)) is None and (2, 0.3) not in blocks and blocks.get((9, 9.0), "x") == "x"
+    lcs = [RequestLifecycle("v", arrival_ts=0.1, scheduled_ts=0.5, first_token_ts=0.6, finish_ts=0.7,
+                            prompt_tokens=56, completion_tokens=2, complete=True)]
+    by_walk, by_split = (EngineView([shared_step], {"v": lcs[0]}, [], 13, 16, 2048, Pricer(COST), None, shared)
+                         for shared in (dict(blocks), blocks))
+    assert by_split.kv(shared_step) == ({"r": 1.0, "h": 1.0, "w": 2.0}, 6)
+    walked, split = observed_causes(lcs[0], by_walk), observed_causes(lcs[0], by_split)
+    assert walked is not None and split is not None and walked.weights == split.weights
+    assert set(split.weights["ttft"]) == {"r", "h", "w"}

@@ -18,6 +18,7 @@ from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.recording import CLIENT, Recording
 from attrib_agent.sinks.otel.spans import SPAN_NAME, SlowdownSpans, top_cause
 from attrib_agent.sources.replay import ReplaySource
+from attrib_agent.timeline import engine_timeline
 
 RECORDINGS = Path(__file__).parents[2] / "fixtures" / "recordings"
 
@@ -203,21 +204,25 @@ def test_a_failing_lookup_is_counted_never_raised(
 
 
 def test_a_sighting_below_the_actionable_bar_is_no_span_event(
-        preempt: Replayed, memory: tuple[TracerProvider, InMemorySpanExporter]) -> None:
+        preempt: Replayed, memory: tuple[TracerProvider, InMemorySpanExporter],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Spans carry only the preemptions counted and blamed: a lone count gap (0.5) is how a mis-inferred
-    membership looks, and a trace event would send an operator after a preemption vLLM never made."""
+    membership looks, and a trace event would send an operator after a preemption vLLM never made. The timeline
+    sorts them out once (`actionable_preemptions`); spans read that list, not every sighting."""
     provider, exporter = memory
     p = preempt.pipeline
     [real] = p.timeline.preemptions()
     victims = [r.request_id for r in preempt.results if r.final and r.request_id != real.request_id]
     weak = replace(real, request_id=victims[0], confidence=0.5, evidence=("count_gap",))
+    monkeypatch.setattr(engine_timeline, "infer_preemptions", lambda *_, **__: [real, weak])  # as if inferred
+    timeline = engine_timeline.EngineTimeline()
 
     class Doubtful:
         def lifecycle(self, request_id: str) -> object:
             return p.timeline.lifecycle(request_id)
 
-        def preemptions(self) -> list[object]:
-            return [real, weak]
+        def actionable_preemptions(self) -> list[object]:
+            return timeline.actionable_preemptions()
 
     SlowdownSpans(provider).emit_all(preempt.results, p.span_of, Doubtful())  # type: ignore[arg-type]
     got = by_victim(exporter.get_finished_spans())

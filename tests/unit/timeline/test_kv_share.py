@@ -3,6 +3,9 @@ block-seconds of a request that shares its prefix (its exclusive blocks: what re
 
 from __future__ import annotations
 
+import pickle
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -63,7 +66,7 @@ def test_split_counts_each_block_once(hitters: list[tuple[int, int, str]], root_
     if "r" in groups:
         groups["r"].append(root_blocks)
     twice = sum(sum(p) - max(p) for p in groups.values())
-    assert s.total == sum(held.values()) - twice
+    assert s.total == sum(held.values()) - twice and s.twice == twice
 
 
 def _step(seq: int, end: float, holdings: dict[str, int], shares: tuple[tuple[str, str, int], ...]
@@ -88,3 +91,18 @@ def test_a_sharers_block_seconds_are_its_exclusive_blocks() -> None:
     assert block_seconds(steps, ["w", "s"]) == {"w": w.block_seconds, "s": s.block_seconds}
     at = ledger.split_at(12.0)
     assert at.shared == 20 and dict(at.exclusive) == {"w": 4, "s": 1}
+
+
+def test_a_steps_split_is_worked_out_once_and_left_out_of_what_the_outcome_is() -> None:
+    """The ledger, the causes' pool and /v1/timeline all read a step's split, every pass: it is made on the first
+    read and kept on the (immutable) outcome, yet an outcome's value, print and `replace` copies know nothing of it
+    (a replaced outcome has other holdings: it splits them afresh)."""
+    _, out = _step(1, 11.0, {"w": 24, "s": 21}, (("s", "w", 20),))
+    printed = repr(out)
+    first = out.kv_split()
+    assert out.kv_split() is first and first == split_holdings(out.holdings, out.prefix_shares)
+    assert (first.shared, first.twice, dict(first.exclusive)) == (20, 20, {"w": 4, "s": 1})
+    assert repr(out) == printed and out == _step(1, 11.0, {"w": 24, "s": 21}, (("s", "w", 20),))[1]
+    alone = replace(out, holdings=(("w", 24),), prefix_shares=())
+    assert alone.kv_split() == split_holdings((("w", 24),), ()) and alone.kv_split().exclusive == (("w", 24),)
+    assert pickle.loads(pickle.dumps(out)) == out

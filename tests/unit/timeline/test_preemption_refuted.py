@@ -4,9 +4,12 @@ dropped. Small hand-made inputs of the timeline's own types."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from attrib_agent.timeline.ledger import MetricsSample
 from attrib_agent.timeline.model import RequestLifecycle, StepRecord
-from attrib_agent.timeline.preemption import actionable, infer_preemptions
+from attrib_agent.timeline.preemption import _Deltas, infer_preemptions
 from attrib_agent.timeline.sched_state import Geometry, SchedState, StepInput, Track
 from attrib_agent.timeline.step_counts import Slot
 from attrib_agent.timeline.step_outcome import PreemptionSighting, StepOutcome, StepWork
@@ -81,4 +84,25 @@ def test_only_corroborated_sightings_are_counted_and_blamed() -> None:
     pressured = PreemptionSighting("w", 1, 1, 10.95, True, 896, 7)
     (tight,) = infer_preemptions([_step(0, 10.0), _step(1, 11.0, (pressured,))], [], {})
     assert alone.confidence == 0.5 and tight.confidence > 0.5
-    assert actionable([alone, tight]) == [tight]
+    assert not alone.actionable and tight.actionable
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from([None, 0.0, 1.0, 2.0]), st.booleans()), max_size=12),
+       st.booleans(), st.lists(st.integers(0, 40), min_size=1, max_size=6))
+def test_the_scrape_window_of_a_moment_is_found_by_bisection_as_by_the_walk(
+        gaps: list[tuple[int, float | None, bool]], shuffled: bool, moments: list[int]) -> None:
+    """Which counter delta holds a sighting (t0 <= ts < t1) and which one first shows an output (t0 < ts <= t1):
+    the same delta as the walk over all of them, with tied, reset, counter-less and out-of-order scrapes."""
+    ts, samples = 0.0, []
+    for gap, total, reset in gaps:
+        ts += gap * 0.5
+        samples.append(MetricsSample(ts, None, total, reset))
+    if shuffled:
+        samples.reverse()
+    watch = _Deltas(samples)
+    deltas = watch.deltas
+    for m in moments:
+        t = m * 0.25
+        assert watch.holding(t) == next((j for j, (t0, t1, _) in enumerate(deltas) if t0 <= t < t1), None)
+        assert watch.after(t) == next((j for j, (t0, t1, _) in enumerate(deltas) if t0 < t <= t1), None)
