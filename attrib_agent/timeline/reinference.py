@@ -1,7 +1,8 @@
 """Inferring the steps in order, and again from a checkpoint when facts about a request change.
 
 A request's span (or its first log line, or its abort) can only change steps it can have taken part in:
-those that ended after it was queued. So a change marks the inference dirty from there, and the next
+those that ended after it was queued, and for a span on a request the steps already hold, those from its
+first admission on (`_admission`). So a change marks the inference dirty from there, and the next
 refresh re-infers from the checkpoint before that point, using everything known by then. The result is the
 same as inferring every step again with all facts, whenever refreshes happen: that is what makes a live
 timeline and a replayed one agree. Re-inference stops early where it converges with the previous pass.
@@ -10,7 +11,7 @@ timeline and a replayed one agree. Re-inference stops early where it converges w
 from __future__ import annotations
 
 from attrib_agent.timeline.lifecycle import LifecycleBook
-from attrib_agent.timeline.sched_state import Geometry, SchedState, Track
+from attrib_agent.timeline.sched_state import Geometry, SchedState, Track, fact_ms
 from attrib_agent.timeline.step_outcome import Departure
 from attrib_agent.timeline.steps import STAMP_RESOLUTION_S, infer_step
 from attrib_agent.timeline.timeline_window import StepSlot, StepWindow
@@ -43,10 +44,40 @@ class TimelineInference:
         self.geometry = geometry
         self._note(None, self.window.first_seq)
 
-    def request_changed(self, request_id: str, queue_ts: float) -> None:
-        """Its facts changed: every inferred step that ended after it was queued is inferred again."""
+    def request_changed(self, request_id: str, queue_ts: float, *, span_landed: bool = False) -> None:
+        """Its facts changed: every inferred step that ended after it was queued is inferred again; when only its
+        span landed (it was in the book already), every inferred step from its first admission on."""
         seq = self.window.first_seq_ending_after(queue_ts)
+        if span_landed and seq is not None:
+            seq = self._admission(request_id, seq)
         self._note(request_id, seq if seq is not None and seq < self.window.computed_to else None)
+
+    def _admission(self, request_id: str, queued: int) -> int:
+        """The first step a landed span can change: the request's first admission (the frontier if none yet).
+
+        Before it the request waits fresh (no output, never admitted), and the step inference reads a fresh
+        waiting request's facts in two places only (steps.py): `_enqueue` skips it when it was aborted before the
+        step or its whole life ended before it, and `_leave_before` drops it when aborted or finished by then,
+        else copies its prompt in. `_admit` takes the queue in order by phase, and a fresh request's phase is
+        fixed (prefill); nothing else reads a waiting request. A span clears the abort, so when its finish is
+        after the step before the admission, those steps come out the same, and the state differs only in the
+        waiting request's prompt, which the admitting step's `_leave_before` copies in again before any read.
+        The admission read here comes from steps before any pending change, or lies past it (then the pending
+        change starts earlier). Not held, or gone without an admission: from its queueing (`queued`)."""
+        found = self._departed.get(request_id)
+        admitted = found[1].admitted_seq if found is not None else None
+        if found is None:
+            track = next((t for t in (*self.state.running, *self.state.waiting) if t.rid == request_id), None)
+            if track is None:
+                return queued
+            admitted = self.window.computed_to if track.admitted_seq is None else track.admitted_seq
+        lc = self.book.get(request_id)
+        if admitted is None or lc is None or lc.aborted_ts is not None:
+            return queued
+        if admitted - 1 >= self.window.first_seq and lc.finish_ts is not None \
+                and fact_ms(lc.finish_ts) <= self.window.slot(admitted - 1).si.end_ms:
+            return queued
+        return admitted
 
     def _note(self, key: str | None, seq: int | None) -> None:
         """Only a change to steps already inferred needs re-inference (and can stop a convergence)."""
