@@ -101,8 +101,8 @@ class TimelineInference:
             seq = slot.si.seq
             if w.is_checkpoint(seq):
                 if seq < valid_to and slot.before is not None \
-                        and (seq == loaded or slot.before.same_as(self.state)):
-                    upto = stored.holds_until(self.state, seq, slot.clock, self._changes)
+                        and (seq == loaded or slot.before.same_as(self.state, self._span_prompt)):
+                    upto = stored.holds_until(slot.before, seq, slot.clock, self._changes)
                     target = valid_to if upto >= valid_to else w.checkpoint_at_or_before(upto)
                     state = frontier if target == valid_to else w.slot(target).before
                     if target > seq and state is not None:
@@ -117,6 +117,10 @@ class TimelineInference:
             for d in outcome.departures:
                 self._departed[d.request_id] = (seq, d)
             w.computed_to += 1
+
+    def _span_prompt(self, request_id: str) -> bool:
+        lc = self.book.get(request_id)
+        return lc is not None and lc.complete and lc.prompt_tokens is not None
 
     def drop_before(self, seq: int) -> None:
         """The window lost its steps before `seq`: forget what only they knew."""
