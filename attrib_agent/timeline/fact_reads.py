@@ -20,6 +20,7 @@ enqueueing, or from the checkpoint if it is held there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from attrib_agent.timeline.lifecycle import LifecycleBook
@@ -85,18 +86,11 @@ class StoredPass:
         return min(self._finish_read(lc, track.outputs, seq), self._departure(rid, seq))
 
     def _admission(self, rid: str, lc: RequestLifecycle, otherwise: int) -> int:
-        """Its first admission in the stored pass (the frontier if it had none yet) when its span leaves the
-        steps before it as they were; else `otherwise`."""
-        found = self.departed.get(rid)
-        if found is not None:
-            admitted = found[1].admitted_seq
-        else:
-            if self._held is None:
-                self._held = self.frontier.tracked()
-            track = self._held.get(rid)
-            if track is None:
-                return otherwise
-            admitted = self.valid_to if track.admitted_seq is None else track.admitted_seq
+        """Its first admission in the stored pass when its span leaves the steps before it as they were; else
+        `otherwise`."""
+        if self._held is None:
+            self._held = self.frontier.tracked()
+        admitted = first_admission(rid, self.departed, self._held.get, self.valid_to)
         return admitted if admitted is not None and span_spares_waiting(lc, admitted, self.window) else otherwise
 
     def _finish_read(self, lc: RequestLifecycle, outputs: int, seq: int) -> int:
@@ -131,3 +125,16 @@ def span_spares_waiting(lc: RequestLifecycle, admitted: int, window: StepWindow)
         return False
     return admitted - 1 < window.first_seq or lc.finish_ts is None \
         or fact_ms(lc.finish_ts) > window.slot(admitted - 1).si.end_ms
+
+
+def first_admission(rid: str, departed: dict[str, tuple[int, Departure]], held: Callable[[str], Track | None],
+                    frontier: int) -> int | None:
+    """A request's first admission in a pass: from its departure, else from its track at the pass's frontier
+    (the frontier itself when it still waits there); None when it left unadmitted or neither knows it."""
+    found = departed.get(rid)
+    if found is not None:
+        return found[1].admitted_seq
+    track = held(rid)
+    if track is None:
+        return None
+    return frontier if track.admitted_seq is None else track.admitted_seq

@@ -10,7 +10,7 @@ timeline and a replayed one agree. Re-inference stops early where it converges w
 
 from __future__ import annotations
 
-from attrib_agent.timeline.fact_reads import Change, StoredPass, span_spares_waiting
+from attrib_agent.timeline.fact_reads import Change, StoredPass, first_admission, span_spares_waiting
 from attrib_agent.timeline.lifecycle import LifecycleBook
 from attrib_agent.timeline.sched_state import Geometry, SchedState, Track
 from attrib_agent.timeline.step_outcome import Departure
@@ -57,13 +57,9 @@ class TimelineInference:
         """The first step a landed span can change: the request's first admission (the frontier if none yet),
         see fact_reads.py. The admission read here comes from steps before any pending change, or lies past it
         (then the pending change starts earlier). Not held, or gone without an admission: from its queueing."""
-        found = self._departed.get(request_id)
-        admitted = found[1].admitted_seq if found is not None else None
-        if found is None:
-            track = next((t for t in (*self.state.running, *self.state.waiting) if t.rid == request_id), None)
-            if track is None:
-                return queued
-            admitted = self.window.computed_to if track.admitted_seq is None else track.admitted_seq
+        state = self.state
+        admitted = first_admission(request_id, self._departed, lambda rid: next(
+            (t for t in (*state.running, *state.waiting) if t.rid == rid), None), self.window.computed_to)
         lc = self.book.get(request_id)
         if admitted is None or lc is None or not span_spares_waiting(lc, admitted, self.window):
             return queued
