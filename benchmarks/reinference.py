@@ -2,10 +2,12 @@
 
     .venv/bin/python -m benchmarks.reinference [--events N]
 
-A landed span corrects its request from the step it was queued at, so the timeline re-infers from the
-checkpoint before that step up to the frontier, unless the new pass converges with the old one at a checkpoint
-(reinference.py). The timeline pass of replay_throughput (settle-tick reads) over the first N events, printing
-steps fed, inferences, re-inferences and their ratio per step fed, and the pass's CPU seconds.
+A landed span corrects its request from its first admission (the steps before read a fresh waiting request
+only to drop it), so the timeline re-infers from the checkpoint before that step; wherever the new pass reaches
+a checkpoint in the stored pass's state, it keeps the stored outcomes up to the first step a changed fact can
+alter there, or to the frontier (reinference.py, fact_reads.py). The timeline pass of replay_throughput
+(settle-tick reads) over the first N events, printing steps fed, inferences, re-inferences and their ratio per
+step fed, and the pass's CPU seconds.
 """
 
 from __future__ import annotations

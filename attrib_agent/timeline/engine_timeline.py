@@ -146,7 +146,8 @@ class EngineTimeline:
         change = self._book.feed(ev)
         entry = self._book.entry(ev.request_id)
         if entry is not None and (change.span_landed or change.new or change.aborted):
-            self._inference.request_changed(ev.request_id, entry.queue_ts)
+            self._inference.request_changed(ev.request_id, entry.queue_ts,
+                                            span_landed=change.span_landed and not (change.new or change.aborted))
 
     # ---- bounds ------------------------------------------------------------------------------------------
     def _bound(self) -> None:

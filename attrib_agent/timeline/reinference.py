@@ -1,7 +1,8 @@
 """Inferring the steps in order, and again from a checkpoint when facts about a request change.
 
 A request's span (or its first log line, or its abort) can only change steps it can have taken part in:
-those that ended after it was queued. So a change marks the inference dirty from there, and the next
+those that ended after it was queued, and for a span on a request the steps already hold, those from its
+first admission on (`_admission`). So a change marks the inference dirty from there, and the next
 refresh re-infers from the checkpoint before that point, using everything known by then. The result is the
 same as inferring every step again with all facts, whenever refreshes happen: that is what makes a live
 timeline and a replayed one agree. Re-inference stops early where it converges with the previous pass.
@@ -9,11 +10,12 @@ timeline and a replayed one agree. Re-inference stops early where it converges w
 
 from __future__ import annotations
 
+from attrib_agent.timeline.fact_reads import Change, StoredPass, first_admission, span_spares_waiting
 from attrib_agent.timeline.lifecycle import LifecycleBook
 from attrib_agent.timeline.sched_state import Geometry, SchedState, Track
 from attrib_agent.timeline.step_outcome import Departure
-from attrib_agent.timeline.steps import STAMP_RESOLUTION_S, infer_step
-from attrib_agent.timeline.timeline_window import StepSlot, StepWindow
+from attrib_agent.timeline.steps import infer_step
+from attrib_agent.timeline.timeline_window import StepWindow
 
 
 class TimelineInference:
@@ -25,7 +27,7 @@ class TimelineInference:
         self._departed: dict[str, tuple[int, Departure]] = {}  # request -> (step that inferred it, departure)
         self._dirty: int | None = None
         self._clock = 0  # counts changes of facts: a request's, or the pool geometry's (key None)
-        self._changes: dict[str | None, int] = {}  # the clock at each one's last change
+        self._changes: dict[str | None, Change] = {}  # the clock at each one's last change (and last non-span one)
         self.inferred = 0  # steps inferred, first passes and re-inference alike (benchmarks/reinference.py)
         self.reinferred = 0  # of which re-inferred: steps that already had an outcome
 
@@ -41,23 +43,44 @@ class TimelineInference:
 
     def set_geometry(self, geometry: Geometry) -> None:
         self.geometry = geometry
-        self._note(None, self.window.first_seq)
+        self._note(None, self.window.first_seq, hard=True)
 
-    def request_changed(self, request_id: str, queue_ts: float) -> None:
-        """Its facts changed: every inferred step that ended after it was queued is inferred again."""
+    def request_changed(self, request_id: str, queue_ts: float, *, span_landed: bool = False) -> None:
+        """Its facts changed: every inferred step that ended after it was queued is inferred again; when only its
+        span landed (it was in the book already), every inferred step from its first admission on."""
         seq = self.window.first_seq_ending_after(queue_ts)
-        self._note(request_id, seq if seq is not None and seq < self.window.computed_to else None)
+        if span_landed and seq is not None:
+            seq = self._admission(request_id, seq)
+        self._note(request_id, seq if seq is not None and seq < self.window.computed_to else None, hard=not span_landed)
 
-    def _note(self, key: str | None, seq: int | None) -> None:
-        """Only a change to steps already inferred needs re-inference (and can stop a convergence)."""
+    def _admission(self, request_id: str, queued: int) -> int:
+        """The first step a landed span can change: the request's first admission (the frontier if none yet),
+        see fact_reads.py. The admission read here comes from steps before any pending change, or lies past it
+        (then the pending change starts earlier). Not held, or gone without an admission: from its queueing."""
+        state = self.state
+        admitted = first_admission(request_id, self._departed, lambda rid: next(
+            (t for t in (*state.running, *state.waiting) if t.rid == rid), None), self.window.computed_to)
+        lc = self.book.get(request_id)
+        if admitted is None or lc is None or not span_spares_waiting(lc, admitted, self.window):
+            return queued
+        return admitted
+
+    def _note(self, key: str | None, seq: int | None, *, hard: bool) -> None:
+        """Only a change to steps already inferred needs re-inference (and can stop a convergence). `hard`: more
+        than a span landing on a request the steps hold (fact_reads.py bounds what a span can alter)."""
         if seq is None:
             return
         self._clock += 1
-        self._changes[key] = self._clock
+        old = self._changes.get(key)
+        self._changes[key] = Change(self._clock, self._clock if hard else 0 if old is None else old.hard_clock)
         self._dirty = seq if self._dirty is None else min(self._dirty, seq)
 
     def refresh(self) -> None:
-        """Infer the steps not inferred yet, first re-inferring from the checkpoint before the earliest change."""
+        """Infer the steps not inferred yet, first re-inferring from the checkpoint before the earliest change.
+
+        At each checkpoint where the state is the one the stored pass had there, the stored outcomes are kept
+        up to the last checkpoint before the first step a change since that pass can alter (fact_reads.py):
+        the whole rest when none can (convergence), else a stretch, after which re-inference goes on."""
         w = self.window
         valid_to, frontier = w.computed_to, self.state
         stale: dict[str, tuple[int, Departure]] = {}
@@ -65,49 +88,42 @@ class TimelineInference:
             self.state = w.rewind(max(self._dirty, w.first_seq)).copy()
             stale = {rid: v for rid, v in self._departed.items() if v[0] >= w.computed_to}
             self._departed = {rid: v for rid, v in self._departed.items() if v[0] < w.computed_to}
-        restart = w.computed_to
-        self.reinferred += max(valid_to - restart, 0)  # at most: a convergence takes back what it skips
+        restart = loaded = w.computed_to  # `loaded`: the checkpoint the state is an unchanged copy of
+        stored = StoredPass(w, self.book, stale, frontier, valid_to)
+        self.reinferred += max(valid_to - restart, 0)  # at most: a skip takes back what it skips
         self._dirty = None
         while w.computed_to < w.next_seq:
             slot = w.slot(w.computed_to)
-            if w.is_checkpoint(slot.si.seq):
-                if restart < slot.si.seq < valid_to and self._converged(slot, w.slot(valid_to - 1).si.start_ts):
-                    self._departed.update({rid: v for rid, v in stale.items() if v[0] >= slot.si.seq})
-                    self.reinferred -= valid_to - slot.si.seq
-                    self.state, w.computed_to = frontier, valid_to
-                    continue
+            seq = slot.si.seq
+            if w.is_checkpoint(seq):
+                if seq < valid_to and slot.before is not None \
+                        and (seq == loaded or slot.before.same_as(self.state, self._span_prompt)):
+                    upto = stored.holds_until(slot.before, seq, slot.clock, self._changes)
+                    target = valid_to if upto >= valid_to else w.checkpoint_at_or_before(upto)
+                    state = frontier if target == valid_to else w.slot(target).before
+                    if target > seq and state is not None:
+                        self._departed.update({rid: v for rid, v in stale.items() if seq <= v[0] < target})
+                        self.reinferred -= target - seq
+                        self.state, w.computed_to, loaded = state, target, target
+                        continue
                 slot.before, slot.clock = self.state.copy(), self._clock
             outcome = infer_step(self.state, slot.si, self.book, self.geometry)
             self.inferred += 1
             w.set_outcome(slot, outcome)
             for d in outcome.departures:
-                self._departed[d.request_id] = (slot.si.seq, d)
+                self._departed[d.request_id] = (seq, d)
             w.computed_to += 1
 
-    def _converged(self, slot: StepSlot, frontier_start: float) -> bool:
-        """Whether the previous pass's outcomes from `slot` up to the frontier still hold: same state there,
-        and no request it holds, or queues before the frontier, has learnt anything since it was taken."""
-        if slot.before is None or not slot.before.same_as(self.state):
-            return False
-        tracked = self.state.tracked()
-        cursor = self.state.cursor
-        for rid, clock in self._changes.items():
-            if clock <= slot.clock:
-                continue
-            if rid is None or rid in tracked:
-                return False
-            entry = self.book.entry(rid)
-            if entry is not None and (cursor is None or (entry.queue_ts, entry.order) > cursor) \
-                    and entry.queue_ts < frontier_start + STAMP_RESOLUTION_S:
-                return False
-        return True
+    def _span_prompt(self, request_id: str) -> bool:
+        lc = self.book.get(request_id)
+        return lc is not None and lc.complete and lc.prompt_tokens is not None
 
     def drop_before(self, seq: int) -> None:
         """The window lost its steps before `seq`: forget what only they knew."""
         self.window.drop_before(seq)
         self._departed = {rid: v for rid, v in self._departed.items() if v[0] >= seq}
         oldest = self.window.oldest_clock()  # a change older than every checkpoint cannot stop a convergence
-        self._changes = {k: c for k, c in self._changes.items() if oldest is None or c > oldest}
+        self._changes = {k: c for k, c in self._changes.items() if oldest is None or c.clock > oldest}
 
     def forget(self, request_id: str) -> None:
         self._departed.pop(request_id, None)

@@ -8,6 +8,7 @@ are the checkpoints the timeline rewinds to when a late span corrects an earlier
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 MS_PER_S = 1000.0
@@ -112,6 +113,7 @@ class Track:
                      self.held_before_preempt, self.preempt_seqs, self.resume_seqs)
 
     def key(self) -> tuple[object, ...]:
+        """Every field, the prompt fourth (SchedState.same_as may leave it out)."""
         return (self.rid, self.queue_ts, self.order, self.prompt, self.computed, self.outputs, self.prefilled,
                 self.cached, self.admitted_seq, self.first_token_seq, self.resuming, self.held_before_preempt,
                 self.preempt_seqs, self.resume_seqs, self.prefix_root)
@@ -138,13 +140,22 @@ class SchedState:
             budget=self.budget,
         )
 
-    def same_as(self, other: SchedState) -> bool:
-        """Equal in everything the next steps' inference reads: re-inference can stop where it converges."""
-        return (self.cursor == other.cursor and self.last_end_ms == other.last_end_ms
+    def same_as(self, other: SchedState, span_prompt: Callable[[str], bool] | None = None) -> bool:
+        """Equal in everything the next steps' inference reads: re-inference can stop where it converges.
+        `span_prompt(rid)`: the request's prompt is copied in from its span before the next step reads it
+        (steps._span_prompt), so the one held does not count."""
+        if not (self.cursor == other.cursor and self.last_end_ms == other.last_end_ms
                 and self.last_iteration == other.last_iteration and self.observed_used == other.observed_used
                 and self.budget == other.budget
-                and [t.key() for t in self.running] == [t.key() for t in other.running]
-                and [t.key() for t in self.waiting] == [t.key() for t in other.waiting])
+                and len(self.running) == len(other.running) and len(self.waiting) == len(other.waiting)):
+            return False
+        for mine, theirs in ((self.running, other.running), (self.waiting, other.waiting)):
+            for a, b in zip(mine, theirs, strict=True):
+                ka, kb = a.key(), b.key()
+                if ka != kb and (span_prompt is None or ka[:3] != kb[:3] or ka[4:] != kb[4:]
+                                 or not span_prompt(a.rid)):
+                    return False
+        return True
 
     def tracked(self) -> dict[str, Track]:
         return {t.rid: t for t in (*self.running, *self.waiting)}

@@ -29,14 +29,15 @@ STAMP_RESOLUTION_S = 0.001  # log stamps are millisecond-truncated
 def infer_step(st: SchedState, si: StepInput, book: LifecycleBook, geo: Geometry) -> StepOutcome:
     """Advance `st` over one step and return its members; `st` is mutated (the caller checkpoints copies)."""
     work = StepWork()
+    get = book.lookup()
     if st.last_iteration is not None and si.iteration < st.last_iteration:
         for t in (*st.running, *st.waiting):  # vLLM restarted: whatever it held is gone
+            _span_prompt(t, get(t.rid))
             work.departures.append(_departure(t, si, "restart", st, before=True))
         st.running.clear()
         st.waiting.clear()
         st.observed_used = None
     st.budget = max(st.budget, si.scheduled_tokens)
-    get = book.lookup()
     _enqueue(st, book, si)
     _leave_before(st, get, si, work)
     work.slots = [_slot(t) for t in st.running]
@@ -77,8 +78,8 @@ def _enqueue(st: SchedState, book: LifecycleBook, si: StepInput) -> None:
 
 def _leave_before(st: SchedState, get: Callable[[str], RequestLifecycle | None], si: StepInput,
                   work: StepWork) -> None:
-    """Requests known to have finished by the previous step, or aborted before this one, leave; those that stay
-    bring their known prompts in from spans.
+    """Requests known to have finished by the previous step, or aborted before this one, leave; every one first
+    brings its known prompt in from its span.
 
     A checkpoint taken before a span landed may hold a prompt that was taken as cut by the budget although it
     had ended; with the prompt known, it has produced its first token. (Each request's lifecycle is read once:
@@ -93,6 +94,7 @@ def _leave_before(st: SchedState, get: Callable[[str], RequestLifecycle | None],
                 if running:
                     kept.append(t)
                 continue
+            known = _span_prompt(t, lc)
             if lc.aborted_ts is not None and lc.aborted_ts < start:
                 work.departures.append(_departure(t, si, "aborted", st, before=True))
                 continue
@@ -100,12 +102,20 @@ def _leave_before(st: SchedState, get: Callable[[str], RequestLifecycle | None],
                 work.departures.append(_departure(t, si, "finished", st, before=True))
                 continue
             kept.append(t)
-            if lc.complete and lc.prompt_tokens is not None:
-                t.prompt = lc.prompt_tokens
-                if running and t.outputs == 0 and not t.resuming and t.computed >= t.prompt:
-                    t.outputs, t.first_token_seq = 1, si.seq - 1
+            if known and running and t.outputs == 0 and not t.resuming and t.computed >= (t.prompt or 0):
+                t.outputs, t.first_token_seq = 1, si.seq - 1
         if len(kept) != len(queue):
             queue[:] = kept
+
+
+def _span_prompt(t: Track, lc: RequestLifecycle | None) -> bool:
+    """A landed span's prompt replaces whatever the track held, before anything reads it (a departure, the
+    counts): so a state whose held prompts are stale equals the fresh one from the step's start, which lets a
+    re-inference keep stored states (reinference.py). True when the span gave one."""
+    if lc is not None and lc.complete and lc.prompt_tokens is not None:
+        t.prompt = lc.prompt_tokens
+        return True
+    return False
 
 
 def _finished_by(lc: RequestLifecycle, t: Track, until_ms: int | None) -> bool:

@@ -101,6 +101,13 @@ class StepWindow:
         self.computed_to = self.first_seq + idx
         return before
 
+    def checkpoint_at_or_before(self, seq: int) -> int:
+        """The latest step at or before `seq` that holds a checkpoint (the oldest step held has one)."""
+        idx = seq - self.first_seq
+        while idx > 0 and self._slots[idx].before is None:
+            idx -= 1
+        return self.first_seq + idx
+
     def first_seq_ending_after(self, ts: float) -> int | None:
         i = bisect.bisect_right(self._ends, ts)
         return self.first_seq + i if i < len(self._ends) else None
