@@ -27,7 +27,7 @@ __all__ = ["ArrivalLoad", "Candidate", "EngineState", "Forecast", "ForecastConfi
 
 CANDIDATE_PREFIX = "candidate-"
 EXPECTED_PREFIX = "expected-"
-SMALL_GAPS = 256  # token-gap lists shorter than this are ranked in plain Python (numpy costs more there)
+SMALL_GAPS = 256  # token-gap lists shorter than this are counted in plain Python (numpy costs more there)
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,13 @@ def base_run(state: EngineState, cost: StepCost, config: ForecastConfig | None =
     cfg = config or ForecastConfig()
     expected = expected_arrivals(state, cfg)
     watch = {r.request_id for r in state.requests} | {r.request_id for r in expected}
-    return simulate_from(state, cost, [(r, 0) for r in expected], watch, cfg.max_steps, until=window_end(state, cfg))
+    until = window_end(state, cfg)
+    run = simulate_from(state, cost, [(r, 0) for r in expected], watch, cfg.max_steps, until=until)
+    for rid in watch:  # every candidate compares with these: ranked here, with the snapshot, not per request
+        ts = _upto(run.tokens.get(rid, []), until)
+        if len(ts) >= 2:
+            _gaps(run, rid, ts, until, cfg.itl_p95_slo_s)
+    return run
 
 
 def forecast(state: EngineState, candidates: Sequence[Candidate], cost: StepCost,
@@ -186,21 +192,22 @@ def _harm(base: Run, run: Run, awaiting: dict[str, float], ids: set[str], offset
             ttft_pushed += before - arrival + offset_s < cfg.ttft_slo_s <= after - arrival + offset_s
         before_ts, after_ts = _upto(base.tokens.get(rid, []), until), _upto(run.tokens.get(rid, []), until)
         if len(before_ts) >= 2 and len(after_ts) >= 2 and after_ts != before_ts:  # equal: no extra, none pushed
-            mean_before, p95_before = _gaps(base, rid, before_ts, until)
+            mean_before, over_before = _gaps(base, rid, before_ts, until, cfg.itl_p95_slo_s)
             extra = max(_mean_gap(after_ts) - mean_before, 0.0)
             itl_sum += extra
             itl_max = max(itl_max, extra)
-            itl_pushed += p95_before <= cfg.itl_p95_slo_s < _p95_gap(after_ts)
+            if not over_before and _p95_over(after_ts, cfg.itl_p95_slo_s):  # one already past it is not pushed
+                itl_pushed += 1
     return Harm(len(ids), ttft_sum, ttft_max, itl_sum, itl_max, ttft_pushed, itl_pushed, tuple(by_request))
 
 
-def _gaps(base: Run, rid: str, ts: list[float], until: float) -> tuple[float, float]:
-    """The mean and p95 token gap of `rid` in the run without a candidate, up to `until`: kept on the run, which
-    every candidate of a snapshot is compared with (its gaps were most of `_harm`'s cost)."""
-    key = (rid, until)
+def _gaps(base: Run, rid: str, ts: list[float], until: float, limit: float) -> tuple[float, bool]:
+    """The mean token gap of `rid` in the run without a candidate, up to `until`, and whether its p95 gap is past
+    `limit`: kept on the run, which every candidate of a snapshot is compared with (`base_run` fills it)."""
+    key = (rid, until, limit)
     got = base.gaps.get(key)
     if got is None:
-        got = base.gaps[key] = (_mean_gap(ts), _p95_gap(ts))
+        got = base.gaps[key] = (_mean_gap(ts), _p95_over(ts, limit))
     return got
 
 
@@ -213,14 +220,19 @@ def _mean_gap(ts: list[float]) -> float:
     return (ts[-1] - ts[0]) / (len(ts) - 1)
 
 
-def _p95_gap(ts: list[float]) -> float:
-    """The 95th percentile of the gaps between token times (the gap at rank floor(0.95 n)); plain Python below
-    SMALL_GAPS gaps, where numpy's call overhead is most of the cost (same value: the same subtractions)."""
+def _p95_over(ts: list[float], limit: float) -> bool:
+    """Whether the 95th percentile of the gaps between token times (the gap at rank k = floor(0.95 n) of the n
+    sorted gaps) is past `limit`: it is when at least n - k gaps are, so the gaps are counted, not ranked (the
+    same subtractions; plain Python below SMALL_GAPS gaps, where numpy's call overhead is most of the cost)."""
     n = len(ts) - 1
-    k = min(n - 1, int(0.95 * n))
+    need = n - min(n - 1, int(0.95 * n))
     if n < SMALL_GAPS:
-        return sorted([b - a for a, b in zip(ts, ts[1:], strict=False)])[k]
-    return float(np.partition(np.diff(np.asarray(ts)), k)[k])
+        over = 0
+        for a, b in zip(ts, ts[1:], strict=False):
+            if b - a > limit:
+                over += 1
+        return over >= need
+    return int(np.count_nonzero(np.diff(np.asarray(ts)) > limit)) >= need
 
 
 @dataclass(frozen=True)

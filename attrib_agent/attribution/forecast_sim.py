@@ -35,7 +35,7 @@ class Run:
     first_stop: str  # why admission stopped in the first step
     first_members: frozenset[str]
     first_blocked: str | None  # the waiting request that did not fit in the first step
-    gaps: dict[tuple[str, float], tuple[float, float]] = field(default_factory=dict)  # `forecast._gaps`' memo
+    gaps: dict[tuple[str, float, float], tuple[float, bool]] = field(default_factory=dict)  # `forecast._gaps` memo
 
 
 def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimRequest, int]],
