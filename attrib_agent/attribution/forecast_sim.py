@@ -175,9 +175,10 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
     nxt = pending[a].req.arrival_ts if a < len(pending) else None
     if done == alike < k and (nxt is None or t < nxt) and not (crossed and until is not None and not unserved
                                                                 and t >= until):
+        last = price(0, n, context + done * n, 0)  # the finishing step, priced as a scheduled step is (once)
         if until is None or t < until:
-            ends.append(t + price(0, n, context + done * n, 0))
-        t += price(0, n, context + done * n, 0)  # the finishing step, priced as a scheduled step is
+            ends.append(t + last)
+        t += last
         done += 1
     finished = advance(running, ends, bs, pool, done)
     for r in finished:  # in member order, after every allocation, as the step loop delivers them
