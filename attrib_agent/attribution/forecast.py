@@ -117,7 +117,7 @@ def base_run(state: EngineState, cost: StepCost, config: ForecastConfig | None =
     expected = expected_arrivals(state, cfg)
     watch = {r.request_id for r in state.requests} | {r.request_id for r in expected}
     return simulate_from(state, cost, [(r, 0) for r in expected], watch, cfg.max_steps, until=window_end(state, cfg),
-                         itl_limit=cfg.itl_p95_slo_s)
+                         itl_limit=cfg.itl_p95_slo_s, keep_tokens=False)
 
 
 def forecast(state: EngineState, candidates: Sequence[Candidate], cost: StepCost,
@@ -139,7 +139,7 @@ def forecast(state: EngineState, candidates: Sequence[Candidate], cost: StepCost
         run = simulate_from(state, cost, [(cand, c.cached_prefix_tokens),
                                           *((r, 0) for r in expected)],
                             watch | {cid}, cfg.max_steps, first_token_only=frozenset({cid}),
-                            until=window_end(state, cfg), itl_limit=cfg.itl_p95_slo_s)
+                            until=window_end(state, cfg), itl_limit=cfg.itl_p95_slo_s, keep_tokens=False)
         first = run.first_token.get(cid)
         admitted = cid in run.first_members
         reason = None if admitted or refused else (

@@ -46,12 +46,13 @@ class Run:
 
 def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimRequest, int]],
                   watch: set[str], max_steps: int, first_token_only: frozenset[str] = frozenset(),
-                  until: float | None = None, itl_limit: float = math.inf) -> Run:
+                  until: float | None = None, itl_limit: float = math.inf, keep_tokens: bool = True) -> Run:
     """Run the scheduler on from `state` with `extra` requests (and their cached prefix tokens) joining at their
     arrival, until every watched request has finished, or for those in `first_token_only` has its first token
     (or `max_steps`). With `until`, a run also stops once it is past `until` and every watched request has its
     first token: what comes later changes no TTFT, and the caller reads token times up to `until` only. Each
-    request's tokens up to `until` are also summed up as they come (`Run.window`, gaps over `itl_limit` counted)."""
+    request's tokens up to `until` are also summed up as they come (`Run.window`, gaps over `itl_limit` counted);
+    without `keep_tokens` their times are not kept (`Run.tokens` empty): the sums are what the forecast reads."""
     cfg = state.sched
     bs, usable = cfg.block_size, cfg.num_blocks - 1
     pool = FreeBlockQueue(usable, cfg.prefix_caching)
@@ -103,7 +104,7 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
         if steps:  # the first step is always scheduled: it says whether the candidate is admitted now
             jumped, now, finished = _decode_stretch(running, waiting, pool, cfg.max_num_seqs, bs, pricer, now,
                                                     pending, max_steps - steps, until, unserved,
-                                                    (win, itl_limit))
+                                                    (win, itl_limit, keep_tokens))
             for lv in finished:  # as a scheduled step's delivery: they had their first token already
                 awaited.discard(lv.req.request_id)
         if jumped:
@@ -135,13 +136,15 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
         now = end
         steps += 1
     return Run({lv.req.request_id: lv.first_token_ts for lv in lives},
-                {lv.req.request_id: lv.token_ts for lv in lives}, preemptions, first_stop, first_members,
+                {lv.req.request_id: lv.token_ts for lv in lives} if keep_tokens else {}, preemptions, first_stop,
+                first_members,
                 first_blocked, {lv.req.request_id: win[lv.index] for lv in lives})
 
 
 def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], pool: FreeBlockQueue, max_seqs: int,
                     bs: int, pricer: Pricer, now: float, pending: deque[LiveRequest], max_steps: int,
-                    until: float | None, unserved: set[str], window: tuple[list[Window], float] | None = None
+                    until: float | None, unserved: set[str],
+                    window: tuple[list[Window], float, bool] | None = None
                     ) -> tuple[int, float, list[LiveRequest]]:
     """Run the coming steps at once while they are all alike: every running request decodes one token, their
     new blocks fit in the free ones and the queue's head cannot be admitted (no blocks or no seat). The stretch
@@ -198,9 +201,11 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
         t += closing
         top = max(top, closing)
         done += 1
+    keep = True
     if window is not None and ends:
-        _took_stretch(running, ends, math.inf if until is None else until, top, *window)
-    finished = advance(running, ends, bs, pool, done)
+        _took_stretch(running, ends, math.inf if until is None else until, top, window[0], window[1])
+        keep = window[2]
+    finished = advance(running, ends if keep else [], bs, pool, done)
     for r in finished:  # in member order, after every allocation, as the step loop delivers them
         finish(r, t, running, waiting, pool, bs)
     return done, t, finished
