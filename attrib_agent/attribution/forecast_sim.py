@@ -137,8 +137,7 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
         steps += 1
     return Run({lv.req.request_id: lv.first_token_ts for lv in lives},
                 {lv.req.request_id: lv.token_ts for lv in lives} if keep_tokens else {}, preemptions, first_stop,
-                first_members,
-                first_blocked, {lv.req.request_id: win[lv.index] for lv in lives})
+                first_members, first_blocked, {lv.req.request_id: win[lv.index] for lv in lives})
 
 
 def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], pool: FreeBlockQueue, max_seqs: int,
