@@ -10,13 +10,10 @@ mostly hurts those that come after it: the two are reported apart.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
-from attrib_agent.attribution.forecast_sim import Run, simulate_from
+from attrib_agent.attribution.forecast_sim import Run, Window, simulate_from
 from attrib_agent.attribution.forecast_types import ArrivalLoad, Candidate, EngineState, InFlight
 from attrib_agent.attribution.sim_step import blocks_for
 from attrib_agent.attribution.sim_types import SimRequest, StepCost
@@ -27,7 +24,6 @@ __all__ = ["ArrivalLoad", "Candidate", "EngineState", "Forecast", "ForecastConfi
 
 CANDIDATE_PREFIX = "candidate-"
 EXPECTED_PREFIX = "expected-"
-SMALL_GAPS = 256  # token-gap lists shorter than this are ranked in plain Python (numpy costs more there)
 
 
 @dataclass(frozen=True)
@@ -120,7 +116,8 @@ def base_run(state: EngineState, cost: StepCost, config: ForecastConfig | None =
     cfg = config or ForecastConfig()
     expected = expected_arrivals(state, cfg)
     watch = {r.request_id for r in state.requests} | {r.request_id for r in expected}
-    return simulate_from(state, cost, [(r, 0) for r in expected], watch, cfg.max_steps, until=window_end(state, cfg))
+    return simulate_from(state, cost, [(r, 0) for r in expected], watch, cfg.max_steps, until=window_end(state, cfg),
+                         itl_limit=cfg.itl_p95_slo_s, keep_tokens=False)
 
 
 def forecast(state: EngineState, candidates: Sequence[Candidate], cost: StepCost,
@@ -142,20 +139,19 @@ def forecast(state: EngineState, candidates: Sequence[Candidate], cost: StepCost
         run = simulate_from(state, cost, [(cand, c.cached_prefix_tokens),
                                           *((r, 0) for r in expected)],
                             watch | {cid}, cfg.max_steps, first_token_only=frozenset({cid}),
-                            until=window_end(state, cfg))
+                            until=window_end(state, cfg), itl_limit=cfg.itl_p95_slo_s, keep_tokens=False)
         first = run.first_token.get(cid)
         admitted = cid in run.first_members
         reason = None if admitted or refused else (
             run.first_stop if run.first_blocked == cid or run.first_stop in ("budget", "seats", "preemption")
             else "queue")
         arrivals = {r.request_id: r.arrival_ts for r in expected}
-        until = window_end(state, cfg)
         out.append(Forecast(
             c, refused, admitted, reason,
             None if first is None else first - state.now + state.ttft_offset_s,
             _harm(base, run, {r.request_id: r.arrival_ts for r in state.requests if r.first_token_ts is None},
-                  others, state.ttft_offset_s, cfg, until),
-            _harm(base, run, arrivals, set(arrivals), state.ttft_offset_s, cfg, until),
+                  others, state.ttft_offset_s, cfg),
+            _harm(base, run, arrivals, set(arrivals), state.ttft_offset_s, cfg),
             state.load, max(run.preemptions - base.preemptions, 0)))
     return out
 
@@ -168,9 +164,10 @@ def window_end(state: EngineState, cfg: ForecastConfig) -> float:
 
 
 def _harm(base: Run, run: Run, awaiting: dict[str, float], ids: set[str], offset_s: float,
-          cfg: ForecastConfig, until: float) -> Harm:
+          cfg: ForecastConfig) -> Harm:
     """Compare the two runs over `ids`; `awaiting` holds the arrival of those still without a first token. Token
-    gaps are compared up to `until` (both runs cover it)."""
+    gaps are compared over the window both runs cover, from their sums (`Run.window`: count, first, last, gaps
+    past the ITL SLO), which give the mean and whether the p95 is past the SLO without a pass over the times."""
     ttft_sum = ttft_max = itl_sum = itl_max = 0.0
     ttft_pushed = itl_pushed = 0
     by_request: list[tuple[str, float]] = []
@@ -184,43 +181,26 @@ def _harm(base: Run, run: Run, awaiting: dict[str, float], ids: set[str], offset
             ttft_sum += extra
             ttft_max = max(ttft_max, extra)
             ttft_pushed += before - arrival + offset_s < cfg.ttft_slo_s <= after - arrival + offset_s
-        before_ts, after_ts = _upto(base.tokens.get(rid, []), until), _upto(run.tokens.get(rid, []), until)
-        if len(before_ts) >= 2 and len(after_ts) >= 2 and after_ts != before_ts:  # equal: no extra, none pushed
-            mean_before, p95_before = _gaps(base, rid, before_ts, until)
-            extra = max(_mean_gap(after_ts) - mean_before, 0.0)
+        was, now = base.window.get(rid), run.window.get(rid)
+        if was is not None and now is not None and was[0] >= 2 and now[0] >= 2 and was != now:  # equal: no harm
+            extra = max(_mean_gap(now) - _mean_gap(was), 0.0)
             itl_sum += extra
             itl_max = max(itl_max, extra)
-            itl_pushed += p95_before <= cfg.itl_p95_slo_s < _p95_gap(after_ts)
+            if not _p95_over(was) and _p95_over(now):  # one already past the SLO is not pushed
+                itl_pushed += 1
     return Harm(len(ids), ttft_sum, ttft_max, itl_sum, itl_max, ttft_pushed, itl_pushed, tuple(by_request))
 
 
-def _gaps(base: Run, rid: str, ts: list[float], until: float) -> tuple[float, float]:
-    """The mean and p95 token gap of `rid` in the run without a candidate, up to `until`: kept on the run, which
-    every candidate of a snapshot is compared with (its gaps were most of `_harm`'s cost)."""
-    key = (rid, until)
-    got = base.gaps.get(key)
-    if got is None:
-        got = base.gaps[key] = (_mean_gap(ts), _p95_gap(ts))
-    return got
+def _mean_gap(w: Window) -> float:
+    """The mean gap between a request's token times in the window: (last - first) / (count - 1)."""
+    return (w[2] - w[1]) / (w[0] - 1)
 
 
-def _upto(ts: list[float], until: float) -> list[float]:
-    """The token times at or before `until` (they are ascending)."""
-    return ts if not ts or ts[-1] <= until else ts[:bisect.bisect_right(ts, until)]
-
-
-def _mean_gap(ts: list[float]) -> float:
-    return (ts[-1] - ts[0]) / (len(ts) - 1)
-
-
-def _p95_gap(ts: list[float]) -> float:
-    """The 95th percentile of the gaps between token times (the gap at rank floor(0.95 n)); plain Python below
-    SMALL_GAPS gaps, where numpy's call overhead is most of the cost (same value: the same subtractions)."""
-    n = len(ts) - 1
-    k = min(n - 1, int(0.95 * n))
-    if n < SMALL_GAPS:
-        return sorted([b - a for a, b in zip(ts, ts[1:], strict=False)])[k]
-    return float(np.partition(np.diff(np.asarray(ts)), k)[k])
+def _p95_over(w: Window) -> bool:
+    """Whether the 95th percentile of the n gaps in the window (the gap at rank k = floor(0.95 n) of the sorted
+    gaps) is past the limit the run counted them against: it is when at least n - k gaps are."""
+    n = int(w[0]) - 1
+    return w[3] >= n - min(n - 1, int(0.95 * n))
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ allocate, no arrival due) in one go, which is most of a whale's life and most of
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +26,10 @@ from attrib_agent.attribution.sim_types import SimRequest, StepCost
 
 SMALL_STRETCH = 64  # stretches shorter than this get their step ends in plain Python (numpy costs more there)
 
+Window = list[float]
+"""A request's token times within the window, summed up as the simulator delivers them: [count, first, last,
+gaps longer than the ITL limit] (what `forecast._harm` compares, with no pass over the token times)."""
+
 
 @dataclass(slots=True)
 class Run:
@@ -35,16 +41,18 @@ class Run:
     first_stop: str  # why admission stopped in the first step
     first_members: frozenset[str]
     first_blocked: str | None  # the waiting request that did not fit in the first step
-    gaps: dict[tuple[str, float], tuple[float, float]] = field(default_factory=dict)  # `forecast._gaps`' memo
+    window: dict[str, Window] = field(default_factory=dict)  # per request, its tokens up to `until`, summed up
 
 
 def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimRequest, int]],
                   watch: set[str], max_steps: int, first_token_only: frozenset[str] = frozenset(),
-                  until: float | None = None) -> Run:
+                  until: float | None = None, itl_limit: float = math.inf, keep_tokens: bool = True) -> Run:
     """Run the scheduler on from `state` with `extra` requests (and their cached prefix tokens) joining at their
     arrival, until every watched request has finished, or for those in `first_token_only` has its first token
     (or `max_steps`). With `until`, a run also stops once it is past `until` and every watched request has its
-    first token: what comes later changes no TTFT, and the caller reads token times up to `until` only."""
+    first token: what comes later changes no TTFT, and the caller reads token times up to `until` only. Each
+    request's tokens up to `until` are also summed up as they come (`Run.window`, gaps over `itl_limit` counted);
+    without `keep_tokens` their times are not kept (`Run.tokens` empty): the sums are what the forecast reads."""
     cfg = state.sched
     bs, usable = cfg.block_size, cfg.num_blocks - 1
     pool = FreeBlockQueue(usable, cfg.prefix_caching)
@@ -78,6 +86,8 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
     awaited = {rid for rid in watch if rid in by_id and not by_id[rid].refused}
     unserved = {rid for rid in awaited if by_id[rid].first_token_ts is None}  # no first token yet
     pricer = Pricer(cost)
+    win: list[Window] = [[0.0, 0.0, 0.0, 0.0] for _ in lives]  # by LiveRequest.index
+    upto = math.inf if until is None else until
     now, steps, preemptions, empty = state.now, 0, 0, 0
     first_stop, first_members, first_blocked = "", frozenset[str](), None
     while steps < max_steps and awaited and (until is None or unserved or now < until):
@@ -93,7 +103,8 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
         jumped = 0
         if steps:  # the first step is always scheduled: it says whether the candidate is admitted now
             jumped, now, finished = _decode_stretch(running, waiting, pool, cfg.max_num_seqs, bs, pricer, now,
-                                                    pending, max_steps - steps, until, unserved)
+                                                    pending, max_steps - steps, until, unserved,
+                                                    (win, itl_limit, keep_tokens))
             for lv in finished:  # as a scheduled step's delivery: they had their first token already
                 awaited.discard(lv.req.request_id)
         if jumped:
@@ -114,7 +125,9 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
         end = now + pricer.seconds(plan.members)
         done = _compute_all(plan.members, by_id)  # vLLM's sync scheduling: computed, then delivered at the end
         _deliver_all(done, end, running, waiting, pool, bs)  # (one member's delivery touches no other member)
-        for lv, _ in done:
+        for lv, samples in done:
+            if samples and end <= upto:
+                _took(win[lv.index], end, end, 1, 0, itl_limit)
             if lv.first_token_ts is not None:
                 rid = lv.req.request_id
                 unserved.discard(rid)
@@ -123,13 +136,15 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
         now = end
         steps += 1
     return Run({lv.req.request_id: lv.first_token_ts for lv in lives},
-                {lv.req.request_id: lv.token_ts for lv in lives}, preemptions, first_stop, first_members,
-                first_blocked)
+                {lv.req.request_id: lv.token_ts for lv in lives} if keep_tokens else {}, preemptions, first_stop,
+                first_members, first_blocked, {lv.req.request_id: win[lv.index] for lv in lives})
 
 
 def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], pool: FreeBlockQueue, max_seqs: int,
                     bs: int, pricer: Pricer, now: float, pending: deque[LiveRequest], max_steps: int,
-                    until: float | None, unserved: set[str]) -> tuple[int, float, list[LiveRequest]]:
+                    until: float | None, unserved: set[str],
+                    window: tuple[list[Window], float, bool] | None = None
+                    ) -> tuple[int, float, list[LiveRequest]]:
     """Run the coming steps at once while they are all alike: every running request decodes one token, their
     new blocks fit in the free ones and the queue's head cannot be admitted (no blocks or no seat). The stretch
     ends with the first step that finishes a request (delivered as a scheduled step delivers it), or at the next
@@ -138,7 +153,8 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
     `unserved`). The same steps as `schedule_step` one by one, and the same times, to the bit, as stretches
     broken at every arrival and finish: each piece is summed in closed form from the step an arrival fell in,
     and a finishing step is added to the end of the one before it. Past `until` the token times are not kept
-    (only first tokens are read there). Returns (steps run, new time, the requests its last step finished)."""
+    (only first tokens are read there); those up to `until` are summed up in `window` (by request index, with
+    the ITL limit). Returns (steps run, new time, the requests its last step finished)."""
     if not running or (waiting and len(running) < max_seqs and blocks_for(waiting[0].num_tokens, bs) <= pool.free):
         return 0, now, []
     last = running[-1]  # the last admitted, most often the one still prefilling: looked at first
@@ -162,9 +178,12 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
     cross = bool(waiting)
     ends: list[float] = []
     t, done, a, crossed = now, 0, 0, False  # a: the next arrival in `pending` (those before `now` are queued)
+    top = 0.0  # the longest step's price
     while done < alike:
         nxt = pending[a].req.arrival_ts if a < len(pending) else None
-        s, t = _alike(price, n, context + done * n, t, alike - done, nxt, ends if until is None or t < until else None)
+        s, t, longest = _alike(price, n, context + done * n, t, alike - done, nxt,
+                               ends if until is None or t < until else None)
+        top = max(top, longest)
         done += s
         crossed = False
         if nxt is None or t < nxt or not cross or (until is not None and not unserved and t >= until):
@@ -175,31 +194,39 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
     nxt = pending[a].req.arrival_ts if a < len(pending) else None
     if done == alike < k and (nxt is None or t < nxt) and not (crossed and until is not None and not unserved
                                                                 and t >= until):
+        closing = price(0, n, context + done * n, 0)  # the finishing step, priced as a scheduled step is (once)
         if until is None or t < until:
-            ends.append(t + price(0, n, context + done * n, 0))
-        t += price(0, n, context + done * n, 0)  # the finishing step, priced as a scheduled step is
+            ends.append(t + closing)
+        t += closing
+        top = max(top, closing)
         done += 1
-    finished = advance(running, ends, bs, pool, done)
+    keep = True
+    if window is not None and ends:
+        _took_stretch(running, ends, math.inf if until is None else until, top, window[0], window[1])
+        keep = window[2]
+    finished = advance(running, ends if keep else [], bs, pool, done)
     for r in finished:  # in member order, after every allocation, as the step loop delivers them
         finish(r, t, running, waiting, pool, bs)
     return done, t, finished
 
 
 def _alike(price: Callable[[int, int, int, int], float], n: int, context: int, now: float, m: int,
-           next_arrival: float | None, ends: list[float] | None) -> tuple[int, float]:
+           next_arrival: float | None, ends: list[float] | None) -> tuple[int, float, float]:
     """Up to `m` alike decode steps of `n` requests from `now` (the first attends to `context` tokens), ending
     with the one in which `next_arrival` falls; their ends appended to `ends` (unless None). Returns (steps run,
-    the last one's end)."""
+    the last one's end, the longest one's price)."""
     first = price(0, n, context, 0)
     slope = price(0, n, context + n, 0) - first  # each step attends to n more tokens
     if abs(price(0, n, context + (m - 1) * n, 0) - (first + (m - 1) * slope)) > 1e-9 * (1 + first):
-        t, j = now, 0  # a cost model not linear in the context: price step by step
+        t, j, top = now, 0, 0.0  # a cost model not linear in the context: price step by step
         while j < m and (next_arrival is None or t < next_arrival):
-            t += price(0, n, context + j * n, 0)
+            seconds = price(0, n, context + j * n, 0)
+            t += seconds
+            top = max(top, seconds)
             j += 1
             if ends is not None:
                 ends.append(t)
-        return j, t
+        return j, t, top
 
     def end(j: int) -> float:  # step j (0-based) costs first + j * slope: its end in closed form
         return now + (j + 1) * first + slope * j * (j + 1) / 2
@@ -218,4 +245,34 @@ def _alike(price: Callable[[int, int, int, int], float], n: int, context: int, n
     else:
         jj = np.arange(m, dtype=np.float64)
         ends.extend((now + (jj + 1) * first + slope * jj * (jj + 1) / 2).tolist())
-    return m, end(m - 1)  # the same expression as the list's last element: the same float
+    return m, end(m - 1), max(first, first + (m - 1) * slope)  # end: the same expression as the list's last
+
+
+def _took(w: Window, first: float, last: float, count: int, over: int, limit: float) -> None:
+    """`count` tokens from `first` to `last`, `over` of their gaps longer than `limit`, join a request's window."""
+    if w[0]:
+        over += first - w[2] > limit
+    else:
+        w[1] = first
+    w[0] += count
+    w[2] = last
+    w[3] += over
+
+
+def _took_stretch(running: list[LiveRequest], ends: list[float], until: float, top: float, win: list[Window],
+                  limit: float) -> None:
+    """A stretch's step ends up to `until` join every running request's window: its inner gaps are counted once,
+    for all (the same subtractions as of each request's token times), and not at all when its longest step
+    (`top`) is shorter than `limit` by more than the rounding of a difference of two ends (a few units in the
+    last place of the clock)."""
+    cut = len(ends) if ends[-1] <= until else bisect.bisect_right(ends, until)
+    if not cut:
+        return
+    over = 0
+    if top >= limit - 64 * math.ulp(ends[cut - 1]):
+        for a, b in zip(ends, ends[1:cut], strict=False):
+            if b - a > limit:
+                over += 1
+    first, last = ends[0], ends[cut - 1]
+    for r in running:
+        _took(win[r.index], first, last, cut, over, limit)

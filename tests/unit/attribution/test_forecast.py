@@ -153,7 +153,7 @@ def test_runs_stop_at_the_window_and_every_ttft_is_what_the_full_run_gives(monke
     real = forecast_sim.simulate_from
 
     def spy(*a: object, **k: object) -> forecast_sim.Run:
-        run = real(*a, **k)  # type: ignore[arg-type]
+        run = real(*a, **{**k, "keep_tokens": True})  # type: ignore[arg-type]  # its token times: how far it ran
         stopped.append(max((t for ts in run.tokens.values() for t in ts), default=NOW))
         return run
 

@@ -3,6 +3,7 @@ head, without token times past the window) give the step-by-step run, and take f
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -44,9 +45,30 @@ def states(draw: st.DrawFn) -> tuple[EngineState, list[tuple[SimRequest, int]], 
         st.integers(0, len(COSTS) - 1))
 
 
-def _run(state: EngineState, extra: list[tuple[SimRequest, int]], until: float | None, cost: int) -> Run:
+def _run(state: EngineState, extra: list[tuple[SimRequest, int]], until: float | None, cost: int,
+         itl_limit: float = math.inf) -> Run:
     watch = {r.request_id for r in state.requests} | {r.request_id for r, _ in extra}
-    return simulate_from(state, COSTS[cost], extra, watch, 4000, until=until)
+    return simulate_from(state, COSTS[cost], extra, watch, 4000, until=until, itl_limit=itl_limit)
+
+
+@settings(max_examples=100, deadline=None)
+@given(states(), st.sampled_from([0.0, 0.004, 0.012, 0.05, 0.25]))
+def test_the_window_sums_are_those_of_the_token_times(
+        case: tuple[EngineState, list[tuple[SimRequest, int]], float, int], limit: float) -> None:
+    """What the harm compares (count, first, last, gaps past the ITL limit of each request's tokens up to
+    `until`), summed up as tokens are delivered, equals the same read off the token times, with the stretches
+    on (their inner gaps counted once for all members, or skipped below the limit) and off."""
+    state, extra, window, cost = case
+    until = NOW + window
+    for stretches in (True, False):
+        with pytest.MonkeyPatch.context() as mp:
+            if not stretches:
+                mp.setattr(forecast_sim, "_decode_stretch", lambda *a: (0, a[6], []))
+            run = _run(state, extra, until, cost, limit)
+        for rid, times in run.tokens.items():
+            ts = [t for t in times if t <= until]
+            over = sum(b - a > limit for a, b in zip(ts, ts[1:], strict=False))
+            assert run.window[rid] == ([len(ts), ts[0], ts[-1], over] if ts else [0, 0.0, 0.0, 0])
 
 
 @settings(max_examples=150, deadline=None)
@@ -90,7 +112,7 @@ def test_past_the_window_only_first_tokens_are_followed() -> None:
 
 def _keeping_all(real: Any, until: float) -> Any:
     def stretch(*a: Any) -> Any:
-        return real(*a[:9], None, a[10])  # no window: every stretch keeps its times
+        return real(*a[:9], None, *a[10:])  # no window: every stretch keeps its times
     return stretch
 
 
