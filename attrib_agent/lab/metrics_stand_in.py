@@ -8,14 +8,37 @@ counters reset). `lab/playback.py`'s `MetricsStandIn` is the asyncio twin the be
 
 from __future__ import annotations
 
+import logging
+import sys
 import threading
 import time
 from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Final
+from typing import Any, Final
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"  # what vLLM's prometheus_client serves
 TimedBodies = Sequence[tuple[float, bytes]]  # (seconds from the run's start, raw /metrics body), in time order
+HANGUPS: Final = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
+
+logger = logging.getLogger("attrib_agent")
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """A scraper that hangs up mid-body (a scrape timeout, an agent stopped) is normal, as for vLLM's own server:
+    counted, not printed. socketserver's default prints a traceback from the handler thread, and on Python 3.11
+    formatting one runs `ast.parse` (the caret anchors), whose AST state is shared between threads: a test parsing
+    source at that moment failed with `SystemError: AST constructor recursion depth mismatch` (CI, 2026-11-26)."""
+
+    hangups = 0
+    errors = 0
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, HANGUPS):
+            self.hangups += 1
+            return
+        self.errors += 1
+        logger.warning("recorded /metrics stand-in: %s while serving %s", type(exc).__name__, client_address)
 
 
 class RecordedMetricsServer:
@@ -28,7 +51,8 @@ class RecordedMetricsServer:
         self._bodies = bodies
         self._started: float | None = None
         self.scrapes = 0
-        self._httpd: ThreadingHTTPServer | None = None
+        self.hangups = self.errors = 0  # of servers stopped before; `handled()` adds the current one's
+        self._httpd: _QuietServer | None = None
         self._thread: threading.Thread | None = None
         self.port = port
         self.start()
@@ -37,6 +61,11 @@ class RecordedMetricsServer:
     def url(self) -> str:
         """The base URL, as `--vllm-url` takes it."""
         return f"http://127.0.0.1:{self.port}"
+
+    def handled(self) -> tuple[int, int]:
+        """Scrapers that hung up mid-body, and other errors while serving, since the start."""
+        h = self._httpd
+        return self.hangups + (h.hangups if h else 0), self.errors + (h.errors if h else 0)
 
     def play(self, bodies: TimedBodies, started_mono: float | None = None) -> None:
         """From now on serve `bodies` as if their run began at `started_mono` (time.monotonic()); None: the first
@@ -81,7 +110,7 @@ class RecordedMetricsServer:
         deadline = time.monotonic() + 10
         while True:  # the old socket may linger a moment after stop()
             try:
-                httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+                httpd = _QuietServer(("127.0.0.1", self.port), Handler)
                 break
             except OSError:
                 if time.monotonic() > deadline:
@@ -96,6 +125,8 @@ class RecordedMetricsServer:
     def stop(self) -> None:
         """Stop listening: scrapes are refused, as when vLLM is down."""
         if self._httpd is not None:
+            self.hangups += self._httpd.hangups
+            self.errors += self._httpd.errors
             self._httpd.shutdown()
             self._httpd.server_close()
             self._httpd = None
