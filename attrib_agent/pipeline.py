@@ -360,10 +360,13 @@ class AttributionPipeline:
         settled = self.settled_status(request_id)
         if settled is not None:
             return settled
-        lc = self.timeline.lifecycle(request_id)
+        lc = self.timeline.logged(request_id)  # the inferred times are not needed: no step inference forced
         if lc is None:
             return "unknown"
-        return "aborted" if (lc.aborted_ts is not None and not lc.complete) or self._lost(lc) else "running"
+        if lc.complete:
+            return "running"
+        lost = lc.aborted_ts is not None or self._lost(lc) or self.timeline.lost_in_restart(request_id)
+        return "aborted" if lost else "running"
 
     def settled_status(self, request_id: str) -> str | None:
         """`status()` where the settle passes' own maps answer it (stored, waiting, skipped), without reading the

@@ -203,6 +203,21 @@ class EngineTimeline:
             return None
         return lc if lc.complete else self._partial(lc)
 
+    def logged(self, request_id: str) -> RequestLifecycle | None:
+        """What the log lines and the span say of the request, no step inferred for it: a status read asked many
+        times a second (API lookups) must not force the inference, whose re-inference grows with how often it
+        runs between spans."""
+        return self._book.get(request_id)
+
+    def lost_in_restart(self, request_id: str) -> bool:
+        """Whether the steps show the request ended with a vLLM that restarted under it (what `lifecycle` reports
+        as its abort time); infers the steps only when a step held follows a restart."""
+        if not self._window.holds_restart():
+            return False
+        self._inference.refresh()
+        departed = self._inference.departure(request_id)
+        return departed is not None and departed.reason == "restart"
+
     def cached_tokens(self, request_id: str) -> int:
         """Prompt tokens the request found in vLLM's prefix cache (inferred from the steps; 0 if none seen)."""
         departed = self._inference.departure(request_id)

@@ -34,6 +34,8 @@ class StepWindow:
         # computed frontier, which only moves back to re-infer), kept so reading them is a list copy, not a walk
         self._pairs: list[tuple[StepInput, StepOutcome]] = []
         self._eventful: set[int] = set()  # seqs of inferred steps that saw a preemption or a resumption (rare)
+        self._restarts: set[int] = set()  # seqs of steps whose iteration went back: vLLM restarted (rare)
+        self._last_iteration: int | None = None  # of the last step appended, dropped or not
         self.first_seq = 0
         self.next_seq = 0
         self.computed_to = 0  # steps before this seq have outcomes
@@ -43,6 +45,9 @@ class StepWindow:
         return len(self._slots)
 
     def append(self, si: StepInput) -> None:
+        if self._last_iteration is not None and si.iteration < self._last_iteration:
+            self._restarts.add(si.seq)
+        self._last_iteration = si.iteration
         self._slots.append(StepSlot(si))
         self._ends.append(si.end_ts)
         self.next_seq += 1
@@ -138,6 +143,11 @@ class StepWindow:
     def outcomes(self) -> list[tuple[StepInput, StepOutcome]]:
         return list(self._pairs)
 
+    def holds_restart(self) -> bool:
+        """Whether a step held follows a vLLM restart (its iteration went back): only then can the inference
+        end a request with the old server, so a reader that needs no other inferred fact can skip inferring."""
+        return bool(self._restarts)
+
     def eventful(self) -> list[int]:
         """Positions in `outcomes()` of the steps that saw a preemption or a resumption, in order: the
         preemption inference reads these few instead of walking every step held."""
@@ -169,4 +179,5 @@ class StepWindow:
         del self._ends[:n]
         del self._pairs[:n]
         self._eventful = {q for q in self._eventful if q >= seq}
+        self._restarts = {q for q in self._restarts if q >= seq}
         self.first_seq = seq

@@ -54,3 +54,43 @@ def test_a_request_lost_in_the_crash_ends_at_the_restart(
     assert not any(c.request_id == lost for r in results.values() if r is not None for c in r.culprits)
     before = [e.request_id for e in events if isinstance(e, RequestSpan) and e.end_ts <= killed_at]
     assert before and all((r := p.store.get(rid)) is not None and r.final for rid in before)
+
+
+def _status_from_inferred(p: AttributionPipeline, rid: str) -> str:
+    """`status()` as it was before it stopped forcing the step inference: from the refreshed lifecycle."""
+    settled = p.settled_status(rid)
+    if settled is not None:
+        return settled
+    lc = p.timeline.lifecycle(rid)
+    if lc is None:
+        return "unknown"
+    return "aborted" if (lc.aborted_ts is not None and not lc.complete) or p._lost(lc) else "running"
+
+
+def test_status_without_step_inference_answers_as_the_inferred_lifecycle(
+        killed_then_restarted: tuple[list[Event], str, float, float]) -> None:
+    """Across the crash and the restart, status() answers what the refreshed lifecycle says, for every request
+    held, at every 25th event; and before any restart it infers no step (an API lookup must not)."""
+    events, lost, _, restart_at = killed_then_restarted
+    p = AttributionPipeline(PipelineConfig(partial_timeout_s=1e6))
+    seen: set[str] = set()
+    checked = aborted = lazy = before = 0
+    for i, ev in enumerate(events):
+        p.feed(ev)
+        if i % 25:
+            continue
+        ids = [lc.request_id for lc in p.timeline._book.lifecycles()] + ["no-such-request"]
+        if ev.ts < restart_at:
+            before += 1
+            work = p.timeline.inference_work()
+            fast = [p.status(rid) for rid in ids]
+            lazy += p.timeline.inference_work() == work
+        else:
+            fast = [p.status(rid) for rid in ids]
+        slow = [_status_from_inferred(p, rid) for rid in ids]
+        assert fast == slow, [(r, f, s) for r, f, s in zip(ids, fast, slow, strict=True) if f != s]
+        checked += len(ids)
+        aborted += fast.count("aborted")
+        seen.update(rid for rid, st in zip(ids, fast, strict=True) if st == "aborted")
+    assert checked > 500 and lazy == before >= 5
+    assert lost in seen and aborted > 0

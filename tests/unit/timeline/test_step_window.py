@@ -89,3 +89,17 @@ def test_step_input_derives_what_the_inference_reads() -> None:
     si = StepInput(0, 0, 1, 10.0004, 0.5, 2, 30, 3, 3, 0.5)
     assert (si.start_ts, si.end_ms, si.scheduled_tokens) == (10.0004 - 0.5, 10000, 33)
     assert si == StepInput(0, 0, 1, 10.0004, 0.5, 2, 30, 3, 3, 0.5) and "end_ms" not in repr(si)
+
+
+def test_a_restart_is_held_while_its_step_is() -> None:
+    """`holds_restart` says whether a step held follows an iteration going back; it goes with that step."""
+    w = StepWindow(max_steps=8, checkpoint_every=2)
+    for seq, it in enumerate([10, 11, 12, 1, 2, 3]):
+        w.append(StepInput(seq, 0, it, 1.0 + seq, 0.01, 0, 0, 1, 1, 0.1))
+        assert w.holds_restart() == (seq >= 3)
+    w.drop_before(3)
+    assert w.holds_restart()
+    w.drop_before(4)
+    assert not w.holds_restart()
+    w.append(StepInput(6, 0, 4, 7.0, 0.01, 0, 0, 1, 1, 0.1))
+    assert not w.holds_restart()
