@@ -96,7 +96,7 @@ class AttributionPipeline:
         self.config = cfg = config or PipelineConfig()
         self.timeline = self._new_timeline()
         self.attributor = Attributor(cfg.attribution)
-        self.engine_watch = EngineWatch(cfg.engine, cfg.block_size, cfg.num_blocks, cfg.token_budget)  # a saved fit's
+        self.engine_watch = EngineWatch(cfg.engine, lambda: self.timeline.geometry, cfg.token_budget)  # a saved fit's
         self.store = ResultStore(cfg.max_results, cfg.max_result_age_s)
         self.tally = SlowdownTally(victim_threshold_s=cfg.victim_threshold_s, slo=SloTally(cfg.slo))
         self.events: Counter[str] = Counter()

@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from attrib_agent.attribution.cost_model import StepCostModel
 from attrib_agent.events import EngineStep, Event, MetricsSnapshot
+from attrib_agent.timeline.sched_state import Geometry
 
 FORMAT: Final = "attrib-agent step-cost fit"
 VERSION: Final = 1
@@ -90,14 +91,16 @@ Decision = Callable[[str, str], None]
 class EngineWatch:
     """The pipeline's: the engine's facts as events show them, and a saved fit waiting for them to be known."""
 
-    def __init__(self, engine: int, block_size: int | None = None, num_blocks: int | None = None,
-                 token_budget: int | None = None) -> None:
+    def __init__(self, engine: int, geometry: Callable[[], Geometry], token_budget: int | None = None) -> None:
+        """`geometry`: the pool as the timeline resolved it (settings over `vllm:cache_config_info`), read at each
+        scrape of this engine: one rule for the pool, the timeline's, and kept across a timeline replaced."""
         self.engine, self._label = engine, str(engine)
-        self._configured = (block_size, num_blocks)
+        self._geometry = geometry
         self.token_budget = token_budget
         self.model: str | None = None  # None until a scrape of this engine was read
         self.device: str | None = None  # None until one of its steps was read
-        self._pool: tuple[int | None, int | None] = (None, None)
+        self._raw_model: str | None = None  # the name as the last scrape gave it (cut once, when it changes)
+        self._pool = geometry()
         self._offer: tuple[FitSnapshot, Decision] | None = None
         self._unchecked: tuple[str, Decision] | None = None  # adopted before a step showed the device: (saved, tell)
 
@@ -116,9 +119,11 @@ class EngineWatch:
                 self.device = event.device
                 self._check_device(cost)
         elif isinstance(event, MetricsSnapshot) and event.engine == self._label:
-            self.model = event.model_name[:MAX_TEXT]
-            if event.block_size is not None or event.num_gpu_blocks is not None:
-                self._pool = (event.block_size, event.num_gpu_blocks)
+            if event.model_name != self._raw_model:
+                self._raw_model, self.model = event.model_name, event.model_name[:MAX_TEXT]
+            now = self._geometry()
+            if now.known or not self._pool.known:  # a fresh timeline (a stepped clock) has not seen it yet
+                self._pool = now
         else:
             return
         if self._offer is not None:
@@ -136,9 +141,9 @@ class EngineWatch:
         """The engine as known now; None until a scrape of it was read."""
         if self.model is None:
             return None
-        block_size = self._configured[0] if self._configured[0] is not None else self._pool[0]
-        num_blocks = self._configured[1] if self._configured[1] is not None else self._pool[1]
-        return EngineFingerprint(self.engine, self.model, self.device, block_size, num_blocks, self.token_budget)
+        pool = self._pool
+        return EngineFingerprint(self.engine, self.model, self.device, pool.block_size, pool.num_blocks,
+                                 self.token_budget)
 
     def decide(self, cost: StepCostModel) -> None:
         now = self.fingerprint()

@@ -317,6 +317,11 @@ class EngineTimeline:
     def preemption_counts(self) -> PreemptionCounts:
         return preemption_counts(self.preemptions(), list(self._samples))
 
+    @property
+    def geometry(self) -> Geometry:
+        """The KV pool: the settings, else what `vllm:cache_config_info` showed (once both parts are known)."""
+        return self._inference.geometry
+
     def pool(self) -> tuple[int | None, int | None]:
         return self._inference.geometry.block_size, self._inference.geometry.num_blocks
 
