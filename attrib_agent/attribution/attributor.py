@@ -331,7 +331,7 @@ class Attributor:
             if len(chain) <= limit and chain[0].arrival_ts >= first_victim - self.config.window_lookback_s:
                 out.append((chain, None, victims))  # a burst: the whole of it, as short as any window
                 continue
-            index = index or StepIndex(timeline.steps())
+            index = index or StepIndex(timeline.steps(), timeline.step_ends())  # in end order, kept
             for lo, window, mine in bounded_neighbourhoods([(r, ends[r.request_id]) for r in chain], victims, limit,
                                                      self.config.window_lookback_s,
                                                      index.snapper(self.config.window_grid_s)):

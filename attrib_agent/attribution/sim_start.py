@@ -18,9 +18,13 @@ from attrib_agent.timeline.model import RequestLifecycle, StepRecord
 class StepIndex:
     """The steps held, by end time: the state at a time is the one after the last step ended by then."""
 
-    def __init__(self, steps: Sequence[StepRecord]) -> None:
-        self.steps = sorted(steps, key=lambda s: s.end_ts)
-        self.ends = [s.end_ts for s in self.steps]
+    def __init__(self, steps: Sequence[StepRecord], ends: list[float] | None = None) -> None:
+        """`ends`: the steps' end times when the caller keeps them (a timeline's steps end in order)."""
+        if ends is not None and len(ends) == len(steps):
+            self.steps, self.ends = steps, ends
+        else:
+            self.steps = sorted(steps, key=lambda s: s.end_ts)
+            self.ends = [s.end_ts for s in self.steps]
 
     def before(self, ts: float) -> StepRecord | None:
         """The last step that ended at or before `ts` (None if no step held did)."""

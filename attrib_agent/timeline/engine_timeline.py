@@ -274,7 +274,16 @@ class EngineTimeline:
         return self._window.last_end()
 
     def steps(self) -> list[StepRecord]:
+        """The records of `outcomes()`; inferred, a copy of the list the window keeps (no walk of the window)."""
+        self._inference.refresh()
+        if not len(self._exact):
+            return self._window.records()
         return [out.record for _, out in self.outcomes()]
+
+    def step_ends(self) -> list[float]:
+        """`[s.end_ts for s in steps()]`, from the window's own list (the plugin's facts keep the times)."""
+        self._inference.refresh()
+        return self._window.ends()
 
     def steps_between(self, t0: float, t1: float) -> list[StepRecord]:
         """Steps whose execution overlaps [t0, t1], members included."""
@@ -291,7 +300,12 @@ class EngineTimeline:
 
     def block_seconds(self, request_ids: Iterable[str]) -> dict[str, float]:
         """KV block-seconds of these requests over the steps held (the ledger's figures, the ledger not built)."""
-        return block_seconds(self.outcomes(), request_ids)
+        outcomes, ids = self.outcomes(), set(request_ids)
+        held = None if len(self._exact) else self._inference.held_between(ids)
+        if held is None:  # a request the inference does not know (or the plugin's holdings): every step
+            return block_seconds(outcomes, ids)
+        first = self._window.first_seq  # only the steps that can hold them: the same terms in the same order
+        return block_seconds(outcomes, ids, max(held[0] - first, 0), held[1] - first + 1)
 
     def kv_latest(self) -> KvLatest:
         """The ledger's latest step, holdings and sample reconciliation, without building the ledger."""
@@ -334,6 +348,11 @@ class EngineTimeline:
         if self._configured_budget is not None:
             return self._configured_budget
         if self._budget is None or self._budget[0] != self._version:  # once a version
+            if not len(self._exact):  # the window keeps each pair's answer until one of the two is re-inferred
+                self._inference.refresh()
+                full = self._window.cut_max(_cut_size)
+                self._budget = (self._version, full or max(self._window.largest_step(), DEFAULT_TOKEN_BUDGET))
+                return self._budget[1]
             steps = self.steps()
             full = 0
             seen, kept = self._cut_pairs, {}
@@ -350,6 +369,12 @@ class EngineTimeline:
         return self._budget[1]
 
     def membership_quality(self) -> MembershipQuality:
+        if not len(self._exact):  # kept by the window as outcomes change
+            self._inference.refresh()
+            n, exact, total, worst = self._window.membership()
+            if not n:
+                return MembershipQuality(0, 0.0, 0.0, 0)
+            return MembershipQuality(n, exact / n, total / n, worst)
         errors = [r.membership_error for r in self.steps()]
         if not errors:  # no iteration log, no evidence: a result built on guessed steps must not read as good
             return MembershipQuality(0, 0.0, 0.0, 0)

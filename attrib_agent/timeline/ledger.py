@@ -150,14 +150,17 @@ class KvBlockLedger:
         return result
 
 
-def block_seconds(steps: Sequence[tuple[StepInput, StepOutcome]], request_ids: Iterable[str]) -> dict[str, float]:
+def block_seconds(steps: Sequence[tuple[StepInput, StepOutcome]], request_ids: Iterable[str], lo: int = 0,
+                  hi: int | None = None) -> dict[str, float]:
     """`KvBlockLedger(...).request(rid).block_seconds` of just these requests (those holding none: absent), the
     same sums in the same order, without building the ledger: an attribution pass names a few culprits, the
-    ledger integrates every request the window holds (a pass's largest fixed cost at GPU rates)."""
+    ledger integrates every request the window holds (a pass's largest fixed cost at GPU rates). `steps[lo:hi]`:
+    where the caller knows they hold blocks (none of them in a step outside it)."""
     want = set(request_ids)
     seconds: dict[str, float] = {}
     last = len(steps) - 1
-    for k, (si, out) in enumerate(steps):
+    for k in range(lo, len(steps) if hi is None else min(hi, len(steps))):
+        si, out = steps[k]
         span = steps[k + 1][0].end_ts - si.end_ts if k < last else 0.0
         for rid, blocks in own_blocks(out):
             if rid in want:

@@ -10,6 +10,8 @@ timeline and a replayed one agree. Re-inference stops early where it converges w
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from attrib_agent.timeline.fact_reads import Change, StoredPass, first_admission, span_spares_waiting
 from attrib_agent.timeline.lifecycle import LifecycleBook
 from attrib_agent.timeline.sched_state import Geometry, SchedState, Track
@@ -40,6 +42,26 @@ class TimelineInference:
 
     def track(self, request_id: str) -> Track | None:
         return self.state.tracked().get(request_id)
+
+    def held_between(self, request_ids: Iterable[str]) -> tuple[int, int] | None:
+        """The first and last step (seqs) whose holdings can name any of these requests: each from its first
+        admission to the step that inferred its departure, or to the last step while it is held (an empty range
+        when none was admitted); None when one is unknown here. Refreshed first by the caller."""
+        tracked: dict[str, Track] | None = None
+        lo, hi = self.window.next_seq, -1
+        for rid in request_ids:
+            found = self._departed.get(rid)
+            if found is not None:
+                admitted, last = found[1].admitted_seq, found[0]
+            else:
+                tracked = self.state.tracked() if tracked is None else tracked
+                t = tracked.get(rid)
+                if t is None:
+                    return None
+                admitted, last = t.admitted_seq, self.window.next_seq - 1
+            if admitted is not None:
+                lo, hi = min(lo, admitted), max(hi, last)
+        return lo, hi
 
     def set_geometry(self, geometry: Geometry) -> None:
         self.geometry = geometry

@@ -8,8 +8,11 @@ and eviction drops whole chunks so the oldest step held always has its checkpoin
 from __future__ import annotations
 
 import bisect
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from attrib_agent.timeline.model import StepRecord
 from attrib_agent.timeline.sched_state import SchedState, StepInput, fact_ms
 from attrib_agent.timeline.step_outcome import StepOutcome
 
@@ -33,7 +36,14 @@ class StepWindow:
         # (input, outcome) of the slots inferred so far: always a prefix of the slots (outcomes are set at the
         # computed frontier, which only moves back to re-infer), kept so reading them is a list copy, not a walk
         self._pairs: list[tuple[StepInput, StepOutcome]] = []
+        self._records: list[StepRecord] = []  # the outcomes' records, in step: what the attribution pass reads
         self._eventful: set[int] = set()  # seqs of inferred steps that saw a preemption or a resumption (rare)
+        # Kept as outcomes change rather than walked per pass: each step's membership error (counted by value),
+        # and the chunk-cut size of each step with the next (`cut_max`), those not worked out yet by seq.
+        self._errors: Counter[int] = Counter()
+        self._error_sum = 0
+        self._cuts: list[int] = []
+        self._cuts_due: set[int] = set()
         self._restarts: set[int] = set()  # seqs of steps whose iteration went back: vLLM restarted (rare)
         self._last_iteration: int | None = None  # of the last step appended, dropped or not
         self.first_seq = 0
@@ -77,13 +87,29 @@ class StepWindow:
             self._eventful.add(slot.si.seq)
         else:
             self._eventful.discard(slot.si.seq)
-        i = slot.si.seq - self.first_seq
+        seq = slot.si.seq
+        i = seq - self.first_seq
+        record = outcome.record
         if i < len(self._pairs):
+            self._count_error(self._records[i].membership_error, -1)
             self._pairs[i] = (slot.si, outcome)
+            self._records[i] = record
         elif i == len(self._pairs):
             self._pairs.append((slot.si, outcome))
+            self._records.append(record)
+            self._cuts.append(0)
         else:
             raise RuntimeError("outcomes are inferred in order")
+        self._count_error(record.membership_error, 1)
+        self._cuts_due.add(seq)  # its cut reads it and the next step, the previous one's reads it
+        if i:
+            self._cuts_due.add(seq - 1)
+
+    def _count_error(self, error: int, n: int) -> None:
+        self._errors[error] += n
+        self._error_sum += n * error
+        if not self._errors[error]:
+            del self._errors[error]
 
     def is_checkpoint(self, seq: int) -> bool:
         return seq == self.first_seq or seq % self.checkpoint_every == 0
@@ -143,6 +169,30 @@ class StepWindow:
     def outcomes(self) -> list[tuple[StepInput, StepOutcome]]:
         return list(self._pairs)
 
+    def records(self) -> list[StepRecord]:
+        """`[o.record for _, o in outcomes()]`, kept: a copy of a list, not a walk of the window."""
+        return list(self._records)
+
+    def ends(self) -> list[float]:
+        """The end of each step in `outcomes()` (the records' `end_ts`), in order."""
+        return self._ends[:len(self._pairs)]
+
+    def membership(self) -> tuple[int, int, int, int]:
+        """(steps inferred, of which with no membership error, summed error, largest error), kept as outcomes
+        change: what walking every record's `membership_error` gives."""
+        return len(self._records), self._errors.get(0, 0), self._error_sum, max(self._errors, default=0)
+
+    def cut_max(self, cut: Callable[[StepRecord, StepRecord], int]) -> int:
+        """The largest `cut(step, next step)` over the inferred steps (0 with fewer than two): each pair's answer
+        kept until one of its two outcomes changes (`cut` is a function of the two records)."""
+        records, cuts, last = self._records, self._cuts, len(self._records) - 1
+        for seq in self._cuts_due:
+            i = seq - self.first_seq
+            if 0 <= i <= last:
+                cuts[i] = cut(records[i], records[i + 1]) if i < last else 0
+        self._cuts_due = {self.first_seq + last} if last >= 0 else set()  # the last one's next is still to come
+        return max(cuts, default=0)
+
     def holds_restart(self) -> bool:
         """Whether a step held follows a vLLM restart (its iteration went back): only then can the inference
         end a request with the old server, so a reader that needs no other inferred fact can skip inferring."""
@@ -177,7 +227,12 @@ class StepWindow:
         n = seq - self.first_seq
         del self._slots[:n]
         del self._ends[:n]
+        for record in self._records[:n]:
+            self._count_error(record.membership_error, -1)
         del self._pairs[:n]
+        del self._records[:n]
+        del self._cuts[:n]
         self._eventful = {q for q in self._eventful if q >= seq}
+        self._cuts_due = {q for q in self._cuts_due if q >= seq}
         self._restarts = {q for q in self._restarts if q >= seq}
         self.first_seq = seq
