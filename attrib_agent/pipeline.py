@@ -32,6 +32,12 @@ from attrib_agent.timeline.step_outcome import StepOutcome
 
 CLOCK_STEP_BACK_S = 30.0
 """Event (receipt) time going back further than this is the clock stepping back, not sources' disorder."""
+MAX_PASS_WAIT_S = 1.0
+"""While shedding, attribution passes are at most this much event time apart whatever `pass_gap_s` says (the gap
+the agent also spaces its forecast refresh by, a whole simulation each): what is due waits at most this long. A
+pass's fixed cost, what it reads of the whole timeline, is kept by the timeline as its window changes (~10-20 ms
+on a 36k-step GPU-rate window), so one a second costs ~0.01-0.03 core at the share floor, and freshness there goes
+from the gap (10 s) to ~1.5 s (docs/performance.md section 11, "Pipeline thread")."""
 
 
 @dataclass(frozen=True)
@@ -212,8 +218,9 @@ class AttributionPipeline:
         self.version += 1
         self.settles += 1
         self._next_settle = now + self.config.settle_interval_s
-        if self.pass_gap_s > 0 and self._last_pass is not None and now - self._last_pass < self.pass_gap_s:
-            return []  # shedding: what is due waits (bounded by max_pending) for the next pass
+        gap = min(self.pass_gap_s, MAX_PASS_WAIT_S)
+        if gap > 0 and self._last_pass is not None and now - self._last_pass < gap:
+            return []  # shedding: what is due waits (bounded by max_pending and MAX_PASS_WAIT_S) for the next pass
         self._last_pass = now
         self.attributor.one_refit_a_pass = self.pass_gap_s > 0  # shedding: one cost-model refit a pass
         lcs = {lc.request_id: lc for lc in self.timeline.lifecycles()}

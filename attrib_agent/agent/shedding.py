@@ -3,7 +3,9 @@ finish (chosen by a hash of their id) and count the rest as skipped, rather than
 
 Every engine event is still read (the timeline, the KV ledger, the step-cost model stay whole); what is shed is the
 expensive part: each victim's re-simulation, and passes (run `settle_interval_s / share` apart, each taking the
-victims gathered since, since a pass has a fixed cost). The share follows the agent's CPU over the last `WINDOW_S`
+victims gathered since, since a pass has a fixed cost; the pipeline holds its attribution passes to at most
+`pipeline.MAX_PASS_WAIT_S` of that, now that the fixed cost is small, and the forecast refresh keeps the whole gap).
+The share follows the agent's CPU over the last `WINDOW_S`
 (the whole process: the loop's ingest and API as well as the pipeline thread and its renders, since the budget is
 what the sidecar takes from the host) towards `budget_cores`, and halves while the
 oldest waiting event has been more than `MAX_BACKLOG_S` old for `BEHIND_FOR_S` (one long pass that holds the queue

@@ -3,6 +3,8 @@ drops while events wait; the pipeline skips the rest by a stable hash of the id,
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from attrib_agent.agent.shedding import BEHIND_FOR_S, MAX_BACKLOG_S, MAX_PASS_GAP_S, MIN_SHARE, Shedder
@@ -140,3 +142,31 @@ def test_the_budget_counts_the_whole_agent_not_only_the_pipeline_thread() -> Non
     other.join()
     core._run_batch([], time.monotonic() + 1.0)
     assert core.shedder.cores >= 0.8 * burn_s / WINDOW_S  # was ~0: only the pipeline thread's own CPU counted
+
+
+def test_passes_wait_at_most_the_pipelines_bound_whatever_the_gap(tmp_path: Path) -> None:
+    """The agent's gap (10 s at the share floor, also its forecast refresh spacing) spaces attribution passes only
+    up to `MAX_PASS_WAIT_S` of event time: a victim's result is not held ten seconds for a pass (GPU-rate input:
+    spans land all the time)."""
+    from attrib_agent.pipeline import MAX_PASS_WAIT_S
+    from attrib_agent.sources.replay import ReplaySource
+    from benchmarks._gpu_rate import GPU_RATE_SOURCES, build_gpu_rate, load_source
+    from benchmarks._recordings import FIXTURES
+
+    info = build_gpu_rate(tmp_path, duration_s=5.0, sources=[load_source(FIXTURES / n) for n in GPU_RATE_SOURCES])
+
+    p = AttributionPipeline()
+    p.pass_gap_s, p.attribute_share = 10.0, 0.1  # as the agent sheds
+    seen: list[float] = []
+    real = p.attributor.attribute
+
+    def attribute(timeline: object, ids: object) -> object:
+        seen.append(p.last_event_ts or 0.0)
+        return real(timeline, ids)  # type: ignore[arg-type]
+
+    p.attributor.attribute = attribute  # type: ignore[method-assign,assignment]
+    for ev in ReplaySource(info.path).events():
+        p.feed(ev)
+    gaps = [b - a for a, b in zip(seen, seen[1:], strict=False)]
+    assert len(seen) > 3 and min(gaps) >= MAX_PASS_WAIT_S
+    assert any(g < 2 * MAX_PASS_WAIT_S for g in gaps)  # not the agent's 10 s
