@@ -90,17 +90,22 @@ class StepWindow:
         seq = slot.si.seq
         i = seq - self.first_seq
         record = outcome.record
+        error = record.membership_error
         if i < len(self._pairs):
-            self._count_error(self._records[i].membership_error, -1)
+            was = self._records[i].membership_error
+            if was != error:  # re-inferred: mostly the same error
+                self._count_error(was, -1)
+                self._count_error(error, 1)
             self._pairs[i] = (slot.si, outcome)
             self._records[i] = record
         elif i == len(self._pairs):
             self._pairs.append((slot.si, outcome))
             self._records.append(record)
             self._cuts.append(0)
+            self._errors[error] += 1
+            self._error_sum += error
         else:
             raise RuntimeError("outcomes are inferred in order")
-        self._count_error(record.membership_error, 1)
         self._cuts_due.add(seq)  # its cut reads it and the next step, the previous one's reads it
         if i:
             self._cuts_due.add(seq - 1)
