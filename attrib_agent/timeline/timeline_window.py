@@ -16,6 +16,8 @@ from attrib_agent.timeline.model import StepRecord
 from attrib_agent.timeline.sched_state import SchedState, StepInput, fact_ms
 from attrib_agent.timeline.step_outcome import StepOutcome
 
+STALE = -1  # a chunk-cut size not worked out yet (sizes are >= 0)
+
 
 @dataclass(slots=True)
 class StepSlot:
@@ -39,11 +41,10 @@ class StepWindow:
         self._records: list[StepRecord] = []  # the outcomes' records, in step: what the attribution pass reads
         self._eventful: set[int] = set()  # seqs of inferred steps that saw a preemption or a resumption (rare)
         # Kept as outcomes change rather than walked per pass: each step's membership error (counted by value),
-        # and the chunk-cut size of each step with the next (`cut_max`), those not worked out yet by seq.
+        # and the chunk-cut size of each step with the next (`cut_max`; STALE where one of the two changed since).
         self._errors: Counter[int] = Counter()
         self._error_sum = 0
         self._cuts: list[int] = []
-        self._cuts_due: set[int] = set()
         self._restarts: set[int] = set()  # seqs of steps whose iteration went back: vLLM restarted (rare)
         self._last_iteration: int | None = None  # of the last step appended, dropped or not
         self.first_seq = 0
@@ -101,14 +102,14 @@ class StepWindow:
         elif i == len(self._pairs):
             self._pairs.append((slot.si, outcome))
             self._records.append(record)
-            self._cuts.append(0)
+            self._cuts.append(STALE)
             self._errors[error] += 1
             self._error_sum += error
         else:
             raise RuntimeError("outcomes are inferred in order")
-        self._cuts_due.add(seq)  # its cut reads it and the next step, the previous one's reads it
+        self._cuts[i] = STALE  # its cut reads it and the next step, the previous one's reads it
         if i:
-            self._cuts_due.add(seq - 1)
+            self._cuts[i - 1] = STALE
 
     def _count_error(self, error: int, n: int) -> None:
         self._errors[error] += n
@@ -191,12 +192,16 @@ class StepWindow:
         """The largest `cut(step, next step)` over the inferred steps (0 with fewer than two): each pair's answer
         kept until one of its two outcomes changes (`cut` is a function of the two records)."""
         records, cuts, last = self._records, self._cuts, len(self._records) - 1
-        for seq in self._cuts_due:
-            i = seq - self.first_seq
-            if 0 <= i <= last:
-                cuts[i] = cut(records[i], records[i + 1]) if i < last else 0
-        self._cuts_due = {self.first_seq + last} if last >= 0 else set()  # the last one's next is still to come
-        return max(cuts, default=0)
+        i = 0
+        while True:
+            try:
+                i = cuts.index(STALE, i)  # a scan in C: the stale ones are the few re-inferred since
+            except ValueError:
+                break
+            if i == last:  # its next step is still to come: stale until then, 0 meanwhile
+                break
+            cuts[i] = cut(records[i], records[i + 1])
+        return max(max(cuts, default=0), 0)
 
     def holds_restart(self) -> bool:
         """Whether a step held follows a vLLM restart (its iteration went back): only then can the inference
@@ -238,6 +243,5 @@ class StepWindow:
         del self._records[:n]
         del self._cuts[:n]
         self._eventful = {q for q in self._eventful if q >= seq}
-        self._cuts_due = {q for q in self._cuts_due if q >= seq}
         self._restarts = {q for q in self._restarts if q >= seq}
         self.first_seq = seq
