@@ -141,6 +141,7 @@ class StepCostModel:
         self.min_steps = min_steps
         self.refit_every = refit_every
         self.min_support = min_support
+        self.max_window = max_window
         self.max_step_gap_s = max_step_gap_s
         self._rows: deque[tuple[int, _Row, float]] = deque(maxlen=max_window)
         # Prefill evidence kept past the window, per chunk size (a whale's chunks are rare among decode steps)
