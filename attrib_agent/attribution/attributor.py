@@ -26,12 +26,12 @@ from attrib_agent.attribution.causes import (
 )
 from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior, StepFeatures
 from attrib_agent.attribution.neighbourhoods import bounded_neighbourhoods
+from attrib_agent.attribution.period_cost import PeriodCost
 from attrib_agent.attribution.result import NO_CAUSES, NO_EVIDENCE, AttributionResult, Culprit, itl_gaps
 from attrib_agent.attribution.scheduler_sim import shapley, simulate
 from attrib_agent.attribution.shapley import largest_effects, with_shortfall
 from attrib_agent.attribution.sim_cache import CostVersions, RunCache
 from attrib_agent.attribution.sim_start import StepIndex, observed_start, without
-from attrib_agent.attribution.period_cost import PeriodCost
 from attrib_agent.attribution.sim_trace import Pricer
 from attrib_agent.attribution.sim_types import SchedulerConfig, SimOutcome, SimRequest, SimResult, SimStart, StepCost
 from attrib_agent.attribution.whales import KvUse, footprints, whales

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from attrib_agent.attribution.attributor import Attributor
 from attrib_agent.attribution.cost_model import StepCostModel, StepFeatures
 from attrib_agent.attribution.period_cost import PeriodCost
 from attrib_agent.attribution.sim_trace import Member, Pricer, StepPrices
@@ -79,3 +80,14 @@ def test_the_period_fits_window_has_the_elapsed_fits_limit() -> None:
     assert period.model.steps_seen == 299 and period.model.fitted
     kept = period.model.snapshot()["kept"]
     assert all(k == [] for k in kept)  # decode steps only: nothing kept past the window
+
+
+def test_a_restarted_agent_prices_its_causes_with_the_restored_elapsed_fit() -> None:
+    """The state file carries the elapsed fit only (docs/attribution.md section 6): until the period fit has its
+    own periods, the causes are priced as every agent priced them before."""
+    saved, _ = _fed(_decodes(8, 300))
+    restored = StepCostModel()
+    restored.restore(saved.snapshot())
+    attributor = Attributor(cost=restored)
+    assert restored.fitted and not attributor.period.model.fitted
+    assert attributor.period.cost() is restored
