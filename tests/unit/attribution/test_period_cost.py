@@ -33,8 +33,9 @@ def _decodes(seed: int, n: int, start: float = 0.0, idle_every: int = 0) -> list
     return out
 
 
-def _fed(steps: list[StepRecord], **kw: int) -> tuple[StepCostModel, PeriodCost]:
-    elapsed = StepCostModel(**kw)
+def _fed(steps: list[StepRecord], min_steps: int = 64, max_window: int = 1024,
+        refit_every: int = 128) -> tuple[StepCostModel, PeriodCost]:
+    elapsed = StepCostModel(min_steps=min_steps, max_window=max_window, refit_every=refit_every)
     period = PeriodCost(elapsed)
     for s in steps:
         f = StepFeatures.from_record(s)
