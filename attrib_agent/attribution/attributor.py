@@ -287,7 +287,7 @@ class Attributor:
             lcs[lc.request_id] = lc
             end = lc.end_ts if lc.end_ts is not None else req.arrival_ts + self.config.unfinished_end_s
             known.append((req, end))
-        view = engine_view(timeline, cfg, Pricer(self.period.cost()), own=Pricer(self.cost))
+        view = engine_view(timeline, cfg, Pricer(self.period.cost(self.cost)), own=Pricer(self.cost))
         prices = self.prices.current(self.cost)
         plans = []
         for period, start, mine in self._periods(known, lcs, wanted, timeline):

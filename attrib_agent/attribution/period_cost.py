@@ -20,10 +20,10 @@ from attrib_agent.timeline.model import StepRecord
 
 
 class PeriodCost:
-    """Fed every step in order (`observe`); `cost()` is the model the causes price members with."""
+    """Fed every step in order (`observe`); `cost(elapsed)` is the model the causes price members with."""
 
     def __init__(self, elapsed: StepCostModel) -> None:
-        self._elapsed = elapsed
+        """The period fit has `elapsed`'s prior, window and refit cadence."""
         self.model = StepCostModel(elapsed.prior, min_steps=elapsed.min_steps, refit_every=elapsed.refit_every,
                                    max_window=elapsed.max_window, min_support=elapsed.min_support,
                                    max_step_gap_s=elapsed.max_step_gap_s)
@@ -44,6 +44,6 @@ class PeriodCost:
         """A new timeline (a replaced engine): the held step has no successor to come."""
         self._last = None
 
-    def cost(self) -> StepCostModel:
-        """The period fit once fitted, else the elapsed one."""
-        return self.model if self.model.fitted else self._elapsed
+    def cost(self, elapsed: StepCostModel) -> StepCostModel:
+        """The period fit once fitted, else `elapsed` (the attributor's current elapsed fit)."""
+        return self.model if self.model.fitted else elapsed

@@ -52,15 +52,15 @@ def _decoder_s(cost: StepCostModel) -> float:
 
 def test_a_decoder_whose_cost_falls_between_steps_is_priced_by_the_period_fit() -> None:
     elapsed, period = _fed(_decodes(1, 600))
-    assert period.cost() is period.model and period.model.fitted
+    assert period.cost(elapsed) is period.model and period.model.fitted
     assert _decoder_s(elapsed) < 1e-4  # the elapsed fit: a decoder is nearly free
-    assert _decoder_s(period.cost()) == pytest.approx(PER_DECODER_AFTER_S, rel=0.15)
+    assert _decoder_s(period.cost(elapsed)) == pytest.approx(PER_DECODER_AFTER_S, rel=0.15)
     assert period.model.steps_seen == 599  # the newest step waits for its successor
 
 
 def test_until_its_own_fit_the_elapsed_fit_prices_the_causes() -> None:
     elapsed, period = _fed(_decodes(2, 40))
-    assert not period.model.fitted and period.cost() is elapsed
+    assert not period.model.fitted and period.cost(elapsed) is elapsed
 
 
 def test_steps_followed_by_idle_time_and_across_timelines_are_not_fitted() -> None:
@@ -91,4 +91,4 @@ def test_a_restarted_agent_prices_its_causes_with_the_restored_elapsed_fit() -> 
     restored.restore(saved.snapshot())
     attributor = Attributor(cost=restored)
     assert restored.fitted and not attributor.period.model.fitted
-    assert attributor.period.cost() is restored
+    assert attributor.period.cost(attributor.cost) is restored
