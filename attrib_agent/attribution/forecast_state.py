@@ -120,13 +120,15 @@ class ScaledCost:
 
 
 def forecast_cost(pipeline: PipelineParts, max_steps: int = 64) -> StepCostModel | ScaledCost:
-    """The fitted cost model; before it is fitted (a fresh agent: the first `min_steps` steps), its prior scaled
-    by the median ratio of the observed to the predicted time of the steps seen so far, so that a machine five
-    times faster than the prior's is not forecast five times too slow from its first steps on. The ratio is of
-    summed times, so the long steps (prefill chunks) weigh as much as the time they take."""
+    """The step-cost model scaled to the machine's pace now: by the ratio of the observed to the predicted time
+    of the last `max_steps` steps (summed, so the long steps, prefill chunks, weigh as much as the time they
+    take). The fit spans ~1,000 steps and the engine's kept long chunks, so it prices the machine's average;
+    the steps of the last second or so say how fast it runs now (a GPU shared with another tenant, a throttled
+    clock, a CPU host under load), and a whale admitted now runs at that pace. On the continuous truth the last
+    64 steps before w1 ran 0.8-2.9 times the fit and its own prefill 0.8-3.1 times (r2: 2.9 and 3.1). Before
+    the fit (a fresh agent), the same ratio scales the prior, so that a machine five times faster than the
+    prior's is not forecast five times too slow from its first steps on. No step seen: the model as it is."""
     cost = pipeline.attributor.cost
-    if cost.fitted:
-        return cost
     observed = predicted = 0.0
     for _, out in pipeline.timeline.outcomes()[-max_steps:]:
         f = StepFeatures.from_record(out.record)
