@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
 import gc
 import json
 import os
@@ -37,12 +38,13 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from attrib_agent.lab.playback import process_cpu_s
+from benchmarks._api_cpu import CpuTimer
 from benchmarks._measure import machine, pin_one_core, rss_mb
 
 GOAL_P99_MS = 5.0
@@ -58,8 +60,9 @@ MIX: dict[str, tuple[float, int]] = {"culprits": (0.90, 200), "culprits_unknown"
 
 
 # ---- the server (its own process) ------------------------------------------------------------------------
-def serve(n_results: int, cpu: int | None, max_s: float) -> int:
-    """Build the store, serve it, print one JSON line (port, ids file) when listening; stop on stdin EOF."""
+def serve(n_results: int, cpu: int | None, max_s: float, profile: str | None = None) -> int:
+    """Build the store, serve it, print one JSON line (port, ids file) when listening; a line `measure` on stdin
+    starts the measured part (CPU per request and the loop's CPU count from then); stop on stdin EOF."""
     import attrib_agent.agent.core as app  # the agent's imports, as `attrib-agent run` has them
     from attrib_agent.events import RequestSpan
     from attrib_agent.pipeline import AttributionPipeline
@@ -89,7 +92,16 @@ def serve(n_results: int, cpu: int | None, max_s: float) -> int:
     window = sum(1 for r in stored if r.finished_ts >= t_end - 300)
     ids_file = Path(tempfile.mkstemp(prefix="api-load-ids-", suffix=".json")[1])
     ids_file.write_text(json.dumps(ids))
-    core = app.AgentCore(p, threaded=True)  # as `attrib-agent run` serves: reads on the pipeline thread
+    timers: list[CpuTimer] = []
+
+    class Timed(app.AgentCore):
+        def asgi_app(self, token: str | None) -> Any:
+            timers.append(CpuTimer(super().asgi_app(token)))
+            return timers[-1]
+
+    core = Timed(p, threaded=True)  # as `attrib-agent run` serves: reads on the pipeline thread
+    prof = cProfile.Profile() if profile else None
+    loop_cpu = [0.0, 0.0]  # the loop thread's CPU at `measure`, and at the end
     built_s = time.perf_counter() - t0
     gc.collect()  # the build's garbage, as a running agent would have collected it long before
 
@@ -97,8 +109,20 @@ def serve(n_results: int, cpu: int | None, max_s: float) -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
 
+        def measure() -> None:  # on the loop: what came before (the warm-up) is not counted
+            for t in timers:
+                t.cpu.clear()
+                t.gc_in.clear()
+            pauses.clear()
+            lags.clear()
+            loop_cpu[0] = time.thread_time()
+            if prof is not None:
+                prof.enable()
+
         def on_eof() -> None:
-            sys.stdin.read()
+            for line in sys.stdin:
+                if line.strip() == "measure":
+                    loop.call_soon_threadsafe(measure)
             loop.call_soon_threadsafe(stop.set)
 
         threading.Thread(target=on_eof, daemon=True).start()
@@ -119,8 +143,17 @@ def serve(n_results: int, cpu: int | None, max_s: float) -> int:
                     lags.append(time.perf_counter() - due)
 
         lagging = asyncio.create_task(loop_lag())
+
+        async def until_stop() -> None:
+            await stop.wait()
+            loop_cpu[1] = time.thread_time()
+            if prof is not None:
+                prof.disable()
+
+        ending = asyncio.create_task(until_stop())
         await core.serve(app.ServeOptions("127.0.0.1", 0), stop, started)
         await lagging
+        await ending
 
     pauses: list[tuple[int, float]] = []  # (generation, seconds) of every collection while serving
     began: list[float] = []
@@ -142,14 +175,17 @@ def serve(n_results: int, cpu: int | None, max_s: float) -> int:
         gc.callbacks.remove(on_gc)
         ids_file.unlink(missing_ok=True)
         full = [s for g, s in pauses if g == 2]
-        print(json.dumps({"gc": {"collections": len(pauses), "full": len(full),
+        if prof is not None and profile:
+            prof.dump_stats(profile)
+        print(json.dumps({"loop_cpu_s": loop_cpu[1] - loop_cpu[0],
+                          "cpu_per_request": timers[0].summary() if timers else {},
+                          "gc": {"collections": len(pauses), "full": len(full),
                                  "full_max_ms": 1000 * max(full, default=0.0),
                                  "full_ms": [round(1000 * x, 2) for x in full[:20]],
                                  "young_max_ms": 1000 * max((s for g, s in pauses if g < 2), default=0.0)},
                           "server_loop_late_ms": {"p50": 1000 * pct(sorted(lags), 0.5) if lags else 0.0,
                                                   "p99": 1000 * pct(sorted(lags), 0.99) if lags else 0.0,
-                                                  "max": 1000 * max(lags, default=0.0)}}),
-              file=sys.stderr, flush=True)
+                                                  "max": 1000 * max(lags, default=0.0)}}), flush=True)
     return 0
 
 
@@ -253,7 +289,8 @@ class LoadResult:
     heartbeat_top: list[tuple[float, float]] = field(default_factory=list)
 
 
-async def run_load(port: int, plan: list[Plan], warm_up: list[Plan]) -> LoadResult:
+async def run_load(port: int, plan: list[Plan], warm_up: list[Plan],
+                   measuring: Callable[[], None] = lambda: None) -> LoadResult:
     idle: list[Conn] = []
     opened = 0
 
@@ -292,6 +329,7 @@ async def run_load(port: int, plan: list[Plan], warm_up: list[Plan]) -> LoadResu
     for w in warm_up:  # the first call of each path pays lazy imports and caches: not measured
         await one(Sample(w.endpoint, time.monotonic()), w.path)
     idle_conns = len(idle)
+    measuring()  # the server counts its CPU from here
     loop = asyncio.get_running_loop()
     beats: list[tuple[float, float]] = []
     stop = asyncio.Event()
@@ -355,18 +393,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server-cpu", type=int, default=0, help="core for the server (-1: do not pin)")
     ap.add_argument("--client-cpu", type=int, default=1, help="core for the client (-1: do not pin)")
     ap.add_argument("--json", default=None, metavar="FILE", help="write every figure here too")
+    ap.add_argument("--profile", default=None, metavar="FILE",
+                    help="cProfile the server's event loop thread while measured (pstats file)")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the server's own process
     args = ap.parse_args(argv)
     if args.rate <= 0 or args.duration <= 0:
         ap.error("--rate and --duration must be > 0")
     if args.serve:
-        return serve(args.results, None if args.server_cpu < 0 else args.server_cpu, args.duration + 600.0)
+        return serve(args.results, None if args.server_cpu < 0 else args.server_cpu, args.duration + 600.0,
+                     args.profile)
     two = (os.cpu_count() or 1) >= 2
     client_cpu = None if args.client_cpu < 0 or not two else args.client_cpu
     server_cpu = -1 if not two else args.server_cpu
     print(f"machine: {machine()}", flush=True)
     cmd = [sys.executable, "-m", "benchmarks.api_load", "--serve", "--results", str(args.results),
-           "--server-cpu", str(server_cpu), "--duration", str(args.duration)]
+           "--server-cpu", str(server_cpu), "--duration", str(args.duration),
+           *(["--profile", str(Path(args.profile).resolve())] if args.profile else [])]
     server = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None
@@ -390,7 +432,13 @@ def main(argv: list[str] | None = None) -> int:
         gc.collect()
         gc.disable()  # a collector pause here would read as server latency
         cpu0 = process_cpu_s(info["pid"])
-        res = asyncio.run(run_load(info["port"], plan, warm))
+
+        def measuring() -> None:
+            assert server.stdin is not None
+            server.stdin.write("measure\n")
+            server.stdin.flush()
+
+        res = asyncio.run(run_load(info["port"], plan, warm, measuring))
         server_cpu_s = process_cpu_s(info["pid"]) - cpu0
         gc.enable()
     finally:
@@ -401,10 +449,35 @@ def main(argv: list[str] | None = None) -> int:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(10)
-    return report(args, res, server_cpu_s)
+    tail = server.stdout.read() if server.stdout is not None else ""
+    inside = json.loads(tail.splitlines()[-1]) if tail.strip() else {}
+    return report(args, res, server_cpu_s, inside)
 
 
-def report(args: argparse.Namespace, res: LoadResult, server_cpu_s: float) -> int:
+def report_server(inside: dict[str, Any], n: int) -> None:
+    """The server's own figures: its loop's CPU per request by endpoint, its collections, its loop's lateness."""
+    if not inside:
+        print("server: no figures (it did not stop cleanly)")
+        return
+    rows = inside["cpu_per_request"]
+    in_app = sum(r["sum_s"] for r in rows.values())
+    print("\nserver loop CPU per request (thread CPU in the app; collections inside it in 'gc s'):\n"
+          f"{'endpoint':<17} {'n':>6} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>8} {'sum s':>7} {'gc s':>6}")
+    for name in [*MIX, *sorted(set(rows) - set(MIX))]:
+        if name in rows:
+            r = rows[name]
+            print(f"{name:<17} {r['n']:>6} {r['p50_ms']:>7.3f} {r['p99_ms']:>7.3f} {r['max_ms']:>8.2f} "
+                  f"{r['sum_s']:>7.2f} {r['gc_s']:>6.3f}")
+    loop = inside["loop_cpu_s"]
+    print(f"loop thread CPU {loop:.2f} s: {1000 * loop / max(1, n):.3f} ms a request "
+          f"({1000 * in_app / max(1, n):.3f} in the app, the rest uvicorn, the refresher, timers)")
+    g, late = inside["gc"], inside["server_loop_late_ms"]
+    print(f"server collections {g['collections']} (full {g['full']}, longest {g['full_max_ms']:.1f} ms; "
+          f"young longest {g['young_max_ms']:.1f} ms); its loop late p50 {late['p50']:.1f}, p99 {late['p99']:.1f}, "
+          f"max {late['max']:.1f} ms")
+
+
+def report(args: argparse.Namespace, res: LoadResult, server_cpu_s: float, inside: dict[str, Any]) -> int:
     wall = res.end - res.start
     by = {name: summarise([s for s in res.samples if s.endpoint == name]) for name in MIX if args.mix[name][0] > 0}
     overall = summarise(res.samples)
@@ -427,6 +500,7 @@ def report(args: argparse.Namespace, res: LoadResult, server_cpu_s: float) -> in
           f"{1000 * res.heartbeat_max_s:.1f} ms (p99 {1000 * res.heartbeat_p99_s:.1f} ms; worst at "
           f"{', '.join(f'{t:.1f}s' for t, _ in res.heartbeat_top[-3:])}): "
           + ("accepted" if accepted else f"REJECTED (> {1000 * MAX_LATENESS_S:.0f} ms: latencies not trustworthy)"))
+    report_server(inside, len(res.samples))
     p99 = overall["p99_ms"]
     verdict = ("met" if p99 <= GOAL_P99_MS and not bad else "MISSED") if accepted else "REJECTED (client late)"
     print(f"goal p99 <= {GOAL_P99_MS:g} ms: {verdict} (p99 {p99:.2f} ms = {p99 / GOAL_P99_MS:.2f} x goal"
@@ -438,6 +512,7 @@ def report(args: argparse.Namespace, res: LoadResult, server_cpu_s: float) -> in
             "error_examples": [s.error or s.status for s in bad[:5]], "connections": res.connections,
             "server_cpu_s": server_cpu_s, "wall_s": wall, "send_lag_max_s": res.send_lag_max_s,
             "heartbeat_max_s": res.heartbeat_max_s, "accepted": accepted, "goal_p99_ms": GOAL_P99_MS,
+            "server": inside,
             "verdict": verdict}, indent=1) + "\n")
     return 0
 
