@@ -57,6 +57,12 @@ MAX_CONNECTIONS = 256
 # the timeline every few seconds, Prometheus scraping every 15 s. `--mix` measures any other.
 MIX: dict[str, tuple[float, int]] = {"culprits": (0.90, 200), "culprits_unknown": (0.05, 404),
                                      "top_5m": (0.03, 200), "metrics": (0.01, 200), "timeline": (0.01, 200)}
+# What the real callers send (`--plain`: none of it): Prometheus' scrape headers (its Accept, and gzip), a browser's
+# page (`fetch` adds the browser's Accept-Encoding). The others go as curl or a script sends them.
+CALLER_HEADERS: dict[str, str] = {
+    "metrics": "Accept: application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+               "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1\r\nAccept-Encoding: gzip\r\n",
+    "timeline": "Accept: */*\r\nAccept-Encoding: gzip, deflate, br, zstd\r\n"}
 
 
 # ---- the server (its own process) ------------------------------------------------------------------------
@@ -212,8 +218,8 @@ class Conn:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         return cls(reader, writer)
 
-    async def get(self, path: str) -> int:
-        self.writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n\r\n".encode())
+    async def get(self, path: str, headers: str = "") -> int:
+        self.writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n{headers}\r\n".encode())
         head = await self.reader.readuntil(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
         status = int(lines[0].split(" ", 2)[1])
@@ -239,6 +245,7 @@ class Plan:
     endpoint: str
     path: str
     offset_s: float
+    headers: str = ""  # more request headers, each line ending in CRLF
 
 
 def parse_mix(text: str) -> dict[str, tuple[float, int]]:
@@ -256,7 +263,7 @@ def parse_mix(text: str) -> dict[str, tuple[float, int]]:
 
 
 def make_plan(ids: Sequence[str], rate: float, duration_s: float, seed: int,
-              mix: dict[str, tuple[float, int]] = MIX) -> list[Plan]:
+              mix: dict[str, tuple[float, int]] = MIX, headers: dict[str, str] = CALLER_HEADERS) -> list[Plan]:
     rnd = random.Random(seed)
     names = list(mix)
     weights = [mix[n][0] for n in names]
@@ -273,7 +280,7 @@ def make_plan(ids: Sequence[str], rate: float, duration_s: float, seed: int,
             path = "/metrics"
         else:
             path = "/v1/timeline"
-        plan.append(Plan(name, path, i / rate))
+        plan.append(Plan(name, path, i / rate, headers.get(name, "")))
     return plan
 
 
@@ -294,7 +301,7 @@ async def run_load(port: int, plan: list[Plan], warm_up: list[Plan],
     idle: list[Conn] = []
     opened = 0
 
-    async def one(s: Sample, path: str, retry: bool = True) -> None:
+    async def one(s: Sample, path: str, headers: str, retry: bool = True) -> None:
         nonlocal opened
         conn = idle.pop(0) if idle else None  # (oldest first: it is the likeliest to have gone idle too long)
         reused = conn is not None
@@ -306,7 +313,7 @@ async def run_load(port: int, plan: list[Plan], warm_up: list[Plan],
                 s.new_connection = True
                 conn = await asyncio.wait_for(Conn.open(port), REQUEST_TIMEOUT_S)
             s.sent = time.monotonic()
-            s.status = await asyncio.wait_for(conn.get(path), REQUEST_TIMEOUT_S)
+            s.status = await asyncio.wait_for(conn.get(path, headers), REQUEST_TIMEOUT_S)
             s.latency_s = time.monotonic() - s.intended
             idle.append(conn)
         except asyncio.IncompleteReadError as e:
@@ -317,7 +324,7 @@ async def run_load(port: int, plan: list[Plan], warm_up: list[Plan],
             # answers nothing at all is that race, and a GET is retried on a new one, as HTTP clients do
             # (the time lost still counts: latency is from the intended time).
             if reused and retry and not e.partial:
-                await one(s, path, retry=False)
+                await one(s, path, headers, retry=False)
             else:
                 s.error = f"{type(e).__name__}: {e}"[:200]
         except (OSError, TimeoutError, ValueError, IndexError) as e:
@@ -327,7 +334,7 @@ async def run_load(port: int, plan: list[Plan], warm_up: list[Plan],
                 opened -= 1
 
     for w in warm_up:  # the first call of each path pays lazy imports and caches: not measured
-        await one(Sample(w.endpoint, time.monotonic()), w.path)
+        await one(Sample(w.endpoint, time.monotonic()), w.path, w.headers)
     idle_conns = len(idle)
     measuring()  # the server counts its CPU from here
     loop = asyncio.get_running_loop()
@@ -353,7 +360,7 @@ async def run_load(port: int, plan: list[Plan], warm_up: list[Plan],
         lag_max = max(lag_max, time.monotonic() - due)
         s = Sample(pl.endpoint, due)
         samples.append(s)
-        tasks.append(asyncio.create_task(one(s, pl.path)))
+        tasks.append(asyncio.create_task(one(s, pl.path, pl.headers)))
     if tasks:
         await asyncio.wait(tasks, timeout=REQUEST_TIMEOUT_S + 1.0)
     end = time.monotonic()
@@ -393,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server-cpu", type=int, default=0, help="core for the server (-1: do not pin)")
     ap.add_argument("--client-cpu", type=int, default=1, help="core for the client (-1: do not pin)")
     ap.add_argument("--json", default=None, metavar="FILE", help="write every figure here too")
+    ap.add_argument("--plain", action="store_true",
+                    help="send no Accept/Accept-Encoding (before 2026-11-26: /metrics and the timeline uncompressed)")
     ap.add_argument("--profile", default=None, metavar="FILE",
                     help="cProfile the server's event loop thread while measured (pstats file)")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the server's own process
@@ -424,9 +433,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{info['steps']} steps in the timeline; built in {info['built_s']:.0f} s; RSS {info['rss_mb']:.0f} MB"
               f"\nclient: this process, {pinned}; open loop at {args.rate:g}/s for {args.duration:g} s; mix "
               + ", ".join(f"{k} {v[0]:.0%}" for k, v in args.mix.items()), flush=True)
-        plan = make_plan(ids, args.rate, args.duration, args.seed, args.mix)
-        warm = make_plan(ids, 100, 1.0, args.seed + 1)
-        for extra in make_plan(ids, 2000, 1.0, args.seed + 2):  # each path at least once (100 can miss a 1 % one)
+        headers = {} if args.plain else CALLER_HEADERS
+        plan = make_plan(ids, args.rate, args.duration, args.seed, args.mix, headers)
+        warm = make_plan(ids, 100, 1.0, args.seed + 1, headers=headers)
+        # each path at least once (100 can miss a 1 % one)
+        for extra in make_plan(ids, 2000, 1.0, args.seed + 2, headers=headers):
             if extra.endpoint not in {w.endpoint for w in warm}:
                 warm.append(extra)
         gc.collect()
