@@ -37,6 +37,11 @@ class CpuTimer:
         self._gc_began = 0.0
         gc.callbacks.append(self._on_gc)
 
+    def close(self) -> None:
+        """Stop watching the collector."""
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
     def _on_gc(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._gc_began = time.thread_time()
@@ -97,6 +102,29 @@ class _Steps:
                 value, error = (yield step), None
             except BaseException as e:  # noqa: BLE001 - handed on to the coroutine, as `await` does
                 value, error = None, e
+
+
+def report_server(inside: dict[str, Any], n: int, order: list[str]) -> None:
+    """The server's own figures: its loop's CPU per request by endpoint, its collections, its loop's lateness."""
+    if not inside:
+        print("server: no figures (it did not stop cleanly)")
+        return
+    rows = inside["cpu_per_request"]
+    in_app = sum(r["sum_s"] for r in rows.values())
+    print("\nserver loop CPU per request (thread CPU in the app; collections inside it in 'gc s'):\n"
+          f"{'endpoint':<17} {'n':>6} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>8} {'sum s':>7} {'gc s':>6}")
+    for name in [*order, *sorted(set(rows) - set(order))]:
+        if name in rows:
+            r = rows[name]
+            print(f"{name:<17} {r['n']:>6} {r['p50_ms']:>7.3f} {r['p99_ms']:>7.3f} {r['max_ms']:>8.2f} "
+                  f"{r['sum_s']:>7.2f} {r['gc_s']:>6.3f}")
+    loop = inside["loop_cpu_s"]
+    print(f"loop thread CPU {loop:.2f} s: {1000 * loop / max(1, n):.3f} ms a request "
+          f"({1000 * in_app / max(1, n):.3f} in the app, the rest uvicorn, the refresher, timers)")
+    g, late = inside["gc"], inside["server_loop_late_ms"]
+    print(f"server collections {g['collections']} (full {g['full']}, longest {g['full_max_ms']:.1f} ms; "
+          f"young longest {g['young_max_ms']:.1f} ms); its loop late p50 {late['p50']:.1f}, p99 {late['p99']:.1f}, "
+          f"max {late['max']:.1f} ms")
 
 
 def _pct(s: list[float], q: float) -> float:
