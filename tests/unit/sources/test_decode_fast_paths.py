@@ -153,3 +153,16 @@ def test_the_step_line_shortcut_gives_what_the_table_walk_gives(monkeypatch: pyt
     fast, walk = run(True), run(False)
     assert fast == walk
     assert fast[0].count("EngineStep(") > 1_000
+
+
+def test_known_lines_skip_comments_and_longer_names_but_keep_what_prometheus_reads() -> None:
+    from attrib_agent.sources.metrics.parser import _known_lines
+
+    body = ("# HELP vllm:num_requests_running Number of requests.\n# TYPE vllm:num_requests_running gauge\n"
+            "vllm:num_requests_running{engine=\"0\"} 1.0\nvllm:num_requests_waiting_by_reason{r=\"x\"} 2.0\n"
+            "vllm:num_requests_waiting\x0b\n \t# HELP vllm:kv_cache_usage_perc x\nx # HELP vllm:kv_cache_usage_perc 1\n"
+            "  vllm:kv_cache_usage_perc 0.5\n# HELP  vllm:prompt_tokens_total 3\nvllm:prompt_tokens_total_x 4\n"
+            "vllm:prompt_tokens_total 5")
+    assert _known_lines(body) == ['vllm:num_requests_running{engine="0"} 1.0', "vllm:num_requests_waiting",
+                                  "vllm:kv_cache_usage_perc 0.5", "vllm:prompt_tokens_total 5"]
+    assert _known_lines("# TYPE vllm:num_requests_running gauge") == []
