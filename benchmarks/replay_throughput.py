@@ -136,7 +136,8 @@ def full_pass(path: Path, digest: Any | None = None, limit: int | None = None) -
 def _goal_decode(n: int, dec: Span) -> None:
     rate, cpu_rate = n / dec.wall_s, n / max(dec.cpu_s, 1e-9)
     _goal("decode floor >= 100,000 events/s (else the floor caps the goal)", rate >= GOAL_EVENTS_PER_S,
-          f"{rate:,.0f}, {rate / GOAL_EVENTS_PER_S:.3f} x goal; CPU {cpu_rate:,.0f}, {cpu_rate / GOAL_EVENTS_PER_S:.3f} x")
+          f"{rate:,.0f}, {rate / GOAL_EVENTS_PER_S:.3f} x goal; "
+          f"CPU {cpu_rate:,.0f}, {cpu_rate / GOAL_EVENTS_PER_S:.3f} x")
 
 
 def _rate(n: int, span: Span) -> str:
