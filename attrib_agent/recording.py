@@ -188,6 +188,7 @@ class Recording:
             return
         opener: Any = {".gz": gzip.open, ".xz": lzma.open}.get(p.suffix, open)
         lineno = 0
+        scan = _SCAN
         with opener(p, "rt", encoding="utf-8", errors="replace") as f:
             lines = enumerate(f, 1)
             while True:
@@ -202,12 +203,19 @@ class Recording:
                 if not raw or raw.isspace():  # (a stripped copy of a 50 KB body line costs ~10 us)
                     continue
                 try:
-                    rec = _loads(raw)
-                    ts = rec.get("ts") if isinstance(rec, dict) else None
+                    # The usual line, one value from its first character to its newline, is read by the scanner
+                    # alone; any other (leading blank, BOM, trailing data) goes through `_loads` for its error.
+                    try:
+                        rec, end = scan(raw, 0)
+                    except StopIteration:
+                        end = -1
+                    if end != len(raw) - 1 or raw[end] != "\n":
+                        rec = _loads(raw)
+                    ts = rec.get("ts") if type(rec) is dict else None
                     if not isinstance(ts, int | float) or ts != ts:  # NaN has no place in receipt order
                         raise ValueError("not an object with a numeric ts")
-                except ValueError as e:
-                    self._skip(stats, f"{p.name}:{lineno}: {e}")
+                except (ValueError, RecursionError) as e:  # RecursionError: nested too deep for the scanner
+                    self._skip(stats, f"{p.name}:{lineno}: {type(e).__name__ if isinstance(e, RecursionError) else e}")
                     continue
                 stats.records += 1
                 yield rec

@@ -15,11 +15,16 @@ the other core when there are two. It is open-loop: request i is due at start + 
 to the ones before, and its latency counts from that *intended* time (no coordinated omission), over
 keep-alive connections (raw asyncio sockets, HTTP/1.1; a new connection when all are busy, its connect time
 counted). The mix: `GET /v1/requests/{id}/culprits` for random stored ids (90%) and for unknown ids (5%, 404
-expected), `/v1/culprits/top?window=5m` (3%), `/metrics` (1%), `/v1/timeline` as the page asks it (1%).
+expected), `/v1/culprits/top?window=5m` (3%), `/metrics` (1%, with Prometheus' Accept and Accept-Encoding: gzip),
+`/v1/timeline` as the page asks it (1%, with a browser's Accept-Encoding; `--plain` sends neither header).
 The client measures its own lateness (send lag, and a 10 ms event-loop heartbeat); later than 20 ms, the run
-is flagged as rejected, as the lab rejects its runs. Goal: p99 <= 5 ms over all requests. The server prints
-(stderr) its garbage collections while serving and how late its own event loop fired a 10 ms timer: a late
-client on a shared machine still shows whether the server's loop was busy or the server was waiting for a core.
+is flagged as rejected, as the lab rejects its runs. Goal: p99 <= 5 ms over all requests.
+
+The server reports (printed after the client's table) what it did itself, from the end of the warm-up: its
+loop thread's CPU per request by endpoint (the thread CPU of each request's own steps through the app, and
+the collections inside them, `_api_cpu.py`), the loop thread's CPU in all, its garbage collections, and how
+late its own event loop fired a 10 ms timer: on a shared machine the wall latencies are mostly the
+scheduler's, these are the server's. `--profile FILE`: cProfile of the server's loop thread (wall clock).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
 import gc
 import json
 import os
@@ -37,12 +43,13 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from attrib_agent.lab.playback import process_cpu_s
+from benchmarks._api_cpu import CpuTimer, report_server
 from benchmarks._measure import machine, pin_one_core, rss_mb
 
 GOAL_P99_MS = 5.0
@@ -55,11 +62,18 @@ MAX_CONNECTIONS = 256
 # the timeline every few seconds, Prometheus scraping every 15 s. `--mix` measures any other.
 MIX: dict[str, tuple[float, int]] = {"culprits": (0.90, 200), "culprits_unknown": (0.05, 404),
                                      "top_5m": (0.03, 200), "metrics": (0.01, 200), "timeline": (0.01, 200)}
+# What the real callers send (`--plain`: none of it): Prometheus' scrape headers (its Accept, and gzip), a browser's
+# page (`fetch` adds the browser's Accept-Encoding). The others go as curl or a script sends them.
+CALLER_HEADERS: dict[str, str] = {
+    "metrics": "Accept: application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+               "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1\r\nAccept-Encoding: gzip\r\n",
+    "timeline": "Accept: */*\r\nAccept-Encoding: gzip, deflate, br, zstd\r\n"}
 
 
 # ---- the server (its own process) ------------------------------------------------------------------------
-def serve(n_results: int, cpu: int | None, max_s: float) -> int:
-    """Build the store, serve it, print one JSON line (port, ids file) when listening; stop on stdin EOF."""
+def serve(n_results: int, cpu: int | None, max_s: float, profile: str | None = None) -> int:
+    """Build the store, serve it, print one JSON line (port, ids file) when listening; a line `measure` on stdin
+    starts the measured part (CPU per request and the loop's CPU count from then); stop on stdin EOF."""
     import attrib_agent.agent.core as app  # the agent's imports, as `attrib-agent run` has them
     from attrib_agent.events import RequestSpan
     from attrib_agent.pipeline import AttributionPipeline
@@ -89,7 +103,16 @@ def serve(n_results: int, cpu: int | None, max_s: float) -> int:
     window = sum(1 for r in stored if r.finished_ts >= t_end - 300)
     ids_file = Path(tempfile.mkstemp(prefix="api-load-ids-", suffix=".json")[1])
     ids_file.write_text(json.dumps(ids))
-    core = app.AgentCore(p, threaded=True)  # as `attrib-agent run` serves: reads on the pipeline thread
+    timers: list[CpuTimer] = []
+
+    class Timed(app.AgentCore):
+        def asgi_app(self, token: str | None) -> Any:
+            timers.append(CpuTimer(super().asgi_app(token)))
+            return timers[-1]
+
+    core = Timed(p, threaded=True)  # as `attrib-agent run` serves: reads on the pipeline thread
+    prof = cProfile.Profile() if profile else None
+    loop_cpu = [0.0, 0.0]  # the loop thread's CPU at `measure`, and at the end
     built_s = time.perf_counter() - t0
     gc.collect()  # the build's garbage, as a running agent would have collected it long before
 
@@ -97,8 +120,20 @@ def serve(n_results: int, cpu: int | None, max_s: float) -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
 
+        def measure() -> None:  # on the loop: what came before (the warm-up) is not counted
+            for t in timers:
+                t.cpu.clear()
+                t.gc_in.clear()
+            pauses.clear()
+            lags.clear()
+            loop_cpu[0] = time.thread_time()
+            if prof is not None:
+                prof.enable()
+
         def on_eof() -> None:
-            sys.stdin.read()
+            for line in sys.stdin:
+                if line.strip() == "measure":
+                    loop.call_soon_threadsafe(measure)
             loop.call_soon_threadsafe(stop.set)
 
         threading.Thread(target=on_eof, daemon=True).start()
@@ -119,8 +154,17 @@ def serve(n_results: int, cpu: int | None, max_s: float) -> int:
                     lags.append(time.perf_counter() - due)
 
         lagging = asyncio.create_task(loop_lag())
+
+        async def until_stop() -> None:
+            await stop.wait()
+            loop_cpu[1] = time.thread_time()
+            if prof is not None:
+                prof.disable()
+
+        ending = asyncio.create_task(until_stop())
         await core.serve(app.ServeOptions("127.0.0.1", 0), stop, started)
         await lagging
+        await ending
 
     pauses: list[tuple[int, float]] = []  # (generation, seconds) of every collection while serving
     began: list[float] = []
@@ -142,14 +186,17 @@ def serve(n_results: int, cpu: int | None, max_s: float) -> int:
         gc.callbacks.remove(on_gc)
         ids_file.unlink(missing_ok=True)
         full = [s for g, s in pauses if g == 2]
-        print(json.dumps({"gc": {"collections": len(pauses), "full": len(full),
+        if prof is not None and profile:
+            prof.dump_stats(profile)
+        print(json.dumps({"loop_cpu_s": loop_cpu[1] - loop_cpu[0],
+                          "cpu_per_request": timers[0].summary() if timers else {},
+                          "gc": {"collections": len(pauses), "full": len(full),
                                  "full_max_ms": 1000 * max(full, default=0.0),
                                  "full_ms": [round(1000 * x, 2) for x in full[:20]],
                                  "young_max_ms": 1000 * max((s for g, s in pauses if g < 2), default=0.0)},
                           "server_loop_late_ms": {"p50": 1000 * pct(sorted(lags), 0.5) if lags else 0.0,
                                                   "p99": 1000 * pct(sorted(lags), 0.99) if lags else 0.0,
-                                                  "max": 1000 * max(lags, default=0.0)}}),
-              file=sys.stderr, flush=True)
+                                                  "max": 1000 * max(lags, default=0.0)}}), flush=True)
     return 0
 
 
@@ -176,8 +223,8 @@ class Conn:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         return cls(reader, writer)
 
-    async def get(self, path: str) -> int:
-        self.writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n\r\n".encode())
+    async def get(self, path: str, headers: str = "") -> int:
+        self.writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n{headers}\r\n".encode())
         head = await self.reader.readuntil(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
         status = int(lines[0].split(" ", 2)[1])
@@ -203,6 +250,7 @@ class Plan:
     endpoint: str
     path: str
     offset_s: float
+    headers: str = ""  # more request headers, each line ending in CRLF
 
 
 def parse_mix(text: str) -> dict[str, tuple[float, int]]:
@@ -220,7 +268,7 @@ def parse_mix(text: str) -> dict[str, tuple[float, int]]:
 
 
 def make_plan(ids: Sequence[str], rate: float, duration_s: float, seed: int,
-              mix: dict[str, tuple[float, int]] = MIX) -> list[Plan]:
+              mix: dict[str, tuple[float, int]] = MIX, headers: dict[str, str] = CALLER_HEADERS) -> list[Plan]:
     rnd = random.Random(seed)
     names = list(mix)
     weights = [mix[n][0] for n in names]
@@ -237,7 +285,7 @@ def make_plan(ids: Sequence[str], rate: float, duration_s: float, seed: int,
             path = "/metrics"
         else:
             path = "/v1/timeline"
-        plan.append(Plan(name, path, i / rate))
+        plan.append(Plan(name, path, i / rate, headers.get(name, "")))
     return plan
 
 
@@ -253,11 +301,12 @@ class LoadResult:
     heartbeat_top: list[tuple[float, float]] = field(default_factory=list)
 
 
-async def run_load(port: int, plan: list[Plan], warm_up: list[Plan]) -> LoadResult:
+async def run_load(port: int, plan: list[Plan], warm_up: list[Plan],
+                   measuring: Callable[[], None] = lambda: None) -> LoadResult:
     idle: list[Conn] = []
     opened = 0
 
-    async def one(s: Sample, path: str, retry: bool = True) -> None:
+    async def one(s: Sample, path: str, headers: str, retry: bool = True) -> None:
         nonlocal opened
         conn = idle.pop(0) if idle else None  # (oldest first: it is the likeliest to have gone idle too long)
         reused = conn is not None
@@ -269,7 +318,7 @@ async def run_load(port: int, plan: list[Plan], warm_up: list[Plan]) -> LoadResu
                 s.new_connection = True
                 conn = await asyncio.wait_for(Conn.open(port), REQUEST_TIMEOUT_S)
             s.sent = time.monotonic()
-            s.status = await asyncio.wait_for(conn.get(path), REQUEST_TIMEOUT_S)
+            s.status = await asyncio.wait_for(conn.get(path, headers), REQUEST_TIMEOUT_S)
             s.latency_s = time.monotonic() - s.intended
             idle.append(conn)
         except asyncio.IncompleteReadError as e:
@@ -280,7 +329,7 @@ async def run_load(port: int, plan: list[Plan], warm_up: list[Plan]) -> LoadResu
             # answers nothing at all is that race, and a GET is retried on a new one, as HTTP clients do
             # (the time lost still counts: latency is from the intended time).
             if reused and retry and not e.partial:
-                await one(s, path, retry=False)
+                await one(s, path, headers, retry=False)
             else:
                 s.error = f"{type(e).__name__}: {e}"[:200]
         except (OSError, TimeoutError, ValueError, IndexError) as e:
@@ -290,8 +339,9 @@ async def run_load(port: int, plan: list[Plan], warm_up: list[Plan]) -> LoadResu
                 opened -= 1
 
     for w in warm_up:  # the first call of each path pays lazy imports and caches: not measured
-        await one(Sample(w.endpoint, time.monotonic()), w.path)
+        await one(Sample(w.endpoint, time.monotonic()), w.path, w.headers)
     idle_conns = len(idle)
+    measuring()  # the server counts its CPU from here
     loop = asyncio.get_running_loop()
     beats: list[tuple[float, float]] = []
     stop = asyncio.Event()
@@ -315,7 +365,7 @@ async def run_load(port: int, plan: list[Plan], warm_up: list[Plan]) -> LoadResu
         lag_max = max(lag_max, time.monotonic() - due)
         s = Sample(pl.endpoint, due)
         samples.append(s)
-        tasks.append(asyncio.create_task(one(s, pl.path)))
+        tasks.append(asyncio.create_task(one(s, pl.path, pl.headers)))
     if tasks:
         await asyncio.wait(tasks, timeout=REQUEST_TIMEOUT_S + 1.0)
     end = time.monotonic()
@@ -355,18 +405,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server-cpu", type=int, default=0, help="core for the server (-1: do not pin)")
     ap.add_argument("--client-cpu", type=int, default=1, help="core for the client (-1: do not pin)")
     ap.add_argument("--json", default=None, metavar="FILE", help="write every figure here too")
+    ap.add_argument("--plain", action="store_true",
+                    help="send no Accept/Accept-Encoding (before 2026-11-26: /metrics and the timeline uncompressed)")
+    ap.add_argument("--profile", default=None, metavar="FILE",
+                    help="cProfile the server's event loop thread while measured (pstats file)")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the server's own process
     args = ap.parse_args(argv)
     if args.rate <= 0 or args.duration <= 0:
         ap.error("--rate and --duration must be > 0")
     if args.serve:
-        return serve(args.results, None if args.server_cpu < 0 else args.server_cpu, args.duration + 600.0)
+        return serve(args.results, None if args.server_cpu < 0 else args.server_cpu, args.duration + 600.0,
+                     args.profile)
     two = (os.cpu_count() or 1) >= 2
     client_cpu = None if args.client_cpu < 0 or not two else args.client_cpu
     server_cpu = -1 if not two else args.server_cpu
     print(f"machine: {machine()}", flush=True)
     cmd = [sys.executable, "-m", "benchmarks.api_load", "--serve", "--results", str(args.results),
-           "--server-cpu", str(server_cpu), "--duration", str(args.duration)]
+           "--server-cpu", str(server_cpu), "--duration", str(args.duration),
+           *(["--profile", str(Path(args.profile).resolve())] if args.profile else [])]
     server = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None
@@ -382,15 +438,23 @@ def main(argv: list[str] | None = None) -> int:
               f"{info['steps']} steps in the timeline; built in {info['built_s']:.0f} s; RSS {info['rss_mb']:.0f} MB"
               f"\nclient: this process, {pinned}; open loop at {args.rate:g}/s for {args.duration:g} s; mix "
               + ", ".join(f"{k} {v[0]:.0%}" for k, v in args.mix.items()), flush=True)
-        plan = make_plan(ids, args.rate, args.duration, args.seed, args.mix)
-        warm = make_plan(ids, 100, 1.0, args.seed + 1)
-        for extra in make_plan(ids, 2000, 1.0, args.seed + 2):  # each path at least once (100 can miss a 1 % one)
+        headers = {} if args.plain else CALLER_HEADERS
+        plan = make_plan(ids, args.rate, args.duration, args.seed, args.mix, headers)
+        warm = make_plan(ids, 100, 1.0, args.seed + 1, headers=headers)
+        # each path at least once (100 can miss a 1 % one)
+        for extra in make_plan(ids, 2000, 1.0, args.seed + 2, headers=headers):
             if extra.endpoint not in {w.endpoint for w in warm}:
                 warm.append(extra)
         gc.collect()
         gc.disable()  # a collector pause here would read as server latency
         cpu0 = process_cpu_s(info["pid"])
-        res = asyncio.run(run_load(info["port"], plan, warm))
+
+        def measuring() -> None:
+            assert server.stdin is not None
+            server.stdin.write("measure\n")
+            server.stdin.flush()
+
+        res = asyncio.run(run_load(info["port"], plan, warm, measuring))
         server_cpu_s = process_cpu_s(info["pid"]) - cpu0
         gc.enable()
     finally:
@@ -401,10 +465,12 @@ def main(argv: list[str] | None = None) -> int:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(10)
-    return report(args, res, server_cpu_s)
+    tail = server.stdout.read() if server.stdout is not None else ""
+    inside = json.loads(tail.splitlines()[-1]) if tail.strip() else {}
+    return report(args, res, server_cpu_s, inside)
 
 
-def report(args: argparse.Namespace, res: LoadResult, server_cpu_s: float) -> int:
+def report(args: argparse.Namespace, res: LoadResult, server_cpu_s: float, inside: dict[str, Any]) -> int:
     wall = res.end - res.start
     by = {name: summarise([s for s in res.samples if s.endpoint == name]) for name in MIX if args.mix[name][0] > 0}
     overall = summarise(res.samples)
@@ -427,6 +493,7 @@ def report(args: argparse.Namespace, res: LoadResult, server_cpu_s: float) -> in
           f"{1000 * res.heartbeat_max_s:.1f} ms (p99 {1000 * res.heartbeat_p99_s:.1f} ms; worst at "
           f"{', '.join(f'{t:.1f}s' for t, _ in res.heartbeat_top[-3:])}): "
           + ("accepted" if accepted else f"REJECTED (> {1000 * MAX_LATENESS_S:.0f} ms: latencies not trustworthy)"))
+    report_server(inside, len(res.samples), list(MIX))
     p99 = overall["p99_ms"]
     verdict = ("met" if p99 <= GOAL_P99_MS and not bad else "MISSED") if accepted else "REJECTED (client late)"
     print(f"goal p99 <= {GOAL_P99_MS:g} ms: {verdict} (p99 {p99:.2f} ms = {p99 / GOAL_P99_MS:.2f} x goal"
@@ -438,6 +505,7 @@ def report(args: argparse.Namespace, res: LoadResult, server_cpu_s: float) -> in
             "error_examples": [s.error or s.status for s in bad[:5]], "connections": res.connections,
             "server_cpu_s": server_cpu_s, "wall_s": wall, "send_lag_max_s": res.send_lag_max_s,
             "heartbeat_max_s": res.heartbeat_max_s, "accepted": accepted, "goal_p99_ms": GOAL_P99_MS,
+            "server": inside,
             "verdict": verdict}, indent=1) + "\n")
     return 0
 

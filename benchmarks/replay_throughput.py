@@ -4,6 +4,8 @@
     .venv/bin/python -m benchmarks.replay_throughput --events 50000  # the CI-sized variant
     .venv/bin/python -m benchmarks.replay_throughput --input gpu-rate [--duration 600] [--full-events N]
                                                     # issue 14: a never-idle GPU server's stream (_gpu_rate.py)
+    .venv/bin/python -m benchmarks.replay_throughput --input gpu-rate --decode-only --digest
+                                                    # the decode floor alone, and the decoded events' hash
 
 Three passes over the same built recording (see _recordings.py), each timed alone:
   raw     the records read and JSON-decoded (`Recording.records`, every input stream): the I/O floor
@@ -55,6 +57,21 @@ def raw_pass(path: Path) -> int:
 
 def decode_pass(path: Path, limit: int | None = None) -> int:
     return sum(1 for _ in islice(ReplaySource(path).events(), limit))
+
+
+def decode_digest(path: Path, limit: int | None = None) -> tuple[int, str]:
+    """(events, hash) of every decoded event's `repr` and each stream's health counts after them: a parser or
+    reader change that only speeds decoding keeps this hash (run apart from the timed pass, which it would slow)."""
+    src = ReplaySource(path)
+    h = hashlib.sha256()
+    n = 0
+    for ev in islice(src.events(), limit):
+        h.update(repr(ev).encode())
+        n += 1
+    for stream, health in sorted(src.health.items()):
+        h.update(repr((stream, health.ok_total, sorted(health.skipped.items()), sorted(health.errors.items()),
+                       health.last_success_ts, health.last_error)).encode())
+    return n, h.hexdigest()[:16]
 
 
 def timeline_pass(path: Path, limit: int | None = None, digest: Any | None = None) -> int:
@@ -116,6 +133,13 @@ def full_pass(path: Path, digest: Any | None = None, limit: int | None = None) -
     return n, p
 
 
+def _goal_decode(n: int, dec: Span) -> None:
+    rate, cpu_rate = n / dec.wall_s, n / max(dec.cpu_s, 1e-9)
+    _goal("decode floor >= 100,000 events/s (else the floor caps the goal)", rate >= GOAL_EVENTS_PER_S,
+          f"{rate:,.0f}, {rate / GOAL_EVENTS_PER_S:.3f} x goal; "
+          f"CPU {cpu_rate:,.0f}, {cpu_rate / GOAL_EVENTS_PER_S:.3f} x")
+
+
 def _rate(n: int, span: Span) -> str:
     return f"{n / span.wall_s:>10,.0f}/s  ({n / span.cpu_s:,.0f}/s CPU)" if span.wall_s and span.cpu_s else "-"
 
@@ -129,8 +153,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="also profile the full pass (the timeline pass with --timeline-only; cProfile) into this file")
     ap.add_argument("--timeline-only", action="store_true",
                     help="raw, decode and timeline passes only (attribution off: the ingest side alone)")
-    ap.add_argument("--digest", action="store_true", help="print a hash of every result emitted (same code, "
-                                                          "same hash: checks an optimisation changed nothing)")
+    ap.add_argument("--decode-only", action="store_true",
+                    help="raw and decode passes only (the floor; with --digest, the decoded events' hash)")
+    ap.add_argument("--digest", action="store_true", help="print a hash of every result emitted, of what the timeline "
+                    "read and of every decoded event (same code, same hash: checks an optimisation changed nothing)")
     ap.add_argument("--json", type=Path, default=None, help="write the figures as JSON here too")
     ap.add_argument("--input", choices=("concat", "gpu-rate"), default="concat",
                     help="concat: the lab recordings back to back (issue 7); gpu-rate: a never-idle GPU server's "
@@ -160,6 +186,15 @@ def main(argv: list[str] | None = None) -> int:
         n_raw = raw_pass(path)
     with timed() as dec:
         n_dec = decode_pass(path, limit)
+    if args.decode_only:
+        print(f"\n{'pass':<8}{'items':>12}{'wall s':>9}{'CPU s':>9}   rate (wall, CPU)")
+        print(f"{'raw':<8}{n_raw:>12,}{raw.wall_s:>9.1f}{raw.cpu_s:>9.1f}   {_rate(n_raw, raw)}  records")
+        print(f"{'decode':<8}{n_dec:>12,}{dec.wall_s:>9.1f}{dec.cpu_s:>9.1f}   {_rate(n_dec, dec)}")
+        _goal_decode(n_dec, dec)
+        if args.digest:
+            n_dig, dec_digest = decode_digest(path, limit)
+            print(f"decode digest: {dec_digest} ({n_dig:,} events)")
+        return 0 if n_dec == n_built else 1
     tl_digest = hashlib.sha256() if args.digest else None
     prof = cProfile.Profile() if args.profile else None
     with timed() as tl:
@@ -201,9 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio = dec.wall_s / full.wall_s
         _goal("events/s >= 100,000", rate >= GOAL_EVENTS_PER_S, f"{rate:,.0f}, {rate / GOAL_EVENTS_PER_S:.3f} x goal")
         _goal("full / decode >= 0.5", ratio >= GOAL_FLOOR_RATIO, f"{ratio:.2f}, {ratio / GOAL_FLOOR_RATIO:.2f} x goal")
-    decode_rate = n_dec / dec.wall_s
-    _goal("decode floor >= 100,000 events/s (else the floor caps the goal)", decode_rate >= GOAL_EVENTS_PER_S,
-          f"{decode_rate:,.0f}, {decode_rate / GOAL_EVENTS_PER_S:.3f} x goal")
+    _goal_decode(n_dec, dec)
     tl_ratio = dec.cpu_s / tl.cpu_s
     _goal("timeline / decode >= 0.5 (CPU; the pipeline cannot beat its timeline)", tl_ratio >= GOAL_FLOOR_RATIO,
           f"{tl_ratio:.2f}, {tl_ratio / GOAL_FLOOR_RATIO:.2f} x goal")
@@ -211,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"timeline digest: {tl_digest.hexdigest()[:16]}")
     if digest is not None and full is not None:
         print(f"results digest: {digest.hexdigest()[:16]}")
+    if args.digest:
+        n_dig, dec_digest = decode_digest(path, limit)
+        print(f"decode digest: {dec_digest} ({n_dig:,} events)")
     if prof is not None:
         prof.dump_stats(args.profile)
         pstats.Stats(str(args.profile)).sort_stats("tottime").print_stats(15)

@@ -309,7 +309,7 @@ class AgentCore:
         """Serve the API until `stop`; `started(port)` once listening (port 0 picks a free one)."""
         # What exists now (the store restored from the journal, the parsers' tables, imported modules) lives as
         # long as the agent: frozen, full collections no longer walk it (a ~100,000-result store: ~1M objects);
-        # what arrives later is frozen every 30 s once it survived a collection (gc_freeze.py).
+        # what arrives later is frozen every second once it survived a collection (gc_freeze.py).
         freezer = GcFreezer()
         freezer.start()
         app = self.asgi_app(opts.token)

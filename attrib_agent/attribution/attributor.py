@@ -26,6 +26,7 @@ from attrib_agent.attribution.causes import (
 )
 from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior, StepFeatures
 from attrib_agent.attribution.neighbourhoods import bounded_neighbourhoods
+from attrib_agent.attribution.period_cost import PeriodCost
 from attrib_agent.attribution.result import NO_CAUSES, NO_EVIDENCE, AttributionResult, Culprit, itl_gaps
 from attrib_agent.attribution.scheduler_sim import shapley, simulate
 from attrib_agent.attribution.shapley import largest_effects, with_shortfall
@@ -212,6 +213,7 @@ class Attributor:
     def __init__(self, config: AttributionConfig | None = None, cost: StepCostModel | None = None) -> None:
         self.config = config or AttributionConfig()
         self.cost = cost or StepCostModel(self.config.step_cost_prior, min_steps=self.config.prior_min_steps)
+        self.period = PeriodCost(self.cost)  # prices the causes only (period_cost.py)
         # (timeline, feed position) learnt up to: iteration numbers restart with vLLM, feed positions do not
         self._learnt_to: tuple[int, int] = (0, 0)
         # observed minus re-simulated TTFT / ITL of recent requests: what the engine-step model leaves out
@@ -245,15 +247,20 @@ class Attributor:
         self._ttft_offsets.append(missed if seen is None else min(missed, (lc.ttft_s or 0.0) - seen))
 
     def learn(self, timeline: EngineTimeline) -> None:
-        """Feed the cost model every step it has not seen yet, once each, in feed order (O(1) memory)."""
+        """Feed the cost models (elapsed, and period for the causes) every step they have not seen yet, once each,
+        in feed order (O(1) memory)."""
         tid, learnt_to = self._learnt_to
         if tid != id(timeline):
             learnt_to = 0
+            self.period.forget_last()
         outcomes = timeline.outcomes()  # in feed order: the new steps are a tail, found by bisection
         new = outcomes[bisect.bisect_left(outcomes, learnt_to, key=lambda o: o[0].seq):]
-        with self.cost.deferred() if self.one_refit_a_pass else nullcontext():
+        with (self.cost.deferred() if self.one_refit_a_pass else nullcontext(),
+              self.period.model.deferred() if self.one_refit_a_pass else nullcontext()):
             for si, out in new:
-                self.cost.observe_features(StepFeatures.from_record(out.record), out.record.elapsed_s)
+                features = StepFeatures.from_record(out.record)
+                self.cost.observe_features(features, out.record.elapsed_s)
+                self.period.observe(out.record, features)
                 learnt_to = si.seq + 1
         self._learnt_to = (id(timeline), learnt_to)
 
@@ -280,7 +287,7 @@ class Attributor:
             lcs[lc.request_id] = lc
             end = lc.end_ts if lc.end_ts is not None else req.arrival_ts + self.config.unfinished_end_s
             known.append((req, end))
-        view = engine_view(timeline, cfg, Pricer(self.cost))
+        view = engine_view(timeline, cfg, Pricer(self.period.cost(self.cost)), own=Pricer(self.cost))
         prices = self.prices.current(self.cost)
         plans = []
         for period, start, mine in self._periods(known, lcs, wanted, timeline):

@@ -9,9 +9,10 @@ ITL), with what happened to the victim in each observed step it was in flight (d
   it alone frees; a shared prefix is nobody's alone) and the pool's free blocks count each shared block once
   (timeline/kv_share.py);
 - queued with room but the token budget full: `prefill_contention` on the chunks that filled it;
-- running (or arriving mid-step): the other members' marginal step cost (the cost model): `prefill_contention`
-  for chunks, `decode_batching` for decodes, and `kv_bandwidth` for the part that is their context's memory
-  traffic, taken from NVML's measured DRAM bandwidth when the GPU reports it.
+- running (or arriving mid-step): the step's time beyond the victim's own, by what each other member adds to the
+  step's *period* (the victim's inter-token time: attribution/period_cost.py): `prefill_contention` for chunks,
+  `decode_batching` for decodes, and `kv_bandwidth` for the part that is their context's memory traffic, taken
+  from NVML's measured DRAM bandwidth when the GPU reports it.
 A culprit's seconds in a phase are split by its own weights there (or, when it has none, e.g. it acted only by
 being there in a counterfactual, by the victim's overall weights). Without observed steps, the simulated
 trace's waits are used instead (`simulated`).
@@ -57,10 +58,11 @@ class EngineView:
     pool_blocks: int
     block_size: int
     token_budget: int
-    pricer: Pricer
+    pricer: Pricer  # what each member adds to the step's period (attribution/period_cost.py)
     gpu: GpuSamples | None = None
     # by step, where prefix blocks are shared: each holder's exclusive blocks, and the blocks counted twice
     kv_shared: Mapping[tuple[int, float], tuple[Mapping[str, int], int]] = field(default_factory=dict)
+    own: Pricer | None = None  # a running victim's own cost in a step's elapsed time (None: `pricer`)
     _ends: list[float] = field(default_factory=list)
     _queue: list[RequestLifecycle] = field(default_factory=list)  # by arrival
     _arrivals: list[float] = field(default_factory=list)
@@ -366,8 +368,8 @@ def _contention(out: VictimCauses, phase: str, step: StepRecord, seconds: float,
     shares = view.shares(step)
     if seconds <= 0 or all(r == rid for r, _, _, _ in shares):
         return
-    if mine is not None:
-        seconds = min(seconds, step.elapsed_s) - view.pricer.seconds([_member(mine)])
+    if mine is not None:  # the step's elapsed time, so the victim's own part in the same terms
+        seconds = min(seconds, step.elapsed_s) - (view.own or view.pricer).seconds([_member(mine)])
     prefill: dict[str, float] = {}
     batching: dict[str, float] = {}
     bandwidth: dict[str, float] = {}
@@ -399,14 +401,15 @@ def _normalised(d: Mapping[str, float]) -> dict[str, float]:
     return {k: v / total for k, v in d.items() if v > 0} if total > 0 else {}
 
 
-def engine_view(timeline: EngineTimeline, config: SchedulerConfig, pricer: Pricer) -> EngineView:
+def engine_view(timeline: EngineTimeline, config: SchedulerConfig, pricer: Pricer,
+                own: Pricer | None = None) -> EngineView:
     """The timeline's steps, requests, preemptions and GPU readings, with the pool the attributor simulates."""
     # the step list, their ends and the steps sharing prefix blocks are kept by the timeline as its window
     # changes: a pass copies two lists instead of walking the window's outcomes (35k steps at GPU rates)
     ends = timeline.step_ends()
     return EngineView(timeline.steps(), {lc.request_id: lc for lc in timeline.lifecycles()},
                       timeline.actionable_preemptions(), config.num_blocks, config.block_size, config.token_budget,
-                      pricer, timeline.gpu, SharedBlocks(timeline.outcomes(), ends), _ends=list(ends))
+                      pricer, timeline.gpu, SharedBlocks(timeline.outcomes(), ends), own, _ends=list(ends))
 
 
 class SharedBlocks(Mapping[_StepKey, tuple[Mapping[str, int], int]]):

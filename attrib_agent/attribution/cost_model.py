@@ -30,16 +30,12 @@ from typing import Any, Final
 
 import numpy as np
 
+from attrib_agent.attribution.step_shape import prefill_pairs, step_shape
 from attrib_agent.timeline.model import StepRecord
 
 _NEAR_ZERO = 1e-12
 _Row = tuple[float, ...]  # 1, prefill tokens, decode requests, decode context sum, prefill pairs, prefill requests
 TERMS: Final = 6
-
-
-def prefill_pairs(prior_context: int, tokens: int) -> int:
-    """Causal query-key pairs of a prefill chunk of `tokens` after `prior_context` cached tokens."""
-    return tokens * prior_context + tokens * (tokens + 1) // 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,16 +122,8 @@ class StepFeatures:
         if not record.members:
             extra = max(record.generation_tokens - record.generation_requests, 0)
             return cls(record.context_tokens + extra, record.generation_requests, 0, 0, record.context_requests)
-        tokens = requests = context = pairs = prefilling = 0
-        for m in record.members:
-            if m.phase == "decode" and m.tokens == 1:
-                requests += 1
-                context += m.context_tokens
-            else:
-                tokens += m.tokens
-                pairs += prefill_pairs(max(m.context_tokens - m.tokens, 0), m.tokens)
-                prefilling += 1
-        return cls(tokens, requests, context, pairs, prefilling)
+        return cls(*step_shape((m.tokens, m.context_tokens - m.tokens, m.phase == "decode" and m.tokens == 1)
+                               for m in record.members))
 
     def row(self) -> _Row:
         return (1.0, float(self.prefill_tokens), float(self.decode_requests), float(self.decode_context_sum),
@@ -153,6 +141,7 @@ class StepCostModel:
         self.min_steps = min_steps
         self.refit_every = refit_every
         self.min_support = min_support
+        self.max_window = max_window
         self.max_step_gap_s = max_step_gap_s
         self._rows: deque[tuple[int, _Row, float]] = deque(maxlen=max_window)
         # Prefill evidence kept past the window, per chunk size (a whale's chunks are rare among decode steps)

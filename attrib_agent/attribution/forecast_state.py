@@ -104,34 +104,47 @@ def engine_state(pipeline: PipelineParts, config: StateConfig | None = None,
                        pipeline.attributor.frontend_offsets()[0], tl.engine)
 
 
+_FLOOR_S = 1e-12  # a step's least compute time, as the model's own floor (and `sim_cache.FrozenCost`'s)
+
+
 class ScaledCost:
-    """The step-cost model's figures times a factor (a StepCost and PrefillAwareStepCost)."""
+    """The step-cost model's figures times a factor (a StepCost and PrefillAwareStepCost), its coefficients read
+    once: the simulator prices every step through it, so it costs one call a price, as the model itself does."""
+
+    __slots__ = ("_a", "_b", "_c", "_d", "_e", "_f", "_floor", "_gap", "cost", "factor")
 
     def __init__(self, cost: StepCostModel, factor: float) -> None:
         self.cost, self.factor = cost, factor
+        k = cost.coefficients
+        self._a, self._b, self._c, self._d, self._e, self._f = (factor * x for x in k.as_tuple())
+        self._gap, self._floor = factor * k.step_gap_s, factor * _FLOOR_S
 
     def step_seconds(self, context_tokens: int, decode_requests: int, decode_context_sum: int) -> float:
-        return self.factor * self.cost.step_seconds(context_tokens, decode_requests, decode_context_sum)
+        return self.step_seconds_with_prefill(context_tokens, decode_requests, decode_context_sum, 0)
 
     def step_seconds_with_prefill(self, context_tokens: int, decode_requests: int, decode_context_sum: int,
                                   prefill_pairs: int, prefill_requests: int = 0) -> float:
-        return self.factor * self.cost.step_seconds_with_prefill(context_tokens, decode_requests,
-                                                                 decode_context_sum, prefill_pairs, prefill_requests)
+        compute = (self._a + self._b * context_tokens + self._c * decode_requests + self._d * decode_context_sum
+                   + self._e * prefill_pairs + self._f * prefill_requests)
+        return max(compute, self._floor) + self._gap  # the model's formula and floor, times the factor
 
 
 def forecast_cost(pipeline: PipelineParts, max_steps: int = 64) -> StepCostModel | ScaledCost:
-    """The fitted cost model; before it is fitted (a fresh agent: the first `min_steps` steps), its prior scaled
-    by the median ratio of the observed to the predicted time of the steps seen so far, so that a machine five
-    times faster than the prior's is not forecast five times too slow from its first steps on. The ratio is of
-    summed times, so the long steps (prefill chunks) weigh as much as the time they take."""
+    """The step-cost model scaled to the machine's pace now: by the ratio of the observed to the predicted time
+    of the last `max_steps` steps (summed, so the long steps, prefill chunks, weigh as much as the time they
+    take). The fit spans ~1,000 steps and the engine's kept long chunks, so it prices the machine's average;
+    the steps of the last second or so say how fast it runs now (a GPU shared with another tenant, a throttled
+    clock, a CPU host under load), and a whale admitted now runs at that pace. On the continuous truth the last
+    64 steps before w1 ran 0.8-2.9 times the fit and its own prefill 0.8-3.1 times (r2: 2.9 and 3.1). Before
+    the fit (a fresh agent), the same ratio scales the prior, so that a machine five times faster than the
+    prior's is not forecast five times too slow from its first steps on. No step seen: the model as it is."""
     cost = pipeline.attributor.cost
-    if cost.fitted:
-        return cost
+    gap = cost.coefficients.step_gap_s
     observed = predicted = 0.0
     for _, out in pipeline.timeline.outcomes()[-max_steps:]:
         f = StepFeatures.from_record(out.record)
         predicted += cost.step_seconds_with_prefill(f.prefill_tokens, f.decode_requests, f.decode_context_sum,
-                                                    f.prefill_pairs, f.prefill_requests) - cost.coefficients.step_gap_s
+                                                    f.prefill_pairs, f.prefill_requests) - gap
         observed += out.record.elapsed_s
     return ScaledCost(cost, observed / predicted) if observed > 0 and predicted > 0 else cost
 

@@ -57,6 +57,8 @@ class WhaleCase:
     context: tuple[str, ...]  # whales present before it
     true_harm_s: float
     true_slowed_2x: bool  # some short's TTFT at least doubled
+    done_before: int = 0  # shorts left out: their first token came before the whale was sent, in every rep
+    done_before_s: float = 0.0  # ... and what the truth's with/without difference gave them (run-to-run noise)
     forecast_s: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in LOADS})
     fits: Counter[str] = field(default_factory=Counter)  # persisted: what became of each recording's saved fit
 
@@ -70,6 +72,12 @@ def _label(whales: Iterable[str]) -> str:
 
 
 def whale_cases(truth_dir: Path) -> tuple[dict[str, Any], list[WhaleCase]]:
+    """The whales of a truth in arrival order, each with its true harm: summed over the shorts the whale could
+    have delayed, those still without a first token when it was sent. A short served before (its offset plus its
+    longest TTFT over the reps with the whale) cannot be the whale's victim; the truth's with/without difference
+    for it is the two conditions' run-to-run noise, which `max(., 0)` turns into harm (continuous/w2: 1.43 of
+    its 1.66 s came from shorts served 3-24 s before it was sent), and the forecast, which cannot reach back,
+    gives it none."""
     path = truth_dir / "truth.json"
     if not path.is_file():
         raise LabError(f"{truth_dir}: no truth.json")
@@ -80,15 +88,19 @@ def whale_cases(truth_dir: Path) -> tuple[dict[str, Any], list[WhaleCase]]:
     for i, w in enumerate(order):
         prev = tuple(order[:i])
         with_, without = _label((*prev, w)), _label(prev)
-        harm, slowed = 0.0, False
+        case = WhaleCase(truth_dir.name, w, prev, 0.0, False)
         for entry in truth["shorts"].values():
             cond = entry["conditions"]
             if "ttft_s" not in cond.get(with_, {}) or "ttft_s" not in cond.get(without, {}):
                 continue
             a, b = cond[with_]["ttft_s"]["mean"], cond[without]["ttft_s"]["mean"]
-            harm += max(a - b, 0.0)
-            slowed |= a >= SLOWED_RATIO * b
-        cases.append(WhaleCase(truth_dir.name, w, prev, harm, slowed))
+            if entry["offset_s"] + cond[with_]["ttft_s"]["max"] < whales[w]["offset_s"]:
+                case.done_before += 1  # its first token preceded the whale in every rep: not the whale's doing
+                case.done_before_s += max(a - b, 0.0)
+                continue
+            case.true_harm_s += max(a - b, 0.0)
+            case.true_slowed_2x |= a >= SLOWED_RATIO * b
+        cases.append(case)
     return truth, cases
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from attrib_agent.attribution.step_shape import prefill_pairs, step_shape
 from attrib_agent.sources.plugin.parse import external_id
 
 _OUTLIER_MADS = 4.0  # a step this many median absolute deviations (relative) off the first fit is left out
@@ -43,8 +44,8 @@ class StepMarginals:
         """What one member computing `new` tokens after `done` adds to its step."""
         if new == 1:
             return self.per_decode_s + self.per_decode_context_token_s * done
-        pairs = new * done + new * (new + 1) // 2
-        return self.per_prefill_request_s + self.per_prefill_token_s * new + self.per_prefill_pair_s * pairs
+        return (self.per_prefill_request_s + self.per_prefill_token_s * new
+                + self.per_prefill_pair_s * prefill_pairs(done, new))
 
     def shares(self, members: Mapping[str, tuple[int, int]]) -> dict[str, float]:
         """Each member's fraction of its step's time (the rest is the intercept); equal fractions, 1 / members,
@@ -62,10 +63,11 @@ def members(step: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
 
 
 def _row(ms: Mapping[str, tuple[int, int]]) -> list[float]:
-    decodes = [d for n, d in ms.values() if n == 1]
-    chunks = [(n, d) for n, d in ms.values() if n > 1]
-    return [1.0, float(len(decodes)), float(sum(decodes)), float(sum(n for n, _ in chunks)),
-            float(sum(n * d + n * (n + 1) // 2 for n, d in chunks)), float(len(chunks))]
+    """The step's terms (attribution/step_shape.py, as the agent's fit counts them) in this fit's order; a decode's
+    context here is what it attended to before its token (the per-decode term takes the token itself)."""
+    s = step_shape((n, d, n == 1) for n, d in ms.values() if n >= 1)
+    return [1.0, float(s.decode_requests), float(s.decode_context_sum - s.decode_requests), float(s.prefill_tokens),
+            float(s.prefill_pairs), float(s.prefill_requests)]
 
 
 def fit(steps: Sequence[Mapping[str, Any]]) -> StepMarginals:

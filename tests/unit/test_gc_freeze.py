@@ -45,3 +45,19 @@ def test_survivors_are_frozen_and_cycles_collected_first() -> None:
         assert len(f.pauses_s) == GcFreezer.MAX_PAUSES  # bounded
     finally:
         gc.unfreeze()
+
+
+def test_by_default_what_survived_a_second_is_frozen_at_the_next_tick() -> None:
+    """The serve loop ticks every second; with the defaults each tick collects and freezes what arrived since, so
+    neither the pass nor an automatic full collection between two ticks walks more than a second of arrivals."""
+    now = [0.0]
+    f = GcFreezer(clock=lambda: now[0])
+    try:
+        f.start()
+        frozen = gc.get_freeze_count()
+        arrived = [_Node() for _ in range(500)]
+        now[0] = 1.0
+        assert f.tick() and gc.get_freeze_count() >= frozen + len(arrived)
+        assert not any(o is arrived[0] for o in gc.get_objects())  # frozen objects are no longer walked
+    finally:
+        gc.unfreeze()

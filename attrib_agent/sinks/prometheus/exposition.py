@@ -9,12 +9,13 @@ date (the scrape waits up to the Renderer's `fresh_wait_s` for it), and rebuilt 
 while scraped, not at every change (at GPU rates the state changes with every event). When the pipeline thread
 is in a long pass, the scrape gets the kept part, never older than `serve_stale_s` (older, the scrape waits for
 the build). The live part (vLLM's gap, the sources' health, backlog and lag, build and mode) is read on the loop
-at every scrape, so those series are always current, and appended: a gzip body continues the kept part's
-deflate stream (`_Kept`), one stream.
+at every scrape, so those series are always current, and appended: a gzip body is the kept part's deflate
+blocks, compressed once, then the live part's (`_Kept`), one stream.
 """
 
 from __future__ import annotations
 
+import struct
 import time
 import zlib
 from collections import OrderedDict
@@ -35,29 +36,42 @@ EOF = b"# EOF\n"  # OpenMetrics' last line: after the live part
 
 class _Kept:
     """The pipeline part of one body (content type, query), as it is kept between scrapes: its text, and for
-    gzip its deflate stream so far and the compressor's state, which a copy continues with the live part."""
+    gzip its deflate blocks, compressed once and ended byte-aligned (a sync flush, not the last block) with
+    their CRC. A scrape appends the live part's own deflate blocks (a fresh compressor: no back-reference into
+    the kept part) and the trailer: one gzip stream, without keeping a compressor's state (~256 KB) per body."""
 
-    __slots__ = ("content_type", "text", "gzip_head", "_zip")
+    __slots__ = ("content_type", "text", "_deflated", "_crc")
 
     def __init__(self, content_type: str, text: bytes, gzip_ok: bool) -> None:
         self.content_type, self.text = content_type, text
-        self._zip: Any = None
-        self.gzip_head = b""
+        self._deflated: bytes | None = None
+        self._crc = 0
         if gzip_ok and len(text) >= GZIP_MIN_BYTES:
-            self._zip = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)  # 31: a gzip stream
-            self.gzip_head = self._zip.compress(text)
+            self._deflated = _deflate(text, zlib.Z_SYNC_FLUSH)
+            self._crc = zlib.crc32(text)
 
     def finish(self, live: bytes) -> Rendered:
         """The whole body: this part, then `live` (read now), gzipped if this part was."""
         headers = [(b"content-type", self.content_type.encode())]
-        if self._zip is None:
+        if self._deflated is None:
             body = self.text + live
         else:
-            tail = self._zip.copy()  # the kept state stays as it was, for the next scrape
-            body = self.gzip_head + tail.compress(live) + tail.flush()
+            size = (len(self.text) + len(live)) & 0xFFFFFFFF
+            body = b"".join((_GZIP_HEADER, self._deflated, _deflate(live, zlib.Z_FINISH),
+                             struct.pack("<II", zlib.crc32(live, self._crc), size)))
             headers.append((b"content-encoding", b"gzip"))
         headers.append((b"vary", b"Accept-Encoding"))
         return headers, body
+
+
+# RFC 1952: magic, deflate, no flags, no mtime, no extra flags, OS unknown
+_GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
+
+
+def _deflate(data: bytes, end: int) -> bytes:
+    """Raw deflate blocks of `data` (no header), ended by `end` (Z_SYNC_FLUSH: byte-aligned, more may follow)."""
+    c = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -15)
+    return c.compress(data) + c.flush(end)
 
 
 def _encode(registry: CollectorRegistry, accept: str, names: tuple[str, ...]) -> tuple[bytes, str]:

@@ -104,11 +104,15 @@ if tuple(p.ITERATION.groupindex) != _ITERATION_GROUPS:  # _engine_step unpacks t
     raise ImportError(f"patterns.ITERATION's groups changed: {tuple(p.ITERATION.groupindex)}")
 
 
-def _engine_step(m: re.Match[str], ts: float, log_ts: float | None, ids: RequestIds) -> list[LogEvent]:
+def _step(groups: tuple[str, ...], ts: float, log_ts: float | None) -> EngineStep:
     # One line per engine step (~1,000 a second at GPU rates): the groups are read once, in ITERATION's order.
-    engine, iteration, ctx_reqs, ctx_tokens, gen_reqs, gen_tokens, elapsed, dummy, device, kv = m.groups()
-    return [EngineStep(ts, log_ts, int(engine), int(iteration), int(ctx_reqs), int(ctx_tokens), int(gen_reqs),
-                       int(gen_tokens), float(elapsed), _fraction(kv), device, dummy is not None)]
+    engine, iteration, ctx_reqs, ctx_tokens, gen_reqs, gen_tokens, elapsed, dummy, device, kv = groups
+    return EngineStep(ts, log_ts, int(engine), int(iteration), int(ctx_reqs), int(ctx_tokens), int(gen_reqs),
+                      int(gen_tokens), float(elapsed), _fraction(kv), device, dummy is not None)
+
+
+def _engine_step(m: re.Match[str], ts: float, log_ts: float | None, ids: RequestIds) -> list[LogEvent]:
+    return [_step(m.groups(), ts, log_ts)]
 
 
 def _stats_line(m: re.Match[str], ts: float, log_ts: float | None, ids: RequestIds) -> list[LogEvent]:
@@ -192,6 +196,25 @@ def _by_first_char(entries: tuple[T, ...], pattern: Callable[[T], re.Pattern[str
 _CONTENT_FIRST: Final = _by_first_char(p.CONTENT, lambda c: c)
 
 
+def _step_line() -> re.Pattern[str] | None:
+    """A step line with vLLM's own prefix and no lead (`(APIServer pid=N) INFO ... Engine 0: Iteration(...)`, ~99 %
+    of a GPU server's log) as one regex: the prefix (lead empty) then the step row's message. None unless, for every
+    first character a step message can have, no content pattern applies and the step row is the first row tried,
+    so one match gives exactly what the table's walk gives (PREFIX's parts after the lead parse one way only)."""
+    firsts = p.first_chars(p.ITERATION)
+    rows = _by_first_char(ROWS, lambda row: row.pattern)
+    if firsts is None or ROWS[0].build is not _engine_step or any(
+            _CONTENT_FIRST.get(c) or _CONTENT_FIRST[""] or (rows.get(c) or rows[""])[0] is not ROWS[0] for c in firsts):
+        return None
+    lead = "(?P<lead>.{0,80}?)"
+    if not p.PREFIX.pattern.startswith(lead):
+        return None
+    return re.compile("(?P<prefix>(?P<lead>)" + p.PREFIX.pattern[len(lead):] + ")" + p.ITERATION.pattern)
+
+
+_STEP_LINE: Final = _step_line()
+
+
 class LogLineParser:
     """Turns vLLM log lines into events; counts every line it does not turn into one, by kind.
 
@@ -233,6 +256,13 @@ class LogLineParser:
             return []
 
     def _parse(self, line: str, ts: float) -> list[LogEvent]:
+        if line[:1] == "(" and not self._continues and _STEP_LINE is not None:
+            m = _STEP_LINE.fullmatch(line)  # the common step line in one match; anything else the walk below reads
+            if m is not None and "\x1b" not in line and (self._open_prefix is None
+                                                          or m.group("prefix") != self._open_prefix):
+                self._open_prefix, self._open_content = None, False
+                self.health.success(ts)
+                return [_step(m.group(*_ITERATION_GROUPS), ts, p.prefix_log_ts(m, ts))]
         continues, self._continues = self._continues, line.endswith("\r")
         text = line.rstrip("\r\n")
         if "\x1b" in text:

@@ -123,6 +123,10 @@ _KNOWN_NAME: Final = re.compile("vllm:(?:" + _trie(sorted((n[5:] for n in _NAMES
 need the per-line test: the search skips the ~600 others (mostly histogram buckets) at C speed."""
 
 
+_STOPS: Final = ("{", " ", "\t")  # what ends a sample's name (`_is_known`)
+_COMMENTS: Final = ("# HELP ", "# TYPE ")
+
+
 def _known_lines(text: str) -> list[str]:
     """The sample lines of series we read, found by name the way prometheus_client would read it."""
     kept = []
@@ -134,8 +138,14 @@ def _known_lines(text: str) -> list[str]:
         before = text[start - 1] if start else "\n"
         end = text.find("\n", m.end())
         end = len(text) if end < 0 else end
-        if before == "\n" and m.group() in _NAMES and text[m.end():m.end() + 1] in ("{", " ", "\t"):
+        after = text[m.end():m.end() + 1]
+        if before == "\n" and after in _STOPS:
             kept.append(text[start:end].strip())  # the usual sample line: its name, then labels or value
+        elif before == "\n" and after and not after.isspace():
+            pass  # its name runs on past the longest name we read (`..._waiting_by_reason`): not one of ours
+        elif before == " " and start >= 7 and text.startswith(_COMMENTS, start - 7) and (
+                start == 7 or text[start - 8] == "\n"):
+            pass  # the `# HELP` and `# TYPE` lines of a family we read: a comment, never a sample
         elif before == "\n" or before.isspace():
             line = text[text.rfind("\n", 0, start) + 1:end].strip()
             if _is_known(line):

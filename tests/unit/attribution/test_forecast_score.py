@@ -100,3 +100,20 @@ def test_the_self_fitted_cost_prices_the_decoy_whales_chunks_from_its_own_steps(
         priced = cost.step_seconds_with_prefill(f.prefill_tokens, f.decode_requests, f.decode_context_sum,
                                                 f.prefill_pairs) - cost.coefficients.step_gap_s
         assert math.isclose(priced, took, rel_tol=0.25)
+
+
+def test_the_true_harm_counts_only_shorts_the_whale_could_have_delayed() -> None:
+    """continuous/w2 is sent at 27 s; 23 shorts had their first token before then in every rep. The truth's
+    with/without difference for them is the two conditions' run-to-run noise (w2's world against w1's, both
+    before w2 exists), and max(., 0) made 1.43 s of harm of it: 86 % of the 1.66 s the score compared the
+    forecast with, which cannot reach back. What remains is the harm to shorts still waiting or sent later."""
+    from attrib_agent.lab.forecast_score import whale_cases
+
+    _, found = whale_cases(TRUTH / "continuous")
+    by = {c.whale: c for c in found}
+    w1, w2 = by["w1"], by["w2"]
+    assert w2.done_before == 23 and math.isclose(w2.done_before_s, 1.43, abs_tol=0.01)
+    assert math.isclose(w2.true_harm_s, 0.23, abs_tol=0.01) and not w2.true_slowed_2x  # was 1.66 s, 2x
+    assert w1.done_before == 12 and math.isclose(w1.true_harm_s, 11.25, abs_tol=0.01)  # c012, in flight, counts
+    _, early = whale_cases(TRUTH / "preempt")  # whales sent before any short: nothing left out
+    assert all(c.done_before == 0 for c in early)

@@ -4,6 +4,7 @@ prompt hints, and the bound on requests kept."""
 
 from __future__ import annotations
 
+import copy
 from functools import cache
 from pathlib import Path
 
@@ -88,8 +89,43 @@ def test_before_the_fit_the_prior_is_scaled_to_the_steps_seen_and_after_it_the_f
     done = AttributionPipeline()
     done.feed_all(events("preempt"))
     done.settle()
-    assert done.attributor.cost.fitted and forecast_cost(done) is done.attributor.cost
-    assert forecast_cost(AttributionPipeline()) is not None  # no steps: the prior as it is
+    fitted = forecast_cost(done)  # after the fit: the fit, scaled to its last steps' pace
+    assert done.attributor.cost.fitted and isinstance(fitted, ScaledCost) and fitted.cost is done.attributor.cost
+    bare = AttributionPipeline()
+    assert forecast_cost(bare) is bare.attributor.cost  # no steps: the prior as it is
+
+
+def _whale_chunks_priced(rep: str) -> tuple[float, float, float]:
+    """continuous/w1-<rep>: (the forecast cost's factor at the whale's arrival, the price it gives the whale's two
+    prefill chunks then, what they took)."""
+    from attrib_agent.attribution.cost_model import StepFeatures
+
+    p = AttributionPipeline()
+    cost, t0 = None, 0.0
+    for ev in ReplaySource(RECORDINGS.parent / "truth" / "continuous" / "runs" / f"w1-{rep}").events():
+        if cost is None and isinstance(ev, RequestReceived) and "-w1-" in ev.request_id:
+            cost, t0 = copy.deepcopy(forecast_cost(p)), ev.ts  # as priced then: the model refits as it goes
+        p.feed(ev)
+    assert isinstance(cost, ScaledCost) and cost.cost.fitted
+    chunks = [o.record for _, o in p.timeline.outcomes() if o.record.end_ts > t0
+              and any("-w1-" in m.request_id and m.phase == "prefill" for m in o.record.members)]
+    assert len(chunks) == 2
+    priced = sum(cost.step_seconds_with_prefill(f.prefill_tokens, f.decode_requests, f.decode_context_sum,
+                                                f.prefill_pairs, f.prefill_requests)
+                 for f in map(StepFeatures.from_record, chunks))
+    return cost.factor, priced, sum(c.elapsed_s for c in chunks)
+
+
+def test_a_fitted_model_is_scaled_to_the_pace_the_machine_runs_at_now() -> None:
+    """continuous/w1: the agent has fitted ~800 steps of the run when the whale comes. In r1 the machine ran at
+    that fit's pace in the second before; in r2 ~2.6 times slower (a loaded host), and the whale's two chunks
+    took 3.85 s against 1.31 s in r1. The fit alone priced them alike in both (0.6-0.66 s), so r2's price was 6
+    times under against r1's 2; scaled to the last steps' pace, the two runs' prices are off by about as much."""
+    pace1, priced1, took1 = _whale_chunks_priced("r1")
+    pace2, priced2, took2 = _whale_chunks_priced("r2")
+    assert 0.9 <= pace1 <= 1.1 and 2.0 <= pace2 <= 3.5
+    assert took2 > 2.5 * took1
+    assert priced2 / took2 == pytest.approx(priced1 / took1, rel=0.35), (priced1, took1, priced2, took2)
 
 
 def test_an_unconfigured_token_budget_is_a_full_steps_size_else_at_least_vllms_default(

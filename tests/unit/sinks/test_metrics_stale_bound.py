@@ -123,3 +123,26 @@ def test_live_texts_kept_are_bounded_and_follow_the_values() -> None:
         text = live.encode(OM["accept"], ()).decode()
         assert _value(text, "attrib_vllm_gap_seconds") == float(i) and text.endswith("# EOF\n")
         assert len(live._texts) <= 8
+
+
+def test_gzip_body_is_one_stream_of_the_plain_body_and_keeps_only_bytes() -> None:
+    """The kept part is compressed once (blocks ended byte-aligned), the live part appended at each scrape: one
+    gzip member (Prometheus, curl and browsers read it), the same text as the plain body, and no compressor state
+    kept per body (it was ~256 KB each)."""
+    import zlib
+
+    from attrib_agent.sinks.prometheus.exposition import _Kept, _pipeline_part
+
+    state = AgentState(AttributionPipeline(), clock=lambda: 100.0)
+    pipeline_part, live_part = split_registries(state)
+    for accept in ("", OM["accept"]):
+        _, plain = render(pipeline_part, accept, (), False, live_part)
+        headers, zipped = render(pipeline_part, accept, (), True, live_part)
+        assert (b"content-encoding", b"gzip") in headers
+        d = zlib.decompressobj(31)  # a gzip stream
+        assert d.decompress(zipped) == plain and d.eof and d.unused_data == b""  # one member, nothing after it
+    kept = _pipeline_part(pipeline_part, OM["accept"], (), True, True)
+    assert all(isinstance(getattr(kept, slot), str | bytes | int) for slot in _Kept.__slots__)
+    for live in (b"", b"x" * 70_000):  # an empty live part, and one larger than deflate's window
+        _, body = kept.finish(live)
+        assert zlib.decompress(body, 31) == kept.text + live

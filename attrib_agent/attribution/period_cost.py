@@ -1,0 +1,49 @@
+"""What a step member costs the others between their tokens: the step-cost fit on step *periods*.
+
+A running request's inter-token latency is the period from one step's start to the next's: the step's compute
+plus vLLM's work before the next one (each request's output handling, detokenising, streaming), and that work
+grows with the step's members too. Measured on vLLM (`lab marginal`, docs/attribution.md section 6): a decoder
+adds 0.3-1.3 ms to an ~11 ms period, more than half of it after the step ends. The re-simulation's fit
+(`Attributor.cost`) reads each step's *elapsed* time and adds a mean gap, which is right for adding steps up but
+leaves a decoder's cost barely identified (0 on shared-prefix traffic, where 4-5 decoders are in nearly every
+step). So the causes price co-members with a second fit of the same model on the periods of steps run back to
+back (the next step starts within the model's `max_step_gap_s` of this one's end), and nothing else reads it:
+the counterfactual seconds stay the elapsed fit's. Until it has its own `min_steps` periods the elapsed fit
+prices the causes, as before. Memory: the same bounded window as the elapsed fit, and one step held back (its
+period is known when the next step is seen). Pure.
+"""
+
+from __future__ import annotations
+
+from attrib_agent.attribution.cost_model import StepCostModel, StepFeatures
+from attrib_agent.timeline.model import StepRecord
+
+
+class PeriodCost:
+    """Fed every step in order (`observe`); `cost(elapsed)` is the model the causes price members with."""
+
+    def __init__(self, elapsed: StepCostModel) -> None:
+        """The period fit has `elapsed`'s prior, window and refit cadence."""
+        self.model = StepCostModel(elapsed.prior, min_steps=elapsed.min_steps, refit_every=elapsed.refit_every,
+                                   max_window=elapsed.max_window, min_support=elapsed.min_support,
+                                   max_step_gap_s=elapsed.max_step_gap_s)
+        self._last: tuple[StepFeatures, StepRecord] | None = None  # seen, its period not yet known
+
+    def observe(self, record: StepRecord, features: StepFeatures) -> None:
+        """The step before `record` is fitted on its period when `record` followed it back to back (the gap
+        within log stamps' jitter of 0 up to `max_step_gap_s`); `record` waits for its successor."""
+        last, self._last = self._last, (features, record)
+        if last is None:
+            return
+        prev_features, prev = last
+        gap = record.start_ts - prev.end_ts
+        if abs(gap) <= self.model.max_step_gap_s and record.end_ts > prev.end_ts:
+            self.model.observe_features(prev_features, max(prev.elapsed_s + gap, 0.0), gap_s=0.0)
+
+    def forget_last(self) -> None:
+        """A new timeline (a replaced engine): the held step has no successor to come."""
+        self._last = None
+
+    def cost(self, elapsed: StepCostModel) -> StepCostModel:
+        """The period fit once fitted, else `elapsed` (the attributor's current elapsed fit)."""
+        return self.model if self.model.fitted else elapsed

@@ -1,0 +1,94 @@
+"""The causes price a step's members by what each adds to the step's *period* (attribution/period_cost.py): on vLLM
+most of a decoder's cost falls after the step ends (its output handling), where the elapsed fit cannot see it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from attrib_agent.attribution.attributor import Attributor
+from attrib_agent.attribution.cost_model import StepCostModel, StepFeatures
+from attrib_agent.attribution.period_cost import PeriodCost
+from attrib_agent.attribution.sim_trace import Member, Pricer, StepPrices
+from attrib_agent.timeline.model import StepMember, StepRecord
+
+PER_DECODER_AFTER_S = 1e-3  # what a decoder adds between steps (`lab marginal`: 0.3-1.3 ms)
+
+
+def _decodes(seed: int, n: int, start: float = 0.0, idle_every: int = 0) -> list[StepRecord]:
+    """`n` decode steps of 1-8 requests: elapsed 8 ms whoever is in it, the work after it 0.5 ms plus 1 ms a
+    decoder; with `idle_every`, every such step is followed by an idle 0.3 s."""
+    rng = random.Random(seed)
+    out, t = [], start
+    for i in range(n):
+        k = rng.randint(1, 8)
+        members = tuple(StepMember(f"r{j}", "decode", 1, rng.randint(100, 2000), 8) for j in range(k))
+        elapsed = 8e-3 + rng.uniform(-2e-4, 2e-4)
+        t += elapsed
+        out.append(StepRecord(0, i, t, elapsed, 0, 0, k, k, 0.1, members))
+        t += 5e-4 + PER_DECODER_AFTER_S * k + rng.uniform(-2e-4, 2e-4)
+        if idle_every and i % idle_every == idle_every - 1:
+            t += 0.3
+    return out
+
+
+def _fed(steps: list[StepRecord], min_steps: int = 64, max_window: int = 1024,
+        refit_every: int = 128) -> tuple[StepCostModel, PeriodCost]:
+    elapsed = StepCostModel(min_steps=min_steps, max_window=max_window, refit_every=refit_every)
+    period = PeriodCost(elapsed)
+    for s in steps:
+        f = StepFeatures.from_record(s)
+        elapsed.observe_features(f, s.elapsed_s)
+        period.observe(s, f)
+    return elapsed, period
+
+
+def _decoder_s(cost: StepCostModel) -> float:
+    """What one more decoder at a 1,000-token context adds to a step of four."""
+    prices = StepPrices(Pricer(cost), [Member(f"r{j}", 1, 999, True) for j in range(5)])
+    return prices.marginal(prices.members[0])[0]
+
+
+def test_a_decoder_whose_cost_falls_between_steps_is_priced_by_the_period_fit() -> None:
+    elapsed, period = _fed(_decodes(1, 600))
+    assert period.cost(elapsed) is period.model and period.model.fitted
+    assert _decoder_s(elapsed) < 1e-4  # the elapsed fit: a decoder is nearly free
+    assert _decoder_s(period.cost(elapsed)) == pytest.approx(PER_DECODER_AFTER_S, rel=0.15)
+    assert period.model.steps_seen == 599  # the newest step waits for its successor
+
+
+def test_until_its_own_fit_the_elapsed_fit_prices_the_causes() -> None:
+    elapsed, period = _fed(_decodes(2, 40))
+    assert not period.model.fitted and period.cost(elapsed) is elapsed
+
+
+def test_steps_followed_by_idle_time_and_across_timelines_are_not_fitted() -> None:
+    _, period = _fed(_decodes(3, 200, idle_every=4))
+    assert period.model.steps_seen == 150  # every fourth step was followed by 0.3 s idle
+    steps = _decodes(5, 10)
+    _, period = _fed(steps)
+    assert period.model.steps_seen == 9
+    period.forget_last()  # a new timeline (a replaced engine): its first step follows nothing held
+    later = _decodes(6, 1, start=steps[-1].end_ts + 1e-3)[0]
+    period.observe(later, StepFeatures.from_record(later))
+    assert period.model.steps_seen == 9
+
+
+def test_the_period_fits_window_has_the_elapsed_fits_limit() -> None:
+    elapsed, period = _fed(_decodes(7, 300), min_steps=16, max_window=64, refit_every=32)
+    assert elapsed.window_steps == 64 == period.model.window_steps
+    assert period.model.steps_seen == 299 and period.model.fitted
+    kept = period.model.snapshot()["kept"]
+    assert all(k == [] for k in kept)  # decode steps only: nothing kept past the window
+
+
+def test_a_restarted_agent_prices_its_causes_with_the_restored_elapsed_fit() -> None:
+    """The state file carries the elapsed fit only (docs/attribution.md section 6): until the period fit has its
+    own periods, the causes are priced as every agent priced them before."""
+    saved, _ = _fed(_decodes(8, 300))
+    restored = StepCostModel()
+    restored.restore(saved.snapshot())
+    attributor = Attributor(cost=restored)
+    assert restored.fitted and not attributor.period.model.fitted
+    assert attributor.period.cost(attributor.cost) is restored
