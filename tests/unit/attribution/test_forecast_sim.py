@@ -63,7 +63,7 @@ def test_the_window_sums_are_those_of_the_token_times(
     for stretches in (True, False):
         with pytest.MonkeyPatch.context() as mp:
             if not stretches:
-                mp.setattr(forecast_sim, "_decode_stretch", lambda *a: (0, a[6], []))
+                mp.setattr(forecast_sim, "_decode_stretch", lambda *a: (0, a[6], [], False))
             run = _run(state, extra, until, cost, limit)
         for rid, times in run.tokens.items():
             ts = [t for t in times if t <= until]
@@ -79,7 +79,7 @@ def test_stretches_give_the_step_by_step_run(case: tuple[EngineState, list[tuple
     until = NOW + window
     fast = _run(state, extra, until, cost)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(forecast_sim, "_decode_stretch", lambda *a: (0, a[6], []))
+        mp.setattr(forecast_sim, "_decode_stretch", lambda *a: (0, a[6], [], False))
         slow = _run(state, extra, until, cost)
     assert (fast.preemptions, fast.first_stop, fast.first_members) == (slow.preemptions, slow.first_stop,
                                                                         slow.first_members)
