@@ -84,12 +84,14 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
         pending.append(lv)
         lives.append(lv)
     by_id = {lv.req.request_id: lv for lv in lives}
-    awaited = {rid for rid in watch if rid in by_id and not by_id[rid].refused}
+    awaited = {rid for rid in watch if rid in by_id and not by_id[rid].refused
+               and not (rid in first_token_only and by_id[rid].first_token_ts is not None)}
     unserved = {rid for rid in awaited if by_id[rid].first_token_ts is None}  # no first token yet
     pricer = Pricer(cost)
     price5 = pricer.price5
     win: list[Window] = [[0.0, 0.0, 0.0, 0.0] for _ in lives]  # by LiveRequest.index
     upto = math.inf if until is None else until
+    sums = (win, itl_limit, keep_tokens)
     now, steps, preemptions, empty = state.now, 0, 0, 0
     short = False  # the last stretch stopped where the blocks ran short: the next step is scheduled (it preempts)
     first_stop, first_members, first_blocked = "", frozenset[str](), None
@@ -107,7 +109,7 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
         if steps and not short:  # the first step is always scheduled: it says whether the candidate is admitted now
             jumped, now, finished, short = _decode_stretch(running, waiting, pool, cfg.max_num_seqs, bs, pricer, now,
                                                     pending, max_steps - steps, until, unserved,
-                                                    (win, itl_limit, keep_tokens))
+                                                    sums)
             for lv in finished:  # as a scheduled step's delivery: they had their first token already
                 awaited.discard(lv.req.request_id)
         if jumped:
@@ -130,21 +132,28 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
         end = now + price5(f1, f2, f3, f4, f5)
         for lv, n in members:  # vLLM's sync scheduling: computed, then delivered at the end of the step (one
             computed = lv.computed = lv.computed + n  # member's delivery touches no other member: in one pass)
-            if computed >= lv.req.prompt_tokens + lv.outputs:  # it samples a token
-                outputs = lv.outputs = lv.outputs + 1
-                if keep_tokens:
-                    lv.token_ts.append(end)
-                if lv.first_token_ts is None:
-                    lv.first_token_ts = end
-                if outputs >= lv.target:
-                    finish(lv, end, running, waiting, pool, bs)
-                if end <= upto:
-                    _took(win[lv.index], end, end, 1, 0, itl_limit)
-            if lv.first_token_ts is not None:
+            if computed < lv.req.prompt_tokens + lv.outputs:
+                continue  # a prefill chunk short of the prompt's end: no token
+            outputs = lv.outputs = lv.outputs + 1
+            if keep_tokens:
+                lv.token_ts.append(end)
+            if lv.first_token_ts is None:  # its first token: awaited no more for it
+                lv.first_token_ts = end
                 rid = lv.req.request_id
                 unserved.discard(rid)
-                if lv.finish_ts is not None or rid in first_token_only:
+                if rid in first_token_only:
                     awaited.discard(rid)
+            if outputs >= lv.target:
+                finish(lv, end, running, waiting, pool, bs)
+                awaited.discard(lv.req.request_id)
+            if end <= upto:  # `_took(win[lv.index], end, end, 1, 0, itl_limit)`, inlined: per member per step
+                w = win[lv.index]
+                if w[0]:
+                    w[3] += end - w[2] > itl_limit
+                else:
+                    w[1] = end
+                w[0] += 1
+                w[2] = end
         now = end
         steps += 1
     return Run({lv.req.request_id: lv.first_token_ts for lv in lives},
