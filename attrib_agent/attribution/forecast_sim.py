@@ -177,8 +177,12 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
     (only first tokens are read there); those up to `until` are summed up in `window` (by request index, with
     the ITL limit). Returns (steps run, new time, the requests its last step finished, whether it stopped where
     the free blocks ran out: the next step cannot be one of a stretch)."""
-    if not running or (waiting and len(running) < max_seqs and blocks_for(waiting[0].num_tokens, bs) <= pool.free):
+    if not running:
         return 0, now, [], False
+    if waiting and len(running) < max_seqs:  # the head fits (blocks_for its num_tokens, inlined)?
+        head = waiting[0]
+        if -(-(head.req.prompt_tokens + head.outputs + head.pending) // bs) <= pool.free:
+            return 0, now, [], False
     last = running[-1]  # the last admitted, most often the one still prefilling: looked at first
     if last.computed + 1 != last.req.prompt_tokens + last.outputs + last.pending or last.outputs < 1:
         return 0, now, [], False

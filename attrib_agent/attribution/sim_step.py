@@ -156,18 +156,25 @@ def admit(running: list[LiveRequest], waiting: deque[LiveRequest], pool: FreeBlo
         if skip == len(waiting):
             return "empty", None
         req = waiting[skip]
-        limit = (req.num_tokens - 1) // bs  # vLLM recomputes the last token: at most this many blocks hit
-        prefix = _prefix_blocks(req, config)
+        tokens = req.req.prompt_tokens + req.outputs + req.pending  # num_tokens, inlined (as blocks_for below)
         group = req.req.prefix_group
-        shared = pool.shared_hit(group, min(prefix, limit)) if prefix and group is not None else []
-        own = pool.peek_cached(req.index, limit - len(shared)) if len(shared) == prefix else 0
-        # scheduler_reserve_full_isl: the whole sequence must fit; hit blocks that sit free still count
-        if blocks_for(req.num_tokens, bs) - len(shared) + sum(b.ref == 0 for b in shared) > pool.free:
-            return "kv", req
-        pool.touch(shared)
+        if group is None or not config.prefix_caching:  # (the check below runs at every step someone waits)
+            if -(-tokens // bs) > pool.free:  # scheduler_reserve_full_isl: the whole sequence must fit
+                return "kv", req
+            shared: list[SharedBlock] = []
+            own = pool.peek_cached(req.index, (tokens - 1) // bs)
+        else:
+            limit = (tokens - 1) // bs  # vLLM recomputes the last token: at most this many blocks hit
+            prefix = _prefix_blocks(req, config)
+            shared = pool.shared_hit(group, min(prefix, limit)) if prefix else []
+            own = pool.peek_cached(req.index, limit - len(shared)) if len(shared) == prefix else 0
+            # the whole sequence must fit; hit blocks that sit free still count
+            if blocks_for(tokens, bs) - len(shared) + sum(b.ref == 0 for b in shared) > pool.free:
+                return "kv", req
+            pool.touch(shared)
         hit = len(shared) + (pool.take_cached(req.index, own) if own else 0)
         req.shared, req.computed, req.blocks = shared, hit * bs, hit
-        n = min(req.num_tokens - req.computed, budget)
+        n = min(tokens - req.computed, budget)
         need = blocks_for(req.computed + n, bs) - req.blocks
         pool.allocate(need)
         req.blocks += need
