@@ -1,5 +1,6 @@
-"""The forecast's re-simulation: its scheduled step is the attribution's (without objects), its decode stretches (through finishes, past arrivals queued behind a blocked
-head, without token times past the window) give the step-by-step run, and take few calls on a backlog."""
+"""The forecast's re-simulation: its scheduled step is the attribution's (without objects), its decode
+stretches (through finishes, past arrivals queued behind a blocked head, without token times past the window)
+give the step-by-step run, and take few calls on a backlog."""
 
 from __future__ import annotations
 
