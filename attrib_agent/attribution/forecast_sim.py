@@ -18,14 +18,15 @@ import numpy as np
 
 from attrib_agent.attribution.block_pool import FreeBlockQueue
 from attrib_agent.attribution.forecast_types import EngineState
-from attrib_agent.attribution.scheduler_sim import _compute_all, _deliver_all
-from attrib_agent.attribution.sim_step import LiveRequest, blocks_for, finish, schedule_step
+from attrib_agent.attribution.sim_step import LiveRequest, blocks_for, finish, plan_sync
 from attrib_agent.attribution.sim_stretch import advance, fitting_steps
 from attrib_agent.attribution.sim_trace import Pricer
 from attrib_agent.attribution.sim_types import SimRequest, StepCost
 
 SMALL_STRETCH = 64  # stretches shorter than this get their step ends in plain Python (numpy costs more there)
 
+Piece = tuple[float, float, float, int] | list[float]
+"""A run of a stretch's step ends: (now, first step's price, slope, steps) in closed form, or the ends listed."""
 Window = list[float]
 """A request's token times within the window, summed up as the simulator delivers them: [count, first, last,
 gaps longer than the ITL limit] (what `forecast._harm` compares, with no pass over the token times)."""
@@ -83,12 +84,16 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
         pending.append(lv)
         lives.append(lv)
     by_id = {lv.req.request_id: lv for lv in lives}
-    awaited = {rid for rid in watch if rid in by_id and not by_id[rid].refused}
+    awaited = {rid for rid in watch if rid in by_id and not by_id[rid].refused
+               and not (rid in first_token_only and by_id[rid].first_token_ts is not None)}
     unserved = {rid for rid in awaited if by_id[rid].first_token_ts is None}  # no first token yet
     pricer = Pricer(cost)
+    price5 = pricer.price5
     win: list[Window] = [[0.0, 0.0, 0.0, 0.0] for _ in lives]  # by LiveRequest.index
     upto = math.inf if until is None else until
+    sums = (win, itl_limit, keep_tokens)
     now, steps, preemptions, empty = state.now, 0, 0, 0
+    short = False  # the last stretch stopped where the blocks ran short: the next step is scheduled (it preempts)
     first_stop, first_members, first_blocked = "", frozenset[str](), None
     while steps < max_steps and awaited and (until is None or unserved or now < until):
         while pending and pending[0].req.arrival_ts <= now:
@@ -101,38 +106,54 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
             now = pending[0].req.arrival_ts
             continue
         jumped = 0
-        if steps:  # the first step is always scheduled: it says whether the candidate is admitted now
-            jumped, now, finished = _decode_stretch(running, waiting, pool, cfg.max_num_seqs, bs, pricer, now,
+        if steps and not short:  # the first step is always scheduled: it says whether the candidate is admitted now
+            jumped, now, finished, short = _decode_stretch(running, waiting, pool, cfg.max_num_seqs, bs, pricer, now,
                                                     pending, max_steps - steps, until, unserved,
-                                                    (win, itl_limit, keep_tokens))
+                                                    sums)
             for lv in finished:  # as a scheduled step's delivery: they had their first token already
                 awaited.discard(lv.req.request_id)
         if jumped:
             steps += jumped
             continue
-        plan = schedule_step(running, waiting, pool, cfg, now)
+        short = False
+        members: list[tuple[LiveRequest, int]] = []
+        preempted, stop, blocked, f1, f2, f3, f4, f5 = plan_sync(running, waiting, pool, cfg, now, members)
         if until is None or now < until:  # counted within the window both runs cover
-            preemptions += len(plan.preempted)
+            preemptions += preempted
         if not steps and not first_stop:
-            first_stop, first_members = plan.stop, frozenset(m.request_id for m in plan.members)
-            first_blocked = plan.blocked.req.request_id if plan.blocked is not None else None
-        if not plan.members:
+            first_stop, first_members = stop, frozenset(lv.req.request_id for lv, _ in members)
+            first_blocked = blocked.req.request_id if blocked is not None else None
+        if not members:
             empty += 1
             if empty > len(lives) + 1:
                 break
             continue
         empty = 0
-        end = now + pricer.seconds(plan.members)
-        done = _compute_all(plan.members, by_id)  # vLLM's sync scheduling: computed, then delivered at the end
-        _deliver_all(done, end, running, waiting, pool, bs)  # (one member's delivery touches no other member)
-        for lv, samples in done:
-            if samples and end <= upto:
-                _took(win[lv.index], end, end, 1, 0, itl_limit)
-            if lv.first_token_ts is not None:
+        end = now + price5(f1, f2, f3, f4, f5)
+        for lv, n in members:  # vLLM's sync scheduling: computed, then delivered at the end of the step (one
+            computed = lv.computed = lv.computed + n  # member's delivery touches no other member: in one pass)
+            if computed < lv.req.prompt_tokens + lv.outputs:
+                continue  # a prefill chunk short of the prompt's end: no token
+            outputs = lv.outputs = lv.outputs + 1
+            if keep_tokens:
+                lv.token_ts.append(end)
+            if lv.first_token_ts is None:  # its first token: awaited no more for it
+                lv.first_token_ts = end
                 rid = lv.req.request_id
                 unserved.discard(rid)
-                if lv.finish_ts is not None or rid in first_token_only:
+                if rid in first_token_only:
                     awaited.discard(rid)
+            if outputs >= lv.target:
+                finish(lv, end, running, waiting, pool, bs)
+                awaited.discard(lv.req.request_id)
+            if end <= upto:  # `_took(win[lv.index], end, end, 1, 0, itl_limit)`, inlined: per member per step
+                w = win[lv.index]
+                if w[0]:
+                    w[3] += end - w[2] > itl_limit
+                else:
+                    w[1] = end
+                w[0] += 1
+                w[2] = end
         now = end
         steps += 1
     return Run({lv.req.request_id: lv.first_token_ts for lv in lives},
@@ -144,7 +165,7 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
                     bs: int, pricer: Pricer, now: float, pending: deque[LiveRequest], max_steps: int,
                     until: float | None, unserved: set[str],
                     window: tuple[list[Window], float, bool] | None = None
-                    ) -> tuple[int, float, list[LiveRequest]]:
+                    ) -> tuple[int, float, list[LiveRequest], bool]:
     """Run the coming steps at once while they are all alike: every running request decodes one token, their
     new blocks fit in the free ones and the queue's head cannot be admitted (no blocks or no seat). The stretch
     ends with the first step that finishes a request (delivered as a scheduled step delivers it), or at the next
@@ -154,17 +175,22 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
     broken at every arrival and finish: each piece is summed in closed form from the step an arrival fell in,
     and a finishing step is added to the end of the one before it. Past `until` the token times are not kept
     (only first tokens are read there); those up to `until` are summed up in `window` (by request index, with
-    the ITL limit). Returns (steps run, new time, the requests its last step finished)."""
-    if not running or (waiting and len(running) < max_seqs and blocks_for(waiting[0].num_tokens, bs) <= pool.free):
-        return 0, now, []
+    the ITL limit). Returns (steps run, new time, the requests its last step finished, whether it stopped where
+    the free blocks ran out: the next step cannot be one of a stretch)."""
+    if not running:
+        return 0, now, [], False
+    if waiting and len(running) < max_seqs:  # the head fits (blocks_for its num_tokens, inlined)?
+        head = waiting[0]
+        if -(-(head.req.prompt_tokens + head.outputs + head.pending) // bs) <= pool.free:
+            return 0, now, [], False
     last = running[-1]  # the last admitted, most often the one still prefilling: looked at first
     if last.computed + 1 != last.req.prompt_tokens + last.outputs + last.pending or last.outputs < 1:
-        return 0, now, []
+        return 0, now, [], False
     context, finish_in = 0, max_steps + 1  # one pass: the pattern check, the context and the steps up to a finish
     for r in running:
         computed, outputs = r.computed, r.outputs
         if computed + 1 != r.req.prompt_tokens + outputs + r.pending or outputs < 1:
-            return 0, now, []
+            return 0, now, [], False
         context += computed + 1
         left = r.target - outputs  # steps up to the one that finishes it
         if left < finish_in:
@@ -172,17 +198,17 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
     n = len(running)
     k = fitting_steps(running, pool.free, bs, min(finish_in, max_steps))
     if k <= 0:
-        return 0, now, []
+        return 0, now, [], False
     price = pricer.price4
     alike = k - 1 if k == finish_in else k  # the steps before the one that finishes a request, if within k
     cross = bool(waiting)
-    ends: list[float] = []
+    pieces: list[Piece] = []  # the step ends, kept as closed forms: lists only where a reader needs them
     t, done, a, crossed = now, 0, 0, False  # a: the next arrival in `pending` (those before `now` are queued)
     top = 0.0  # the longest step's price
     while done < alike:
         nxt = pending[a].req.arrival_ts if a < len(pending) else None
         s, t, longest = _alike(price, n, context + done * n, t, alike - done, nxt,
-                               ends if until is None or t < until else None)
+                               pieces if until is None or t < until else None)
         top = max(top, longest)
         done += s
         crossed = False
@@ -196,36 +222,50 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
                                                                 and t >= until):
         closing = price(0, n, context + done * n, 0)  # the finishing step, priced as a scheduled step is (once)
         if until is None or t < until:
-            ends.append(t + closing)
+            pieces.append([t + closing])
         t += closing
         top = max(top, closing)
         done += 1
     keep = True
-    if window is not None and ends:
-        _took_stretch(running, ends, math.inf if until is None else until, top, window[0], window[1])
-        keep = window[2]
+    ends: list[float] = []
+    if window is not None and pieces:
+        win, limit, keep = window
+        upto = math.inf if until is None else until
+        first_end, last_end = _first_last(pieces)
+        if not keep and last_end <= upto and top < limit - 64 * math.ulp(last_end):  # no gap over the limit
+            count = sum(len(x) if isinstance(x, list) else x[3] for x in pieces)
+            for r in running:  # all within the window: its sums only, as `_took_stretch` makes them
+                _took(win[r.index], first_end, last_end, count, 0, limit)
+        else:
+            ends = _ends(pieces)
+            _took_stretch(running, ends, upto, top, win, limit)
+    elif pieces:
+        ends = _ends(pieces)
     finished = advance(running, ends if keep else [], bs, pool, done)
     for r in finished:  # in member order, after every allocation, as the step loop delivers them
         finish(r, t, running, waiting, pool, bs)
-    return done, t, finished
+    return done, t, finished, done == k < min(finish_in, max_steps)
 
 
 def _alike(price: Callable[[int, int, int, int], float], n: int, context: int, now: float, m: int,
-           next_arrival: float | None, ends: list[float] | None) -> tuple[int, float, float]:
+           next_arrival: float | None, ends: list[Piece] | None) -> tuple[int, float, float]:
     """Up to `m` alike decode steps of `n` requests from `now` (the first attends to `context` tokens), ending
-    with the one in which `next_arrival` falls; their ends appended to `ends` (unless None). Returns (steps run,
+    with the one in which `next_arrival` falls; their ends appended to `ends` (unless None) as one piece: the
+    closed form's (now, first, slope, steps), or the list of them when priced step by step. Returns (steps run,
     the last one's end, the longest one's price)."""
     first = price(0, n, context, 0)
     slope = price(0, n, context + n, 0) - first  # each step attends to n more tokens
     if abs(price(0, n, context + (m - 1) * n, 0) - (first + (m - 1) * slope)) > 1e-9 * (1 + first):
         t, j, top = now, 0, 0.0  # a cost model not linear in the context: price step by step
+        listed: list[float] = []
         while j < m and (next_arrival is None or t < next_arrival):
             seconds = price(0, n, context + j * n, 0)
             t += seconds
             top = max(top, seconds)
             j += 1
-            if ends is not None:
-                ends.append(t)
+            listed.append(t)
+        if ends is not None and listed:
+            ends.append(listed)
         return j, t, top
 
     def end(j: int) -> float:  # step j (0-based) costs first + j * slope: its end in closed form
@@ -238,14 +278,40 @@ def _alike(price: Callable[[int, int, int, int], float], n: int, context: int, n
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if end(mid) < next_arrival else (lo, mid)
         m = hi + 1
-    if ends is None:
-        pass
-    elif m < SMALL_STRETCH:  # the same float operations in the same order as numpy's: the same values
-        ends.extend([now + (j + 1) * first + slope * j * (j + 1) / 2 for j in range(m)])
+    if ends is not None:
+        ends.append((now, first, slope, m))
+    return m, end(m - 1), max(first, first + (m - 1) * slope)  # end: the same expression as `_ends`' last
+
+
+def _ends(pieces: list[Piece]) -> list[float]:
+    """A stretch's step ends, one float per step, from its pieces."""
+    ends: list[float] = []
+    for x in pieces:
+        if isinstance(x, list):
+            ends.extend(x)
+            continue
+        now, first, slope, m = x
+        if m < SMALL_STRETCH:  # the same float operations in the same order as numpy's: the same values
+            ends.extend([now + (j + 1) * first + slope * j * (j + 1) / 2 for j in range(m)])
+        else:
+            jj = np.arange(m, dtype=np.float64)
+            ends.extend((now + (jj + 1) * first + slope * jj * (jj + 1) / 2).tolist())
+    return ends
+
+
+def _first_last(pieces: list[Piece]) -> tuple[float, float]:
+    """A stretch's first and last step ends, as `_ends` gives them, without the list."""
+    x, y = pieces[0], pieces[-1]
+    if isinstance(x, list):
+        first = x[0]
     else:
-        jj = np.arange(m, dtype=np.float64)
-        ends.extend((now + (jj + 1) * first + slope * jj * (jj + 1) / 2).tolist())
-    return m, end(m - 1), max(first, first + (m - 1) * slope)  # end: the same expression as the list's last
+        now, price, slope, _ = x
+        first = now + (0 + 1) * price + slope * 0 * (0 + 1) / 2
+    if isinstance(y, list):
+        return first, y[-1]
+    now, price, slope, m = y
+    j = m - 1
+    return first, now + (j + 1) * price + slope * j * (j + 1) / 2
 
 
 def _took(w: Window, first: float, last: float, count: int, over: int, limit: float) -> None:

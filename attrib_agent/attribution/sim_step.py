@@ -116,14 +116,7 @@ def schedule_step(running: list[LiveRequest], waiting: deque[LiveRequest], pool:
         if n > budget:
             n = budget
         need = -(-(computed + n) // bs) - req.blocks
-        victim = None
-        while need > pool.free and victim is not req:
-            victim = running.pop()
-            victim.forced_by = ((r.request_id, 1.0),) if victim is not req else holders(running)
-            _preempt(victim, pool, bs)
-            preempted.append(victim)
-            waiting.appendleft(victim)
-        if victim is req:
+        if need > pool.free and not _make_room(req, need, running, waiting, pool, bs, preempted):
             break
         if need > 0:
             pool.allocate(need)
@@ -136,42 +129,131 @@ def schedule_step(running: list[LiveRequest], waiting: deque[LiveRequest], pool:
         i += 1
     if preempted:
         return StepPlan(members, preempted, "preemption")
+    scheduled: list[tuple[LiveRequest, int]] = []
+    stop, blocked = admit(running, waiting, pool, config, budget, now, scheduled)
+    for req, n in scheduled:  # nothing changed their tokens since: as if made at admission
+        admitted.append(req)
+        members.append(_member(req, n))
+    return StepPlan(members, preempted, stop, blocked, admitted)
+
+
+def admit(running: list[LiveRequest], waiting: deque[LiveRequest], pool: FreeBlockQueue, config: SchedulerConfig,
+          budget: int, now: float, out: list[tuple[LiveRequest, int]]) -> tuple[str, LiveRequest | None]:
+    """Admission after the running requests were scheduled, with the `budget` they left: waiting requests FCFS,
+    moved to `running` and appended to `out` with the tokens scheduled, until one does not fit. Returns why it
+    stopped and the request that did not fit."""
+    bs = config.block_size
     while True:
         if not waiting:
-            return StepPlan(members, preempted, "empty", admitted=admitted)
+            return "empty", None
         if budget <= 0:
-            return StepPlan(members, preempted, "budget", admitted=admitted)
+            return "budget", None
         if len(running) >= config.max_num_seqs:
-            return StepPlan(members, preempted, "seats", admitted=admitted)
+            return "seats", None
         skip = 0  # async: a preempted request waits until its step in flight is back (vLLM skips it)
         while skip < len(waiting) and waiting[skip].in_flight:
             skip += 1
         if skip == len(waiting):
-            return StepPlan(members, preempted, "empty", admitted=admitted)
+            return "empty", None
         req = waiting[skip]
-        limit = (req.num_tokens - 1) // bs  # vLLM recomputes the last token: at most this many blocks hit
-        prefix = _prefix_blocks(req, config)
+        tokens = req.req.prompt_tokens + req.outputs + req.pending  # num_tokens, inlined (as blocks_for below)
         group = req.req.prefix_group
-        shared = pool.shared_hit(group, min(prefix, limit)) if prefix and group is not None else []
-        own = pool.peek_cached(req.index, limit - len(shared)) if len(shared) == prefix else 0
-        # scheduler_reserve_full_isl: the whole sequence must fit; hit blocks that sit free still count
-        if blocks_for(req.num_tokens, bs) - len(shared) + sum(b.ref == 0 for b in shared) > pool.free:
-            return StepPlan(members, preempted, "kv", req, admitted)
-        pool.touch(shared)
+        if group is None or not config.prefix_caching:  # (the check below runs at every step someone waits)
+            if -(-tokens // bs) > pool.free:  # scheduler_reserve_full_isl: the whole sequence must fit
+                return "kv", req
+            shared: list[SharedBlock] = []
+            own = pool.peek_cached(req.index, (tokens - 1) // bs)
+        else:
+            limit = (tokens - 1) // bs  # vLLM recomputes the last token: at most this many blocks hit
+            prefix = _prefix_blocks(req, config)
+            shared = pool.shared_hit(group, min(prefix, limit)) if prefix else []
+            own = pool.peek_cached(req.index, limit - len(shared)) if len(shared) == prefix else 0
+            # the whole sequence must fit; hit blocks that sit free still count
+            if blocks_for(tokens, bs) - len(shared) + sum(b.ref == 0 for b in shared) > pool.free:
+                return "kv", req
+            pool.touch(shared)
         hit = len(shared) + (pool.take_cached(req.index, own) if own else 0)
         req.shared, req.computed, req.blocks = shared, hit * bs, hit
-        n = min(req.num_tokens - req.computed, budget)
+        n = min(tokens - req.computed, budget)
         need = blocks_for(req.computed + n, bs) - req.blocks
         pool.allocate(need)
         req.blocks += need
         _cache_blocks(req, req.computed + n, pool, config)
         del waiting[skip]
         running.append(req)
-        admitted.append(req)
         if req.scheduled_ts is None:
             req.scheduled_ts = now
-        members.append(_member(req, n))
+        out.append((req, n))
         budget -= n
+
+
+def plan_sync(running: list[LiveRequest], waiting: deque[LiveRequest], pool: FreeBlockQueue,
+              config: SchedulerConfig, now: float, out: list[tuple[LiveRequest, int]]
+              ) -> tuple[int, str, LiveRequest | None, int, int, int, int, int]:
+    """`schedule_step` for a synchronous engine (no token in flight between steps: the forecast), without
+    `Member` objects: the members and their tokens are appended to `out`, and the step's price features are
+    summed as `Pricer.features` sums them. Returns (requests preempted, why admission stopped, the request that
+    did not fit, and the five features)."""
+    bs = config.block_size
+    budget = config.token_budget
+    caching = config.prefix_caching
+    preempted: list[LiveRequest] = []
+    t = r = c = p = q = 0
+    i = 0
+    while i < len(running) and budget > 0:
+        lv = running[i]
+        req = lv.req
+        computed = lv.computed
+        total = req.prompt_tokens + lv.outputs
+        n = total - computed
+        if n > budget:
+            n = budget
+        need = -(-(computed + n) // bs) - lv.blocks
+        if need > pool.free and not _make_room(lv, need, running, waiting, pool, bs, preempted):
+            break
+        if need > 0:
+            pool.allocate(need)
+            lv.blocks += need
+        if caching and req.prefix_group is not None and len(lv.shared) < req.prefix_tokens // bs:
+            _cache_blocks(lv, computed + n, pool, config)
+        if n == 1 and lv.outputs >= 1 and computed + 1 == total:  # Member.decode
+            r += 1
+            c += total
+        else:
+            t += n
+            p += n * computed + n * (n + 1) // 2
+            q += 1
+        out.append((lv, n))
+        budget -= n
+        i += 1
+    if preempted:
+        return len(preempted), "preemption", None, t, r, c, p, q
+    first = len(out)
+    stop, blocked = admit(running, waiting, pool, config, budget, now, out)
+    for lv, n in out[first:]:
+        computed = lv.computed
+        if n == 1 and lv.outputs >= 1 and computed + 1 == lv.num_tokens:
+            r += 1
+            c += computed + 1
+        else:
+            t += n
+            p += n * computed + n * (n + 1) // 2
+            q += 1
+    return 0, stop, blocked, t, r, c, p, q
+
+
+def _make_room(req: LiveRequest, need: int, running: list[LiveRequest], waiting: deque[LiveRequest],
+               pool: FreeBlockQueue, bs: int, preempted: list[LiveRequest]) -> bool:
+    """Preempt the most recently admitted running requests until `req`'s `need` new blocks fit; False when
+    `req` itself had to go."""
+    victim = None
+    while need > pool.free and victim is not req:
+        victim = running.pop()
+        victim.forced_by = ((req.req.request_id, 1.0),) if victim is not req else holders(running)
+        _preempt(victim, pool, bs)
+        preempted.append(victim)
+        waiting.appendleft(victim)
+    return victim is not req
 
 
 def _prefix_blocks(req: LiveRequest, config: SchedulerConfig) -> int:

@@ -109,7 +109,7 @@ def test_the_decode_fast_path_gives_exactly_the_step_by_step_result(monkeypatch:
     cands = [Candidate(6000, 200), Candidate(300, 20)]
     fast = forecast(state, cands, COST)
     assert fast[0].expected.requests == 15 and fast[0].ttft_extra_sum_s > 0.3
-    monkeypatch.setattr(forecast_sim, "_decode_stretch", lambda *a: (0, a[6], []))
+    monkeypatch.setattr(forecast_sim, "_decode_stretch", lambda *a: (0, a[6], [], False))
     slow = forecast(state, cands, COST)
     for f, s in zip(fast, slow, strict=True):  # equal but for float rounding (closed-form sums of step times)
         assert f.admitted_now == s.admitted_now and f.preemptions == s.preemptions

@@ -1,5 +1,6 @@
-"""The forecast's re-simulation: its decode stretches (through finishes, past arrivals queued behind a blocked
-head, without token times past the window) give the step-by-step run, and take few calls on a backlog."""
+"""The forecast's re-simulation: its scheduled step is the attribution's (without objects), its decode
+stretches (through finishes, past arrivals queued behind a blocked head, without token times past the window)
+give the step-by-step run, and take few calls on a backlog."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from attrib_agent.attribution import forecast_sim
 from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior
 from attrib_agent.attribution.forecast_sim import Run, simulate_from
 from attrib_agent.attribution.forecast_types import EngineState, InFlight
+from attrib_agent.attribution.sim_step import LiveRequest, schedule_step
+from attrib_agent.attribution.sim_trace import Pricer
 from attrib_agent.attribution.sim_types import SchedulerConfig, SimRequest
 
 NOW = 100.0
@@ -63,7 +66,7 @@ def test_the_window_sums_are_those_of_the_token_times(
     for stretches in (True, False):
         with pytest.MonkeyPatch.context() as mp:
             if not stretches:
-                mp.setattr(forecast_sim, "_decode_stretch", lambda *a: (0, a[6], []))
+                mp.setattr(forecast_sim, "_decode_stretch", lambda *a: (0, a[6], [], False))
             run = _run(state, extra, until, cost, limit)
         for rid, times in run.tokens.items():
             ts = [t for t in times if t <= until]
@@ -79,7 +82,7 @@ def test_stretches_give_the_step_by_step_run(case: tuple[EngineState, list[tuple
     until = NOW + window
     fast = _run(state, extra, until, cost)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(forecast_sim, "_decode_stretch", lambda *a: (0, a[6], []))
+        mp.setattr(forecast_sim, "_decode_stretch", lambda *a: (0, a[6], [], False))
         slow = _run(state, extra, until, cost)
     assert (fast.preemptions, fast.first_stop, fast.first_members) == (slow.preemptions, slow.first_stop,
                                                                         slow.first_members)
@@ -137,3 +140,28 @@ def test_a_backlog_runs_through_its_arrivals_in_few_stretches(monkeypatch: pytes
     jumps = [c for c in calls if c[0]]
     assert jumps[0] == (399, 1)  # after the first step (always scheduled), to a's finish, past a dozen arrivals
     assert run.first_token["c"] is not None and run.first_token["c"] > NOW + 1
+
+
+def _plan_by_schedule_step(running: list[LiveRequest], waiting: Any, pool: Any, config: SchedulerConfig, now: float,
+                           out: list[tuple[LiveRequest, int]]) -> tuple[Any, ...]:
+    """`plan_sync` as the attribution's `schedule_step` (with `Member` objects) and `Pricer.features` give it."""
+    plan = schedule_step(running, waiting, pool, config, now)
+    by_id = {lv.req.request_id: lv for lv in running}  # every member runs after its step is planned
+    out.extend((by_id[m.request_id], m.tokens) for m in plan.members)
+    return (len(plan.preempted), plan.stop, plan.blocked, *Pricer.features(plan.members))
+
+
+@settings(max_examples=120, deadline=None)
+@given(states(), st.booleans())
+def test_the_forecast_step_is_the_attributions_step(
+        case: tuple[EngineState, list[tuple[SimRequest, int]], float, int], stretches: bool) -> None:
+    """The forecast's scheduled step without objects (`sim_step.plan_sync`, delivered in one pass) gives the run
+    `schedule_step` gives, to the bit: first tokens, every token time, window sums, preemptions, first step."""
+    state, extra, window, cost = case
+    with pytest.MonkeyPatch.context() as mp:
+        if not stretches:
+            mp.setattr(forecast_sim, "_decode_stretch", lambda *a: (0, a[6], [], False))
+        fast = _run(state, extra, NOW + window, cost, 0.012)
+        mp.setattr(forecast_sim, "plan_sync", _plan_by_schedule_step)
+        slow = _run(state, extra, NOW + window, cost, 0.012)
+    assert fast == slow
