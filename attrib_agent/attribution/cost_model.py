@@ -33,7 +33,7 @@ import numpy as np
 from attrib_agent.attribution.step_shape import prefill_pairs, step_shape
 from attrib_agent.timeline.model import StepRecord
 
-_NEAR_ZERO = 1e-12
+MIN_STEP_S = 1e-12  # a step's least compute time: the formula's floor, for the model and its frozen copies
 _Row = tuple[float, ...]  # 1, prefill tokens, decode requests, decode context sum, prefill pairs, prefill requests
 TERMS: Final = 6
 
@@ -254,7 +254,7 @@ class StepCostModel:
         a, b, c, d, e, f = self._coef
         compute = (a + b * context_tokens + c * decode_requests + d * decode_context_sum + e * prefill_pairs
                    + f * prefill_requests)
-        return max(compute, _NEAR_ZERO) + self._gap_s
+        return max(compute, MIN_STEP_S) + self._gap_s
 
     def solo_ttft_s(self, prompt_tokens: int, token_budget: int, cached_tokens: int = 0) -> float:
         """The prompt's prefill alone, in budget-sized chunks; the first token comes with the last chunk. Its

@@ -22,6 +22,7 @@ from typing import Protocol
 from attrib_agent.attribution.attributor import Attributor
 from attrib_agent.attribution.cost_model import StepCostModel, StepFeatures
 from attrib_agent.attribution.forecast import ArrivalLoad, EngineState, InFlight
+from attrib_agent.attribution.sim_cache import FrozenCost
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.model import RequestLifecycle
 
@@ -104,29 +105,19 @@ def engine_state(pipeline: PipelineParts, config: StateConfig | None = None,
                        pipeline.attributor.frontend_offsets()[0], tl.engine)
 
 
-_FLOOR_S = 1e-12  # a step's least compute time, as the model's own floor (and `sim_cache.FrozenCost`'s)
-
-
 class ScaledCost:
-    """The step-cost model's figures times a factor (a StepCost and PrefillAwareStepCost), its coefficients read
-    once: the simulator prices every step through it, so it costs one call a price, as the model itself does."""
+    """The step-cost model's figures times a factor (a StepCost and PrefillAwareStepCost): its coefficients frozen
+    and scaled once (`FrozenCost`, the model's formula written once), since the simulator prices every step
+    through it; `cost` and `factor` say what it was made from."""
 
-    __slots__ = ("_a", "_b", "_c", "_d", "_e", "_f", "_floor", "_gap", "cost", "factor")
+    __slots__ = ("cost", "factor", "step_seconds", "step_seconds_with_prefill")
+    step_seconds: Callable[[int, int, int], float]
+    step_seconds_with_prefill: Callable[..., float]
 
     def __init__(self, cost: StepCostModel, factor: float) -> None:
         self.cost, self.factor = cost, factor
-        k = cost.coefficients
-        self._a, self._b, self._c, self._d, self._e, self._f = (factor * x for x in k.as_tuple())
-        self._gap, self._floor = factor * k.step_gap_s, factor * _FLOOR_S
-
-    def step_seconds(self, context_tokens: int, decode_requests: int, decode_context_sum: int) -> float:
-        return self.step_seconds_with_prefill(context_tokens, decode_requests, decode_context_sum, 0)
-
-    def step_seconds_with_prefill(self, context_tokens: int, decode_requests: int, decode_context_sum: int,
-                                  prefill_pairs: int, prefill_requests: int = 0) -> float:
-        compute = (self._a + self._b * context_tokens + self._c * decode_requests + self._d * decode_context_sum
-                   + self._e * prefill_pairs + self._f * prefill_requests)
-        return max(compute, self._floor) + self._gap  # the model's formula and floor, times the factor
+        prices = FrozenCost.of(cost, factor)
+        self.step_seconds, self.step_seconds_with_prefill = prices.step_seconds, prices.step_seconds_with_prefill
 
 
 def forecast_cost(pipeline: PipelineParts, max_steps: int = 64) -> StepCostModel | ScaledCost:

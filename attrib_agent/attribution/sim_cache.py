@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from attrib_agent.attribution.cost_model import StepCostModel, prefill_pairs
+from attrib_agent.attribution.cost_model import MIN_STEP_S, StepCostModel, prefill_pairs
 from attrib_agent.attribution.sim_types import SchedulerConfig, SimRequest, SimResult, SimStart
 
 # (context tokens, decode requests, decode context sum, prefill pairs, prefill requests) of the steps a version
@@ -43,11 +43,14 @@ class FrozenCost:
     gap_s: float
     f: float = 0.0
 
+    floor_s: float = MIN_STEP_S
+
     @classmethod
-    def of(cls, model: StepCostModel) -> FrozenCost:
+    def of(cls, model: StepCostModel, factor: float = 1.0) -> FrozenCost:
+        """The model's coefficients now, each times `factor` (the forecast's pace; 1: the fit as it is)."""
         k = model.coefficients
-        a, b, c, d, e, f = k.as_tuple()
-        return cls(a, b, c, d, e, k.step_gap_s, f)
+        a, b, c, d, e, f = (factor * x for x in k.as_tuple())
+        return cls(a, b, c, d, e, factor * k.step_gap_s, f, factor * MIN_STEP_S)
 
     def step_seconds(self, context_tokens: int, decode_requests: int, decode_context_sum: int) -> float:
         return self.step_seconds_with_prefill(context_tokens, decode_requests, decode_context_sum, 0)
@@ -56,7 +59,7 @@ class FrozenCost:
                                   prefill_pairs: int, prefill_requests: int = 0) -> float:
         compute = (self.a + self.b * context_tokens + self.c * decode_requests + self.d * decode_context_sum
                    + self.e * prefill_pairs + self.f * prefill_requests)
-        return max(compute, 1e-12) + self.gap_s  # as the model's own floor
+        return max(compute, self.floor_s) + self.gap_s
 
 
 class CostVersions:
