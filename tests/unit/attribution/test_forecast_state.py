@@ -145,8 +145,8 @@ def test_an_unconfigured_token_budget_is_a_full_steps_size_else_at_least_vllms_d
         monkeypatch.setattr(tl._window, "largest_step", lambda: largest)
         # The window keeps each step pair's chunk-cut size as steps come (tests/unit/timeline/test_window_kept.py);
         # here the rule itself is checked, on these steps' pairs.
-        monkeypatch.setattr(tl._window, "cut_max",
-                            lambda cut: max((cut(a, b) for a, b in zip(steps, steps[1:])), default=0))
+        monkeypatch.setattr(tl._window, "cut_max", lambda cut: max(
+            (cut(a, b) for a, b in zip(steps, steps[1:], strict=False)), default=0))
         return tl.token_budget()
 
     shorts = [step(0, 32, 3, "a"), step(1, 32, 4, "b"), step(2, 0, 5)]  # no step was full: 37 is a lower bound
