@@ -79,7 +79,6 @@ class EngineTimeline:
         self._ledger: tuple[int, KvBlockLedger] | None = None
         self._preempted: tuple[int, list[InferredPreemption], list[InferredPreemption]] | None = None  # all, actionable
         self._budget: tuple[int, int] | None = None  # (version, the inferred token budget)
-        self._cut_pairs: dict[int, tuple[StepRecord, StepRecord, int]] = {}  # token_budget's answer per step pair
         self._exact = ExactSteps(max_steps, max_requests)  # the step plugin's facts (exact mode), when it reports
         self._overlaid: tuple[int, list[tuple[StepInput, StepOutcome]]] | None = None
         self.skipped: dict[str, int] = {}
@@ -348,23 +347,12 @@ class EngineTimeline:
         if self._configured_budget is not None:
             return self._configured_budget
         if self._budget is None or self._budget[0] != self._version:  # once a version
+            self._inference.refresh()
             if not len(self._exact):  # the window keeps each pair's answer until one of the two is re-inferred
-                self._inference.refresh()
                 full = self._window.cut_max(_cut_size)
-                self._budget = (self._version, full or max(self._window.largest_step(), DEFAULT_TOKEN_BUDGET))
-                return self._budget[1]
-            steps = self.steps()
-            full = 0
-            seen, kept = self._cut_pairs, {}
-            for step, after in zip(steps, steps[1:], strict=False):
-                # Records are immutable and a re-inferred step is a new record: a pair seen before (same two
-                # objects) keeps its answer, so a version costs a walk of identity checks, not of members.
-                hit = seen.get(id(step))
-                if hit is None or hit[1] is not after or hit[0] is not step:
-                    hit = (step, after, _cut_size(step, after))
-                kept[id(step)] = hit
-                full = max(full, hit[2])
-            self._cut_pairs = kept  # the window's pairs only: bounded as the window is
+            else:  # the plugin's facts rewrite records outside the window's kept lists (the lab's exact mode)
+                steps = self.steps()
+                full = max((_cut_size(a, b) for a, b in zip(steps, steps[1:], strict=False)), default=0)
             self._budget = (self._version, full or max(self._window.largest_step(), DEFAULT_TOKEN_BUDGET))
         return self._budget[1]
 

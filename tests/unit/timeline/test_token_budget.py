@@ -40,6 +40,6 @@ def test_budget_per_version_matches_the_walk_and_reads_only_new_pairs(name: str,
         assert tl.token_budget() == walked(steps, tl._window.largest_step())
         walked_pairs += max(0, len(steps) - 1)
         asked += 1
-        assert len(tl._cut_pairs) <= max(0, len(steps) - 1) <= 255  # bounded by the window
+        assert len(tl._window._cuts) <= len(steps) <= 256  # the kept cut sizes: bounded by the window
     assert calls > 0
     assert calls * 10 < walked_pairs, (calls, walked_pairs, asked)  # the walk read every pair every version
