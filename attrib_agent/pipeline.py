@@ -32,12 +32,19 @@ from attrib_agent.timeline.step_outcome import StepOutcome
 
 CLOCK_STEP_BACK_S = 30.0
 """Event (receipt) time going back further than this is the clock stepping back, not sources' disorder."""
-MAX_PASS_WAIT_S = 1.0
+MAX_PASS_WAIT_S = 0.5
 """While shedding, attribution passes are at most this much event time apart whatever `pass_gap_s` says (the gap
-the agent also spaces its forecast refresh by, a whole simulation each): what is due waits at most this long. A
-pass's fixed cost, what it reads of the whole timeline, is kept by the timeline as its window changes (~10-20 ms
-on a 36k-step GPU-rate window), so one a second costs ~0.01-0.03 core at the share floor, and freshness there goes
-from the gap (10 s) to ~1.5 s (docs/performance.md section 11, "Pipeline thread")."""
+the agent also spaces its forecast refresh by, a whole simulation each): what is due waits at most this long. The
+share's choice is made at every settle tick and a pass runs only when a chosen victim (or a partial result) waits,
+so the fixed cost (what a pass reads of the whole timeline, ~10-20 ms on a 36k-step GPU-rate window, and a
+cost-model refit) is paid per pass with victims: at the share floor (~0.6 victims a second at GPU rates) fewer
+passes than one a second, and a victim's pass usually comes at the next tick."""
+
+
+def chosen(request_id: str, share: float) -> bool:
+    """Whether a finished request is attributed while a `share` of them is: by a hash of its id, so the choice is
+    stable and unbiased, and nested (chosen at one share, chosen at every larger one)."""
+    return share >= 1.0 or zlib.crc32(request_id.encode()) < share * 2**32
 
 
 @dataclass(frozen=True)
@@ -219,14 +226,17 @@ class AttributionPipeline:
         self.settles += 1
         self._next_settle = now + self.config.settle_interval_s
         gap = min(self.pass_gap_s, MAX_PASS_WAIT_S)
+        wanted = {rid for rid in self._due if self._attributed(rid)}
+        if len(wanted) < len(self._due):  # shed: cheap to tell, so told at once (no pass needed)
+            self._skip(rid for rid in self._due if rid not in wanted)
+            self._due = OrderedDict.fromkeys(rid for rid in self._due if rid in wanted)
+        if gap > 0 and not self._due and not self._partial:
+            return []  # shedding, nothing to attribute: no pass, so the next victim's need not wait for one
         if gap > 0 and self._last_pass is not None and now - self._last_pass < gap:
             return []  # shedding: what is due waits (bounded by max_pending and MAX_PASS_WAIT_S) for the next pass
         self._last_pass = now
         self.attributor.one_refit_a_pass = self.pass_gap_s > 0  # shedding: one cost-model refit a pass
         lcs = {lc.request_id: lc for lc in self.timeline.lifecycles()}
-        wanted = {rid for rid in self._due if self._attributed(rid)}
-        if len(wanted) < len(self._due):
-            self._skip(rid for rid in self._due if rid not in wanted)
         for rid, finished in self._partial.items():
             if now - finished >= self.config.partial_timeout_s or not self._blockers(rid, lcs, now):
                 wanted.add(rid)
@@ -259,8 +269,7 @@ class AttributionPipeline:
         return out
 
     def _attributed(self, rid: str) -> bool:
-        share = self.attribute_share
-        return share >= 1.0 or zlib.crc32(rid.encode()) < share * 2**32
+        return chosen(rid, self.attribute_share)
 
     def _skip(self, rids: Iterable[str]) -> None:
         for rid in rids:
@@ -281,7 +290,9 @@ class AttributionPipeline:
 
         A victim's re-simulation reads, of each request that overlapped it in the engine, its arrival, its
         prompt and, only where that request ended before the victim did, its end. So it waits for:
-        - itself: event time `settle_margin_s` past its finish (a line logged just before it lands late);
+        - itself: event time `settle_margin_s` past its finish (a line logged just before it lands late), or, on a
+          log with vLLM's own sub-second stamps, a step line stamped at or past its finish read (the log is read
+          in order, and vLLM logs the step that finished it after ending its span: nothing before is still due);
         - each overlapping request without a span that ended (as the steps show) before the victim finished:
           its span is on its way and brings its exact times and token counts;
         - each overlapping request whose prompt is not known yet (still queued or prefilling at the victim's
@@ -294,11 +305,11 @@ class AttributionPipeline:
         if me is None or me.arrival_ts is None:
             return []
         end = me.end_ts if me.end_ts is not None else float("inf")
-        if now < end + self.config.settle_margin_s:
-            return [rid]
-        gone = self._restarted_ts if self._restarted_ts is not None else float("-inf")
         covered = self.timeline.last_step_end()
         ran_past = covered is not None and covered >= end
+        if now < end + self.config.settle_margin_s and not (ran_past and self.timeline.log_stamped):
+            return [rid]
+        gone = self._restarted_ts if self._restarted_ts is not None else float("-inf")
         return [lc.request_id for lc in lcs.values()
                 if lc.request_id != rid and not lc.complete and lc.aborted_ts is None
                 and lc.arrival_ts is not None and lc.arrival_ts < end

@@ -272,6 +272,12 @@ class EngineTimeline:
         """When the latest step held ended: how far the steps have told what happened."""
         return self._window.last_end()
 
+    @property
+    def log_stamped(self) -> bool:
+        """Step ends are vLLM's own sub-second log stamps (not receipt times), so they order with span ends: vLLM
+        logs a step's line after ending the spans of the requests it finished (`AsyncLLM.output_handler`)."""
+        return self._ms_logs
+
     def steps(self) -> list[StepRecord]:
         """The records of `outcomes()`; inferred, a copy of the list the window keeps (no walk of the window)."""
         self._inference.refresh()
