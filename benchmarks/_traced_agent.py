@@ -75,8 +75,8 @@ def _wrap() -> None:
             with _lock:
                 d = _spans.setdefault(r.request_id, {})
             d.setdefault("passes", []).append(
-                {"wall0": t0, "wall1": t1, "now": now, "share": self.attribute_share, "final": r.final, "finished": r.finished_ts,
-                 "waits_for": waiting.get(r.request_id)})
+                {"wall0": t0, "wall1": t1, "now": now, "share": self.attribute_share, "final": r.final,
+                 "finished": r.finished_ts, "waits_for": waiting.get(r.request_id)})
         return out
 
     def t_run_batch(self: core_mod.AgentCore, batch: list[tuple[float, Event]], deadline: float) -> int:

@@ -9,13 +9,18 @@ lab's playback: log lines appended to the file the agent follows, /metrics bodie
 exports POSTed to the agent's OTLP/HTTP port. The agent is its own process (`benchmarks.freshness.start_agent`),
 on its own core when there are two.
 
-Measured: the agent's CPU (user + system from /proc) and RSS every second; for one request in `--sample`, the
-time from its span's POST to its final result (`GET /v1/requests/{id}/culprits` every 100 ms, at most 30 s);
-the backlog at the end (`attrib_pipeline_lag_seconds`, and requests still not final 30 s after their span);
-the player's own lateness. Goals: <= 0.25 core mean, freshness p99 <= 1 s, RSS <= 200 MB and flat, no backlog.
+Measured: the agent's CPU (user + system from /proc) and RSS every second; the time from a span's POST to its
+final result (`GET /v1/requests/{id}/culprits` every 50 ms, at most 30 s) for every request the agent attributes
+whatever its share (those its hash chooses at the share floor, ~1 % of them: the share starts at 1 and falls to the
+floor within seconds at GPU rates, so a plain sample's final results would all come from the first seconds), with
+how many were measured and their spread, also by 10 s of the stream, and one in `--sample` of the others (most
+are shed: `skipped`); the backlog at the end (`attrib_pipeline_lag_seconds`, and requests still not final 30 s after
+their span); the player's own lateness. Goals: <= 0.25 core mean, freshness p99 <= 1 s, RSS <= 200 MB and flat,
+no backlog.
 Log lines and /metrics bodies late by more than `LATE_GATE_S` make the run REJECTED: the machine, not the agent,
 set its pace. OTLP exports are POSTed one after another, so an agent too busy to answer makes them late: that is
 reported as the agent's backlog, not the player's. Playback stops `PLAY_GRACE_S` after the stream's end.
+`--trace FILE` runs the agent under `benchmarks._traced_agent` and prints where each followed result's time went.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import Any
 
 import httpx
 
+from attrib_agent.agent.shedding import MIN_SHARE
 from attrib_agent.lab.playback import (
     Delivery,
     Due,
@@ -45,7 +51,6 @@ from attrib_agent.lab.playback import (
     read_streams,
     schedule,
 )
-from attrib_agent.agent.shedding import MIN_SHARE
 from attrib_agent.lab.recording_copy import CopyRewrite
 from attrib_agent.pipeline import chosen
 from attrib_agent.recording import LOG, METRICS, OTLP
@@ -282,7 +287,8 @@ def summary(out: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of the GPU-rate stream to play")
-    ap.add_argument("--sample", type=int, default=20, help="follow one request in N to its final result")
+    ap.add_argument("--sample", type=int, default=20,
+                    help="besides those attributed whatever the share, follow one request in N")
     ap.add_argument("--agent-cpu", type=int, default=1, help="pin the agent to this core (-1: not pinned)")
     ap.add_argument("--budget-cores", type=float, default=GOAL_CORES,
                     help="the agent's attribution_budget_cores (default: the goal, as a capped sidecar would run)")

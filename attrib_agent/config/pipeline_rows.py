@@ -48,7 +48,8 @@ ATTRIBUTION: Final[tuple[Setting[Any], ...]] = (
        "a partial result becomes final this long after its request finished", "SECONDS"),
     _p("settle_margin_s", "settle_margin_s", v.seconds(0),
        "event time past a request's finish before its result can be final (a log line written just before "
-       "the finish may be read late)", "SECONDS"),
+       "the finish may be read late); not waited when vLLM's log has millisecond stamps and has been read past "
+       "the finish", "SECONDS"),
     _p("final_horizon_s", "final_horizon_s", v.seconds(0, inclusive=False),
        "a request in flight this long without a span (lost, or stuck) no longer keeps the results it "
        "overlapped partial", "SECONDS"),
