@@ -12,6 +12,7 @@ import math
 import random
 import statistics
 import zlib
+from collections.abc import Iterable
 from dataclasses import replace
 from functools import cache
 
@@ -38,7 +39,7 @@ def traffic() -> tuple[Event, ...]:
                                 step_s=0.025), reqs).events)
 
 
-def whole_second_stamps(events: tuple[Event, ...]) -> list[Event]:
+def whole_second_stamps(events: Iterable[Event]) -> list[Event]:
     """vLLM's default log format: 1 s stamps, so the timeline times lines by receipt and cannot order them with
     span ends."""
     return [replace(e, log_ts=math.floor(e.log_ts)) if isinstance(e, EngineStep | RequestReceived | RequestAdded)
