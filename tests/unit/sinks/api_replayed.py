@@ -18,6 +18,7 @@ from attrib_agent.health import SourceHealth
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.read_model import AgentState
 from attrib_agent.sources.replay import ReplaySource
+from tests.unit.timeline.test_finalize_fresh import whole_second_stamps
 
 RECORDINGS = Path(__file__).resolve().parents[2] / "fixtures" / "recordings"
 
@@ -39,9 +40,10 @@ def replayed(name: str) -> AttributionPipeline:
 @cache
 def midway(name: str) -> AttributionPipeline:
     """Fed up to the first moment a slowed victim's result is partial while other requests still run (as live,
-    mid-burst: it waits for an overlapping request's span or prefill)."""
+    mid-burst, with vLLM's default 1 s log stamps: it waits for its own `settle_margin_s`, or for an overlapping
+    request's span or prefill; with millisecond stamps it is final at once on these recordings)."""
     p = AttributionPipeline()
-    for ev in events(name):
+    for ev in whole_second_stamps(events(name)):
         p.feed(ev)
         if any(not r.final and r.culprits for r in p.store) and any(
                 p.status(lc.request_id) == "running" for lc in p.timeline.lifecycles()):
