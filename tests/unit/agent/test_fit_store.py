@@ -181,3 +181,38 @@ def test_the_fit_is_saved_every_interval_while_it_changes(tmp_path: Path) -> Non
     now[0] = 183.0
     core.flush()
     assert json.loads(state_file(tmp_path, 0).read_bytes())["fit"]["steps_seen"] > first
+
+
+def test_a_restarted_agent_expects_the_traffic_the_last_one_saw_until_it_sees_its_own(tmp_path: Path) -> None:
+    """preempt's whales come 0.2 s into a run, before any short: a fresh agent expects nobody and calls the whale
+    harmless; one restarted on the last run's state expects that run's short stream until two arrivals are seen."""
+    path = saved(tmp_path)
+    load = json.loads(path.read_bytes())["load"]
+    earlier = [ev for ev in ReplaySource(EARLIER).events() if isinstance(ev, RequestReceived)]
+    span = earlier[-1].ts - earlier[0].ts
+    assert load["rate_per_s"] == pytest.approx((len(earlier) - 1) / span, rel=0.25)  # its shorts, not a quiet end
+    assert load["prompt_tokens"] == 32 and load["max_tokens"] > 0
+
+    events = until_whale(LATER)
+    restarted, cold = agent(tmp_path), agent(None)
+    warm_answer, cold_answer = forecast(restarted, events), forecast(cold, events)
+    assert cold_answer["expected_load"] is None and cold_answer["expected_arrivals"]["requests"] == 0
+    assert warm_answer["expected_load"]["rate_per_s"] == pytest.approx(load["rate_per_s"])
+    assert warm_answer["expected_arrivals"]["ttft_extra_sum_s"] > 0  # harm to those the stream brings
+
+    # once this run's own arrivals are seen, they are the load (the saved one was only a prior)
+    rest = list(ReplaySource(LATER).events())[len(events):]
+    own = [i for i, ev in enumerate(rest) if isinstance(ev, RequestReceived)]
+    later = forecast(restarted, rest[: own[3] + 1])
+    assert later["expected_load"]["rate_per_s"] != pytest.approx(load["rate_per_s"])
+
+
+def test_a_malformed_saved_load_is_refused_with_the_file(tmp_path: Path) -> None:
+    path = saved(tmp_path)
+    doc = json.loads(path.read_bytes())
+    doc["load"]["rate_per_s"] = "fast"
+    path.write_text(json.dumps(doc))
+    core = agent(tmp_path)
+    for ev in until_whale(LATER):
+        core.process(ev)
+    assert core.state.health["fit_state"].skipped["invalid"] == 1 and core.pipeline.engine_watch.arrivals is None
