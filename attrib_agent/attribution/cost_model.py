@@ -424,7 +424,8 @@ def _nonnegative_solve(a: list[list[float]], b: list[float]) -> list[float]:
             for v, i in zip(sub, support, strict=True):
                 out[i] = v
             if all(sum(a[j][i] * out[i] for i in support) >= b[j] for j in range(n) if j not in support):
-                return out
+                # no drop in the objective: the search keeps its start, all zeros (not a solve's -0.0)
+                return out if sum(v * b[i] for v, i in zip(sub, support, strict=True)) > 0.0 else [0.0] * n
     return _best_support(a, b)
 
 
