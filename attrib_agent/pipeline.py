@@ -236,6 +236,9 @@ class AttributionPipeline:
             return []  # shedding: what is due waits (bounded by max_pending and MAX_PASS_WAIT_S) for the next pass
         self._last_pass = now
         self.attributor.one_refit_a_pass = self.pass_gap_s > 0  # shedding: one cost-model refit a pass
+        if not wanted and not self._partial:
+            self._due.clear()
+            return []  # nothing to attribute: the timeline is not brought up to date for nothing
         lcs = {lc.request_id: lc for lc in self.timeline.lifecycles()}
         for rid, finished in self._partial.items():
             if now - finished >= self.config.partial_timeout_s or not self._blockers(rid, lcs, now):

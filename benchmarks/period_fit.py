@@ -16,7 +16,7 @@ import statistics
 import time
 from itertools import islice
 
-from attrib_agent.attribution.cost_model import StepCostModel, StepFeatures
+from attrib_agent.attribution.cost_model import StepCostModel, record_row, row_ok
 from attrib_agent.attribution.period_cost import PeriodCost
 from attrib_agent.pipeline import PipelineConfig
 from attrib_agent.sources.replay import ReplaySource
@@ -33,14 +33,17 @@ def _steps(events: int) -> list[StepRecord]:
     return [out.record for _, out in tl.outcomes()]
 
 
-def _fed(steps: list[tuple[StepRecord, StepFeatures]], period: bool) -> tuple[float, PeriodCost]:
+def _fed(steps: list[StepRecord], period: bool) -> tuple[float, PeriodCost]:
+    """As `Attributor.learn` feeds them: each step shaped and checked once, for both fits."""
     elapsed = StepCostModel()
     fit = PeriodCost(elapsed)
     t = time.process_time()
-    for record, features in steps:
-        elapsed.observe_features(features, record.elapsed_s)
+    for record in steps:
+        row = record_row(record)
+        ok = row_ok(row)
+        elapsed.observe_row(row, record.elapsed_s, checked=ok)
         if period:
-            fit.observe(record, features)
+            fit.observe_row(record, row, ok)
     return time.process_time() - t, fit
 
 
@@ -49,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--events", type=int, default=20000)
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args(argv)
-    steps = [(r, StepFeatures.from_record(r)) for r in _steps(args.events)]
+    steps = _steps(args.events)
     alone, both = [], []
     fit = None
     for _ in range(args.reps):

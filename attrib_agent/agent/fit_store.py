@@ -6,7 +6,8 @@ file or the new one, never half of one) every `state_save_interval_s` while the 
 start the file is read and offered to the pipeline, which adopts it once the engine is known and the same
 (attribution/fit_snapshot.py). A missing file is a cold start; a corrupt, truncated, foreign or mismatched one is
 a warning, a count (`attrib_source_skipped_total{source="fit_state"}`) and a cold start, never fatal. Numbers
-and the engine's labels only: no request, prompt or completion.
+and the engine's labels only: no request, prompt or completion. With the fit, the traffic last seen (a rate and
+median sizes): the forecast's expected arrivals until the restarted agent has seen two of its own.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from attrib_agent.attribution.fit_snapshot import MAX_BYTES, decode, encode
+from attrib_agent.attribution.forecast_state import last_load
 from attrib_agent.health import SourceHealth
 from attrib_agent.pipeline import AttributionPipeline
 
@@ -105,14 +107,15 @@ class FitStore:
         self._last_save = self._clock()
         engine = self.pipeline.engine_watch.fingerprint()
         cost = self.pipeline.attributor.cost
-        now = (engine, cost.steps_seen, cost.window_steps, cost.coefficients)
+        load = last_load(self.pipeline)
+        now = (engine, cost.steps_seen, cost.window_steps, cost.coefficients, load)
         if engine is None or engine.device is None or cost.window_steps == 0 or now == self._saved:
             return False  # nothing learnt, or the engine not fully known (a saved fit always names its device)
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as f:
-                f.write(encode(engine, cost))
+                f.write(encode(engine, cost, load))
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.path)

@@ -24,7 +24,7 @@ from attrib_agent.attribution.causes import (
     preempted_seconds,
     simulated_causes,
 )
-from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior, StepFeatures
+from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior, record_row, row_ok
 from attrib_agent.attribution.neighbourhoods import bounded_neighbourhoods
 from attrib_agent.attribution.period_cost import PeriodCost
 from attrib_agent.attribution.result import NO_CAUSES, NO_EVIDENCE, AttributionResult, Culprit, itl_gaps
@@ -257,10 +257,12 @@ class Attributor:
         new = outcomes[bisect.bisect_left(outcomes, learnt_to, key=lambda o: o[0].seq):]
         with (self.cost.deferred() if self.one_refit_a_pass else nullcontext(),
               self.period.model.deferred() if self.one_refit_a_pass else nullcontext()):
-            for si, out in new:
-                features = StepFeatures.from_record(out.record)
-                self.cost.observe_features(features, out.record.elapsed_s)
-                self.period.observe(out.record, features)
+            for si, out in new:  # each step shaped and checked once for both fits
+                record = out.record
+                row = record_row(record)
+                ok = row_ok(row)
+                self.cost.observe_row(row, record.elapsed_s, checked=ok)
+                self.period.observe_row(record, row, ok)
                 learnt_to = si.seq + 1
         self._learnt_to = (id(timeline), learnt_to)
 

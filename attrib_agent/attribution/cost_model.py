@@ -36,6 +36,7 @@ from attrib_agent.timeline.model import StepRecord
 MIN_STEP_S = 1e-12  # a step's least compute time: the formula's floor, for the model and its frozen copies
 _Row = tuple[float, ...]  # 1, prefill tokens, decode requests, decode context sum, prefill pairs, prefill requests
 TERMS: Final = 6
+_INF: Final = float("inf")
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +131,23 @@ class StepFeatures:
                 float(self.prefill_pairs), float(self.prefill_requests))
 
 
+def record_row(record: StepRecord) -> _Row:
+    """`StepFeatures.from_record(record).row()` without the object between: every step fed to both fits."""
+    if not record.members:
+        extra = max(record.generation_tokens - record.generation_requests, 0)
+        return (1.0, float(record.context_tokens + extra), float(record.generation_requests), 0.0, 0.0,
+                float(record.context_requests))
+    tokens, requests, context, pairs, prefilling = step_shape(
+        (m.tokens, m.context_tokens - m.tokens, m.phase == "decode" and m.tokens == 1) for m in record.members)
+    return (1.0, float(tokens), float(requests), float(context), float(pairs), float(prefilling))
+
+
+def row_ok(row: _Row) -> bool:
+    """Every feature a finite number >= 0: a NaN or an infinity makes the sum fail (so would finite features
+    summing past 1.8e308, none a step has)."""
+    return min(row) >= 0.0 and sum(row) < _INF
+
+
 class StepCostModel:
     """Online robust fit of step cost; implements StepCost and PrefillAwareStepCost."""
 
@@ -165,14 +183,20 @@ class StepCostModel:
                                            prefill_requests), elapsed_s, gap_s=gap_s)
 
     def observe_features(self, features: StepFeatures, elapsed_s: float, *, gap_s: float | None = None) -> None:
-        row = features.row()
-        if not isfinite(elapsed_s) or elapsed_s < 0 or any(v < 0 or not isfinite(v) for v in row):
+        self.observe_row(features.row(), elapsed_s, gap_s=gap_s)
+
+    def observe_row(self, row: _Row, elapsed_s: float, *, gap_s: float | None = None,
+                    checked: bool | None = None) -> bool:
+        """One step as its `StepFeatures.row()`; False (counted in `skipped`) when refused: a feature or the time
+        negative or not finite. `checked`: `row_ok(row)` as the caller already knows it (a step fed to both fits
+        is checked once)."""
+        if not (0.0 <= elapsed_s < _INF) or not (row_ok(row) if checked is None else checked):
             self.skipped += 1
-            return
+            return False
         seq = self.steps_seen
         self._rows.append((seq, row, elapsed_s))
-        if features.prefill_tokens > 0:
-            self._kept[min(features.prefill_tokens.bit_length() // 2, SIZE_CLASSES - 1)].append((seq, row, elapsed_s))
+        if row[1] > 0:  # prefill tokens: the size class of the chunk (the row holds the int's exact float)
+            self._kept[min(int(row[1]).bit_length() // 2, SIZE_CLASSES - 1)].append((seq, row, elapsed_s))
         if gap_s is not None and isfinite(gap_s) and abs(gap_s) <= self.max_step_gap_s:  # log stamps jitter
             self._gaps.append(gap_s)
         self.steps_seen += 1
@@ -184,6 +208,7 @@ class StepCostModel:
                 self._pending = (self._window(), list(self._gaps))
             else:
                 self.refit()
+        return True
 
     @contextmanager
     def deferred(self) -> Iterator[None]:
@@ -383,6 +408,28 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
 
 
 def _nonnegative_solve(a: list[list[float]], b: list[float]) -> list[float]:
+    """argmin x'Ax - 2b'x subject to x >= 0 (A positive definite: the fit adds its prior's penalty to the
+    diagonal). The optimum is the one support whose own solution is non-negative and that no term left out would
+    improve (the gradient (Ax - b)_j >= 0 off it); searched from the largest supports down, since a fit's free
+    terms are mostly all in use, so most solves take 1-7 small systems instead of all 63. What it returns is the
+    vector `_best_support` would pick among all supports (the same solve of the same subsystem); if rounding
+    leaves no support passing the test, that search decides."""
+    n = len(b)
+    for k in range(n, 0, -1):
+        for support in combinations(range(n), k):
+            sub = _solve([[a[i][j] for j in support] for i in support], [b[i] for i in support])
+            if sub is None or any(v < 0 for v in sub):
+                continue
+            out = [0.0] * n
+            for v, i in zip(sub, support, strict=True):
+                out[i] = v
+            if all(sum(a[j][i] * out[i] for i in support) >= b[j] for j in range(n) if j not in support):
+                # no drop in the objective: the search keeps its start, all zeros (not a solve's -0.0)
+                return out if sum(v * b[i] for v, i in zip(sub, support, strict=True)) > 0.0 else [0.0] * n
+    return _best_support(a, b)
+
+
+def _best_support(a: list[list[float]], b: list[float]) -> list[float]:
     """argmin x'Ax - 2b'x subject to x >= 0, by trying every support set (2^6 at most)."""
     n = len(b)
     best, best_gain = [0.0] * n, 0.0
@@ -449,4 +496,4 @@ def huber_nonnegative_fit(rows: list[_Row], ys: list[float], *, prior: _Row, fre
 
 
 __all__ = ["StepCoefficients", "StepCostModel", "StepCostPrior", "StepFeatures", "huber_nonnegative_fit",
-           "prefill_pairs"]
+           "prefill_pairs", "record_row", "row_ok"]

@@ -13,11 +13,13 @@ compared when the first step shows it: a different one drops the adopted evidenc
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Final
 
 from attrib_agent.attribution.cost_model import StepCostModel
+from attrib_agent.attribution.forecast_types import ArrivalLoad
 from attrib_agent.events import EngineStep, Event, MetricsSnapshot
 from attrib_agent.timeline.sched_state import Geometry
 
@@ -59,12 +61,33 @@ class EngineFingerprint:
 class FitSnapshot:
     engine: EngineFingerprint
     fit: Mapping[str, Any]  # StepCostModel.snapshot(), checked when restored
+    load: ArrivalLoad | None = None  # the last traffic the saving agent saw (rate and sizes), if any
 
 
-def encode(engine: EngineFingerprint, model: StepCostModel) -> bytes:
-    """The state file's bytes: numbers and the engine's labels only."""
-    doc = {"format": FORMAT, "version": VERSION, "engine": asdict(engine), "fit": model.snapshot()}
+LOAD_FIELDS: Final = ("rate_per_s", "prompt_tokens", "max_tokens", "cached_prefix_tokens")
+
+
+def encode(engine: EngineFingerprint, model: StepCostModel, load: ArrivalLoad | None = None) -> bytes:
+    """The state file's bytes: numbers and the engine's labels only (the load: a rate and median sizes)."""
+    doc: dict[str, Any] = {"format": FORMAT, "version": VERSION, "engine": asdict(engine), "fit": model.snapshot()}
+    if load is not None:
+        doc["load"] = {k: getattr(load, k) for k in LOAD_FIELDS}
     return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _load(data: object) -> ArrivalLoad | None:
+    """The saved load (absent in files written before it was kept: None); ValueError when malformed."""
+    if data is None:
+        return None
+    if not isinstance(data, Mapping) or set(data) != set(LOAD_FIELDS) or any(
+            not isinstance(data[k], int | float) or isinstance(data[k], bool) or not math.isfinite(data[k])
+            for k in LOAD_FIELDS):
+        raise ValueError("load: expected the finite numbers " + ", ".join(LOAD_FIELDS))
+    try:
+        return ArrivalLoad(float(data["rate_per_s"]), int(data["prompt_tokens"]), int(data["max_tokens"]),
+                           cached_prefix_tokens=int(data["cached_prefix_tokens"]))
+    except (ValueError, OverflowError) as e:
+        raise ValueError(f"load: {e}") from None
 
 
 def decode(data: bytes) -> FitSnapshot:
@@ -81,7 +104,7 @@ def decode(data: bytes) -> FitSnapshot:
         raise ValueError(f"version {str(doc.get('version'))[:20]}, this agent reads version {VERSION}")
     if not isinstance(doc.get("fit"), dict):
         raise ValueError("fit: missing")
-    return FitSnapshot(EngineFingerprint.parse(doc.get("engine")), doc["fit"])
+    return FitSnapshot(EngineFingerprint.parse(doc.get("engine")), doc["fit"], _load(doc.get("load")))
 
 
 # (verdict, detail): "loaded", "mismatch" (detail: what differs) or "invalid" (detail: the ValueError)
@@ -103,6 +126,7 @@ class EngineWatch:
         self._pool = geometry()
         self._offer: tuple[FitSnapshot, Decision] | None = None
         self._unchecked: tuple[str, Decision] | None = None  # adopted before a step showed the device: (saved, tell)
+        self.arrivals: ArrivalLoad | None = None  # the load the adopted file's agent last saw (the forecast's prior)
 
     def offer(self, snapshot: FitSnapshot, decided: Decision) -> None:
         """Adopt `snapshot` into the cost model once the engine is known (at once if it is), then `decided`."""
@@ -159,6 +183,7 @@ class EngineWatch:
         except ValueError as e:
             decided("invalid", str(e))
             return
+        self.arrivals = snapshot.load
         if now.device is None and snapshot.engine.device is not None:
             self._unchecked = (snapshot.engine.device, decided)
         decided("loaded", f"{len(snapshot.fit.get('rows', ()))} steps")

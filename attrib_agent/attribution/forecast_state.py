@@ -9,7 +9,8 @@ not scheduled yet (or were preempted). What an observer cannot see is estimated,
 - a waiting request's prompt before its prefill: the median prompt of recent requests, else
   `default_prompt_tokens`;
 - expected arrivals: the arrivals of the last `load_window_s` as a rate, with their median prompt and
-  max_tokens.
+  max_tokens; before this agent has seen two arrivals, the load the last agent saw on this engine (kept in the
+  saved state, agent/fit_store.py): a restarted sidecar's whale otherwise comes before any traffic it knows of.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Protocol
 
 from attrib_agent.attribution.attributor import Attributor
 from attrib_agent.attribution.cost_model import StepCostModel, StepFeatures
+from attrib_agent.attribution.fit_snapshot import EngineWatch
 from attrib_agent.attribution.forecast import ArrivalLoad, EngineState, InFlight
 from attrib_agent.attribution.sim_cache import FrozenCost
 from attrib_agent.timeline.engine_timeline import EngineTimeline
@@ -39,6 +41,9 @@ class PipelineParts(Protocol):
 
     @property
     def attributor(self) -> Attributor: ...
+
+    @property
+    def engine_watch(self) -> EngineWatch: ...
 
 
 @dataclass(frozen=True)
@@ -100,8 +105,9 @@ def engine_state(pipeline: PipelineParts, config: StateConfig | None = None,
             waiting.append(req)
     ordered = [r for _, r in sorted(running, key=lambda x: x[0])]
     ordered += [r for _, r in sorted(preempted, key=lambda x: x[0])] + waiting
-    return EngineState(now, pipeline.attributor.scheduler_config(tl), tuple(ordered),
-                       load if load is not None else learnt_load(lcs, now, cfg, tl.cached_tokens),
+    if load is None:  # the last agent's load until this one has seen two arrivals of its own
+        load = learnt_load(lcs, now, cfg, tl.cached_tokens) if len(lcs) >= 2 else pipeline.engine_watch.arrivals
+    return EngineState(now, pipeline.attributor.scheduler_config(tl), tuple(ordered), load,
                        pipeline.attributor.frontend_offsets()[0], tl.engine)
 
 
@@ -158,6 +164,18 @@ def learnt_load(lcs: list[RequestLifecycle], now: float, cfg: StateConfig,
                    if lc.max_tokens or lc.completion_tokens], cfg.default_output_tokens)
     shared = _median([cached(lc.request_id) for lc in recent], 0) if cached is not None else 0
     return ArrivalLoad(len(recent) / span, prompt, out, cached_prefix_tokens=shared)
+
+
+def last_load(pipeline: PipelineParts, config: StateConfig | None = None) -> ArrivalLoad | None:
+    """The traffic last seen, for the saved state: the learnt load as it was at the latest arrival (an agent
+    saving at exit, after its traffic stopped, keeps the load it had, not an idle minute's); else the one it
+    was given at start (a restart that saw nothing passes its predecessor's on)."""
+    cfg = config or StateConfig()
+    tl = pipeline.timeline
+    lcs = [lc for lc in tl.lifecycles() if lc.arrival_ts is not None]
+    last = max((lc.arrival_ts for lc in lcs if lc.arrival_ts is not None), default=None)
+    seen = learnt_load(lcs, last, cfg, tl.cached_tokens) if last is not None else None
+    return seen if seen is not None else pipeline.engine_watch.arrivals
 
 
 def _remaining(lc: RequestLifecycle, outputs: int, guess: int) -> int:

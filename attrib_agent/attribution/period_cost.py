@@ -15,7 +15,7 @@ period is known when the next step is seen). Pure.
 
 from __future__ import annotations
 
-from attrib_agent.attribution.cost_model import StepCostModel, StepFeatures
+from attrib_agent.attribution.cost_model import StepCostModel, StepFeatures, row_ok
 from attrib_agent.timeline.model import StepRecord
 
 
@@ -27,18 +27,24 @@ class PeriodCost:
         self.model = StepCostModel(elapsed.prior, min_steps=elapsed.min_steps, refit_every=elapsed.refit_every,
                                    max_window=elapsed.max_window, min_support=elapsed.min_support,
                                    max_step_gap_s=elapsed.max_step_gap_s)
-        self._last: tuple[StepFeatures, StepRecord] | None = None  # seen, its period not yet known
+        self._last: tuple[tuple[float, ...], bool, StepRecord] | None = None  # seen, its period not yet known
 
     def observe(self, record: StepRecord, features: StepFeatures) -> None:
         """The step before `record` is fitted on its period when `record` followed it back to back (the gap
         within log stamps' jitter of 0 up to `max_step_gap_s`); `record` waits for its successor."""
-        last, self._last = self._last, (features, record)
+        row = features.row()
+        self.observe_row(record, row, row_ok(row))
+
+    def observe_row(self, record: StepRecord, row: tuple[float, ...], ok: bool) -> None:
+        """`observe` with the step's row as the elapsed fit read it, and whether it was valid (`row_ok`): a step
+        fed to both fits is shaped and checked once (`Attributor.learn`)."""
+        last, self._last = self._last, (row, ok, record)
         if last is None:
             return
-        prev_features, prev = last
+        prev_row, prev_ok, prev = last
         gap = record.start_ts - prev.end_ts
         if abs(gap) <= self.model.max_step_gap_s and record.end_ts > prev.end_ts:
-            self.model.observe_features(prev_features, max(prev.elapsed_s + gap, 0.0), gap_s=0.0)
+            self.model.observe_row(prev_row, max(prev.elapsed_s + gap, 0.0), gap_s=0.0, checked=prev_ok)
 
     def forget_last(self) -> None:
         """A new timeline (a replaced engine): the held step has no successor to come."""

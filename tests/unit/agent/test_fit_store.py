@@ -104,13 +104,16 @@ def _broken(path: Path) -> dict[str, bytes]:
     future = dict(doc, version=99)
     bad_row = json.loads(good)
     bad_row["fit"]["rows"][0][-1] = -1.0
+    bad_load = json.loads(good)
+    bad_load["load"]["rate_per_s"] = "fast"
     return {"invalid": b"\x00garbage\xff", "invalid-truncated": good[: len(good) // 2],
             "invalid-version": json.dumps(future).encode(), "mismatch": json.dumps(other).encode(),
-            "invalid-row": json.dumps(bad_row).encode(), "invalid-large": b" " * (MAX_BYTES + 1)}
+            "invalid-row": json.dumps(bad_row).encode(), "invalid-large": b" " * (MAX_BYTES + 1),
+            "invalid-load": json.dumps(bad_load).encode()}
 
 
 @pytest.mark.parametrize("case", ["invalid", "invalid-truncated", "invalid-version", "mismatch", "invalid-row",
-                                  "invalid-large"])
+                                  "invalid-large", "invalid-load"])
 def test_a_broken_or_foreign_state_file_starts_cold_counted_and_is_replaced(
         tmp_path: Path, case: str, caplog: pytest.LogCaptureFixture) -> None:
     path = saved(tmp_path)
@@ -122,6 +125,7 @@ def test_a_broken_or_foreign_state_file_starts_cold_counted_and_is_replaced(
     kind = case.split("-")[0]
     assert core.state.health["fit_state"].skipped[kind] == 1
     assert not core.pipeline.attributor.cost.fitted and core.pipeline.attributor.cost.window_steps == 0
+    assert core.pipeline.engine_watch.arrivals is None  # nor the load saved with it
     assert any("starting from the prior" in r.getMessage() for r in caplog.records)
     asyncio.run(replay_into(core, LATER))
     core.shutdown()  # this engine's own fit replaces the file
@@ -181,3 +185,28 @@ def test_the_fit_is_saved_every_interval_while_it_changes(tmp_path: Path) -> Non
     now[0] = 183.0
     core.flush()
     assert json.loads(state_file(tmp_path, 0).read_bytes())["fit"]["steps_seen"] > first
+
+
+def test_a_restarted_agent_expects_the_traffic_the_last_one_saw_until_it_sees_its_own(tmp_path: Path) -> None:
+    """preempt's whales come 0.2 s into a run, before any short: a fresh agent expects nobody and calls the whale
+    harmless; one restarted on the last run's state expects that run's short stream until two arrivals are seen."""
+    path = saved(tmp_path)
+    load = json.loads(path.read_bytes())["load"]
+    earlier = [ev for ev in ReplaySource(EARLIER).events() if isinstance(ev, RequestReceived)]
+    span = earlier[-1].ts - earlier[0].ts
+    assert load["rate_per_s"] == pytest.approx((len(earlier) - 1) / span, rel=0.25)  # its shorts, not a quiet end
+    assert load["prompt_tokens"] == 32 and load["max_tokens"] > 0
+
+    events = until_whale(LATER)
+    restarted, cold = agent(tmp_path), agent(None)
+    warm_answer, cold_answer = forecast(restarted, events), forecast(cold, events)
+    assert cold_answer["expected_load"] is None and cold_answer["expected_arrivals"]["requests"] == 0
+    assert warm_answer["expected_load"]["rate_per_s"] == pytest.approx(load["rate_per_s"])
+    assert warm_answer["expected_arrivals"]["ttft_extra_sum_s"] > 0  # harm to those the stream brings
+
+    # once this run's own arrivals are seen, they are the load (the saved one was only a prior)
+    rest = list(ReplaySource(LATER).events())[len(events):]
+    own = [i for i, ev in enumerate(rest) if isinstance(ev, RequestReceived)]
+    later = forecast(restarted, rest[: own[3] + 1])
+    assert later["expected_load"]["rate_per_s"] != pytest.approx(load["rate_per_s"])
+

@@ -89,6 +89,22 @@ def test_the_pipeline_skips_by_a_stable_hash_and_counts_it() -> None:
     assert resp.status_code == 200 and resp.json() == {"request_id": skipped[0], "status": "skipped"}
 
 
+def test_a_pass_with_nothing_to_attribute_infers_no_step() -> None:
+    """Every victim shed and no partial result waiting: a pass leaves the steps to be inferred when something reads
+    them (each inference ahead of need is re-inferred when a span lands); the shed victims are still counted."""
+    p = AttributionPipeline()
+    p.attribute_share = 0.0
+    fed = inferred = 0
+    for ev in events("shorts"):
+        p.feed(ev)
+        fed, inferred, _ = p.timeline.inference_work()
+        if p.victims_skipped and fed > inferred:  # spans landed and shed, steps fed and not inferred yet
+            break
+    assert fed > inferred and p.victims_skipped
+    assert p.settle() == []
+    assert p.timeline.inference_work()[1] == inferred
+
+
 def test_a_replay_attributes_everything() -> None:
     assert replayed("shorts").victims_skipped == 0
 

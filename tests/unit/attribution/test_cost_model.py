@@ -282,3 +282,26 @@ def test_a_prefilling_request_costs_beyond_its_tokens_and_both_sizes_are_priced(
     prices = StepPrices(pricer, members)
     saving, _ = prices.marginal(members[0])
     assert saving == pytest.approx(seconds(short) - machine.intercept_s, rel=0.1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 6), st.integers(0, 2**32 - 1))
+def test_nonnegative_solve_picks_what_trying_every_support_picks(n: int, seed: int) -> None:
+    """The optimality test from the largest supports down returns, bit for bit, the support the full search over all
+    2^n - 1 would: on positive definite systems (a fit's normal equations plus its prior's penalty) whose
+    unconstrained optimum has some, none or all terms negative."""
+    from attrib_agent.attribution.cost_model import _best_support, _nonnegative_solve
+    rng = random.Random(seed)
+    m = [[rng.gauss(0, 1) for _ in range(n)] for _ in range(n + 2)]
+    a = [[sum(r[i] * r[j] for r in m) + (0.1 if i == j else 0.0) for j in range(n)] for i in range(n)]
+    b = [rng.gauss(rng.choice((-1.0, 0.0, 1.0)), 1) for _ in range(n)]
+    x = _nonnegative_solve(a, b)
+    assert repr(x) == repr(_best_support(a, b))  # bit for bit: 0.0 and -0.0 apart
+    assert all(v >= 0 for v in x)
+
+
+def test_nonnegative_solve_with_nothing_to_gain_is_all_zeros() -> None:
+    from attrib_agent.attribution.cost_model import _best_support, _nonnegative_solve
+    a = [[2.0, 0.5], [0.5, 1.0]]
+    for b in ([0.0, 0.0], [-0.0, -1.0], [-1.0, -2.0]):
+        assert repr(_nonnegative_solve(a, b)) == repr(_best_support(a, b)) == "[0.0, 0.0]"

@@ -71,3 +71,19 @@ def test_a_bad_snapshot_is_refused_and_changes_nothing(damage: str) -> None:
     with pytest.raises(ValueError):
         model.restore(snap)
     assert (list(model._rows), model.coefficients, model.fitted) == before
+
+
+def test_the_state_file_keeps_the_load_it_was_given_and_reads_files_without_one() -> None:
+    from attrib_agent.attribution.fit_snapshot import EngineFingerprint, decode, encode
+    from attrib_agent.attribution.forecast_types import ArrivalLoad
+
+    model = StepCostModel()
+    machine(model, 100, 2, 2e-4)
+    engine = EngineFingerprint(0, "m", "CPU", 16, 96, None)
+    load = ArrivalLoad(1.5, 32, 64, cached_prefix_tokens=16)
+    assert decode(encode(engine, model, load)).load == load
+    assert decode(encode(engine, model)).load is None  # a file written before the load was kept
+    doc = json.loads(encode(engine, model, load))
+    for bad in ({"rate_per_s": float("inf")}, {"rate_per_s": -1.0}, {"prompt_tokens": 0}, {"extra": 1}):
+        with pytest.raises(ValueError, match="load"):
+            decode(json.dumps(doc | {"load": doc["load"] | bad}).encode())

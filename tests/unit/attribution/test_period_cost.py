@@ -92,3 +92,42 @@ def test_a_restarted_agent_prices_its_causes_with_the_restored_elapsed_fit() -> 
     attributor = Attributor(cost=restored)
     assert restored.fitted and not attributor.period.model.fitted
     assert attributor.period.cost(attributor.cost) is restored
+
+
+def test_a_step_shaped_once_for_both_fits_is_fitted_as_before() -> None:
+    """`Attributor.learn` shapes and checks each step once (`record_row`, `row_ok`) for both fits: the same rows,
+    refusals and fits as feeding each fit its `StepFeatures`, prefill steps (kept past the window) and refused
+    ones (a negative time, a NaN) included."""
+    from attrib_agent.attribution.cost_model import record_row, row_ok
+    rng = random.Random(11)
+    steps = _decodes(8, 400)
+    for i in range(0, 400, 7):  # prefill chunks of assorted sizes among the decodes
+        s = steps[i]
+        n = rng.choice((3, 40, 700, 5000))
+        steps[i] = StepRecord(0, s.iteration, s.end_ts, s.elapsed_s, 1, n, s.generation_requests,
+                              s.generation_tokens, 0.1, (*s.members, StepMember("p", "prefill", n, n + 10, 1)))
+    steps[50] = StepRecord(0, 50, steps[50].end_ts, -1.0, 0, 0, 1, 1, 0.1, steps[50].members)
+    steps[90] = StepRecord(0, 90, steps[90].end_ts, float("nan"), 0, 0, 1, 1, 0.1, steps[90].members)
+    old_elapsed, old_period = _fed(steps)
+    elapsed = StepCostModel()
+    period = PeriodCost(elapsed)
+    for s in steps:
+        row = record_row(s)
+        assert row == StepFeatures.from_record(s).row()
+        ok = row_ok(row)
+        elapsed.observe_row(row, s.elapsed_s, checked=ok)
+        period.observe_row(s, row, ok)
+    assert elapsed.snapshot() == old_elapsed.snapshot() and elapsed.skipped == old_elapsed.skipped == 2
+    assert period.model.snapshot() == old_period.model.snapshot()
+    assert period.model.skipped == old_period.model.skipped
+    assert not row_ok((1.0, -1.0)) and not row_ok((1.0, float("nan"))) and not row_ok((1.0, float("inf")))
+
+
+def test_a_refused_row_is_refused_by_both_fits() -> None:
+    elapsed, period = _fed(_decodes(9, 10))
+    bad = StepFeatures(-5, 1, 10)
+    later = _decodes(10, 2, start=1e-3 + 0.09)
+    period.observe(later[0], bad)
+    period.observe(later[1], StepFeatures.from_record(later[1]))
+    elapsed.observe_features(bad, 0.01)
+    assert elapsed.skipped == 1 and period.model.skipped == 1

@@ -1,7 +1,8 @@
 """`lab forecast-score --persisted`: each recording's agent starts from the fit the agent that replayed the
 truth's previous recording saved in its state_dir (a restarted sidecar on the same machine). On
 preempt-midstream both whales arrive before the agent has seen a step, so cold they are priced by the prior; kept,
-by the machine's own earlier steps."""
+by the machine's own earlier steps. Both come before any short too: cold, the learnt load expects nobody and calls
+them harmless; kept, it expects the short stream the previous run's agent saw (saved with the fit)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ def test_each_recording_starts_from_the_previous_agents_saved_fit_and_forecasts_
         err_cold = abs(c.mean("declared") - c.true_harm_s)  # type: ignore[operator]
         err_kept = abs(k.mean("declared") - k.true_harm_s)  # type: ignore[operator]
         assert err_kept < err_cold, (k.whale, c.mean("declared"), k.mean("declared"), k.true_harm_s)
+        assert c.mean("learnt") == 0.0 and k.true_slowed_2x
+        assert all(x >= 0.05 for x in k.forecast_s["learnt"])  # harmful in every recording: never "harmless"
+        assert abs(k.mean("learnt") - k.true_harm_s) < k.true_harm_s  # what it forecasts is harm, not noise
     text = format_side_by_side(cold, kept)
     assert "declared kept s" in text and "loaded" in text
 
