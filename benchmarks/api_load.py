@@ -24,8 +24,9 @@ The server reports (printed after the client's table) what it did itself, from t
 loop thread's CPU per request by endpoint (the thread CPU of each request's own steps through the app, and
 the collections inside them, `_api_cpu.py`), the loop thread's CPU in all, its garbage collections, and how
 late its own event loop fired a 10 ms timer: on a shared machine the wall latencies are mostly the
-scheduler's, these are the server's. `--profile FILE`: cProfile of the server's loop thread, in its own CPU seconds (`time.thread_time`: on a
-shared machine a wall-clock profile charges the scheduler's preemptions to whatever ran when they hit).
+scheduler's, these are the server's. `--profile FILE`: cProfile of the server's loop thread in its own CPU
+seconds (`time.thread_time`; a wall-clock profile on a shared machine charges the scheduler's preemptions to
+whatever ran when they hit).
 """
 
 from __future__ import annotations
