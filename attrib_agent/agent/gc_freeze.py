@@ -9,12 +9,13 @@ frozen) and freezes the survivors: its pause, and that of every automatic full c
 
 So a pass runs when that has grown, not on a fixed period: every `every_s` the freezer counts the survivors
 (objects not frozen that lived through a young collection: the collector's generations 1 and 2, read without
-walking them) and runs a pass once they reach `freeze_at`. Fed at GPU rates (~13,000 survivors a second), a
+walking them) and runs a pass once they reach `freeze_at`. Fed at GPU rates (10-20,000 survivors a second), a
 fixed 30 s period let passes and full collections reach 270-320 ms, 1 s kept them to 35-63 ms
-(benchmarks/gc_pauses.py); but a still store, served at 200 requests/s, paid a 1 s period with 30 passes in 30 s
-for the few objects that survive there. Once every `full_every_s`, everything is unfrozen and collected: the
-bound on cycles that form among frozen objects after they were frozen (e.g. a connection's objects, frozen while
-it was open), one full pause an hour.
+(benchmarks/gc_pauses.py), and 20,000 survivors doubled the longest pass (14 -> 28 ms) for half as many: 10,000
+passes about every second there, as the 1 s period did. A still store, served at 200 requests/s, paid the 1 s
+period with 30 passes in 30 s for the few objects that survive there. Once every `full_every_s`, everything is
+unfrozen and collected: the bound on cycles that form among frozen objects after they were frozen (e.g. a
+connection's objects, frozen while it was open), one full pause an hour.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 FREEZE_EVERY_S: Final = 1.0  # the serve loop ticks every second: survivors counted at each tick
-FREEZE_AT: Final = 20_000  # survivors that make a pass due: a pass over them, ~2-5 ms of CPU
+FREEZE_AT: Final = 10_000  # survivors that make a pass due: at GPU rates about every tick, as the 1 s rule
 FULL_EVERY_S: Final = 3600.0
 
 
