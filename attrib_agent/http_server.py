@@ -2,7 +2,8 @@
 
 Keep-alive is `HTTP_KEEP_ALIVE_S`, not uvicorn's 5 s: OTel SDKs export every 5 s on one kept-alive
 connection, and a connection closed at 5 s meets the next batch with a reset. No access log (a line per
-request at hundreds a second), no lifespan (the agent starts and stops what the apps use itself).
+request at hundreds a second), no lifespan (the agent starts and stops what the apps use itself), no proxy
+headers middleware (nothing reads the client's address; it was a layer around every request).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from attrib_agent.config.types import HTTP_KEEP_ALIVE_S
 def uvicorn_config(app: Any, host: str, port: int) -> uvicorn.Config:
     """The uvicorn configuration every HTTP server of the agent runs with."""
     return uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", access_log=False,
-                          timeout_keep_alive=HTTP_KEEP_ALIVE_S)
+                          proxy_headers=False, timeout_keep_alive=HTTP_KEEP_ALIVE_S)
 
 
 async def start_server(app: Any, host: str, port: int, what: str,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from attrib_agent.agent.gc_freeze import GcFreezer
+from attrib_agent.agent.gc_freeze import GcFreezer, survivors
 
 
 class _Node:
@@ -16,7 +16,7 @@ class _Node:
 
 def test_survivors_are_frozen_and_cycles_collected_first() -> None:
     now = [0.0]
-    f = GcFreezer(every_s=30.0, full_every_s=3600.0, clock=lambda: now[0])
+    f = GcFreezer(every_s=30.0, freeze_at=0, full_every_s=3600.0, clock=lambda: now[0])
     try:
         kept = [_Node() for _ in range(10)]
         dropped = _Node()
@@ -47,17 +47,43 @@ def test_survivors_are_frozen_and_cycles_collected_first() -> None:
         gc.unfreeze()
 
 
-def test_by_default_what_survived_a_second_is_frozen_at_the_next_tick() -> None:
-    """The serve loop ticks every second; with the defaults each tick collects and freezes what arrived since, so
-    neither the pass nor an automatic full collection between two ticks walks more than a second of arrivals."""
+def test_a_pass_runs_when_enough_survived_not_at_every_tick() -> None:
+    """Ticks count what survived since the last pass (generations 1 and 2): a few objects wait, frozen only once
+    `freeze_at` of them have gathered; then neither a pass nor an automatic full collection walks them again."""
     now = [0.0]
-    f = GcFreezer(clock=lambda: now[0])
+    f = GcFreezer(freeze_at=5000, clock=lambda: now[0])
     try:
         f.start()
         frozen = gc.get_freeze_count()
-        arrived = [_Node() for _ in range(500)]
+        few = [_Node() for _ in range(500)]
+        gc.collect(0)  # they survive a young collection, as objects kept for a while do
         now[0] = 1.0
-        assert f.tick() and gc.get_freeze_count() >= frozen + len(arrived)
-        assert not any(o is arrived[0] for o in gc.get_objects())  # frozen objects are no longer walked
+        assert not f.tick() and gc.get_freeze_count() < frozen + len(few)
+        assert any(o is few[0] for o in gc.get_objects())  # waiting, still walked
+        many = [_Node() for _ in range(6000)]
+        gc.collect(0)
+        now[0] = 1.5
+        assert not f.tick()  # counted at most every `every_s`
+        now[0] = 2.0
+        assert f.tick() and gc.get_freeze_count() >= frozen + len(few) + len(many)
+        assert f.frozen[-1] >= len(few) + len(many)
+        assert not any(o is few[0] or o is many[0] for o in gc.get_objects())  # no longer walked
+        now[0] = 3.0
+        assert not f.tick()  # nothing new survived
+        now[0] = 3600.0
+        assert f.tick() and f.frozen[-1] == 0  # the hourly full pass runs whatever the count
     finally:
         gc.unfreeze()
+
+
+def test_survivors_counts_what_a_young_collection_left() -> None:
+    gc.collect()
+    gc.disable()  # no automatic young collection in between
+    try:
+        before = survivors()
+        kept = [_Node() for _ in range(3000)]
+        assert survivors() < before + len(kept)  # still young: in generation 0
+        gc.collect(0)
+        assert survivors() >= before + len(kept)
+    finally:
+        gc.enable()

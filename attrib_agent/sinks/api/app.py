@@ -28,7 +28,6 @@ from typing import Final
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -37,6 +36,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from attrib_agent.attribution.result_codec import to_dict
 from attrib_agent.read_model import AgentState
 from attrib_agent.sinks.api.forecast import forecast_routes
+from attrib_agent.sinks.api.hot_path import CulpritsRoute, GZip
 from attrib_agent.sinks.api.ids import BadRequestId, resolve
 from attrib_agent.sinks.api.plumbing import NO_STORE, PAGE_CSP, BearerAuth, error, error_handlers, json_response
 from attrib_agent.sinks.api.render_cache import GZIP_LEVEL, GZIP_MIN_BYTES, Body, Renderer
@@ -70,7 +70,9 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
     errs: Counter[str] = Counter() if errors is None else errors
 
     async def culprits(request: Request) -> Response:
-        raw = request.path_params["request_id"]
+        return await culprits_of(request.path_params["request_id"])
+
+    async def culprits_of(raw: str) -> Response:  # GET comes here directly (hot_path.CulpritsRoute)
         stored = state.result(raw)  # a stored result, or a request waiting or skipped: answered on the loop
         if stored is not None:
             status = "final" if stored.final else "partial"
@@ -179,9 +181,10 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
     if metrics_app is not None:
         routes.append(Route("/metrics", _Asgi(metrics_app)))
     # the timeline's ids repeat: ~10x smaller (its cached bodies come gzipped already, and pass through)
-    middleware = [Middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES, compresslevel=GZIP_LEVEL)]
+    middleware = [Middleware(GZip, minimum_size=GZIP_MIN_BYTES, compresslevel=GZIP_LEVEL)]
     if token is not None:
         middleware.append(Middleware(BearerAuth, token=token, open_paths=OPEN_PATHS, errors=errs))
+    middleware.append(Middleware(CulpritsRoute, handler=culprits_of))  # innermost: after the token check
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=error_handlers(errs))
     app.state.api_errors = errs
     app.state.renderers = [tops, timelines]

@@ -149,9 +149,12 @@ def test_interval_below_50ms_is_refused(interval: float) -> None:
 
 
 def test_interval_of_50ms_is_allowed_and_own_client_is_closed() -> None:
-    poller = MetricsPoller(URL, interval_s=0.05)
+    poller = MetricsPoller(URL.replace("http:", "https:"), interval_s=0.05)  # https: an httpx client of its own
     asyncio.run(poller.aclose())
-    assert poller._client.is_closed
+    assert poller._client is not None and poller._client.is_closed
+    plain = MetricsPoller(URL, interval_s=0.05)  # http: the plain keep-alive GET (test_metrics_http_get.py)
+    assert plain._client is None and plain._plain is not None
+    asyncio.run(plain.aclose())
 
 
 def test_callers_client_is_left_open() -> None:
