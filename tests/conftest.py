@@ -49,6 +49,7 @@ def golden(request: pytest.FixtureRequest):
 # is installed by the project's setup (scripts/setup-*.sh, `make test`). Empty: CI runs every test.
 ALLOWED_SKIPS: dict[str, str] = {}
 _skips: dict[str, list[str]] = {"allowed": [], "unexpected": []}
+_fuzz_counts: list[str] = []  # lines the fuzz tests put on their reports (tests/unit/fuzz/conftest.py)
 
 
 def _in_ci() -> bool:
@@ -63,18 +64,26 @@ def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
 
 
 def _police_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
-    """Count a skip; in CI, turn one not in ALLOWED_SKIPS into a failure that says why."""
+    """Mark a skip allowed or unexpected; in CI, turn one not in ALLOWED_SKIPS into a failure that says why.
+    Runs where the test runs (a pytest-xdist worker too): the mark travels with the report to the controller."""
     if not report.skipped or hasattr(report, "wasxfail"):
         return
     reason = _skip_reason(report)
     if any(text in reason for text in ALLOWED_SKIPS):
-        _skips["allowed"].append(f"{report.nodeid}: {reason}")
+        report.attrib_skip = ("allowed", f"{report.nodeid}: {reason}")  # type: ignore[union-attr]
         return
-    _skips["unexpected"].append(f"{report.nodeid}: {reason}")
+    report.attrib_skip = ("unexpected", f"{report.nodeid}: {reason}")  # type: ignore[union-attr]
     if _in_ci():
         report.outcome = "failed"
         report.longrepr = (f"skipped in CI: {reason}\n(every test runs in CI: install what it needs through the "
                            "project's setup, or add the reason to ALLOWED_SKIPS in tests/conftest.py with why)")
+
+
+def _count_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
+    """Count a marked skip where the summary is written (the controller under pytest-xdist)."""
+    mark = getattr(report, "attrib_skip", None)
+    if mark is not None:
+        _skips[mark[0]].append(mark[1])
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -89,7 +98,20 @@ def pytest_make_collect_report(collector: pytest.Collector):  # type: ignore[no-
     _police_skip(outcome.get_result())
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _count_skip(report)
+    _fuzz_counts.extend(getattr(report, "fuzz_counts", ()))
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    _count_skip(report)
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _fuzz_counts:
+        terminalreporter.section("fuzz case counts")
+        for line in _fuzz_counts:
+            terminalreporter.write_line(line)
     allowed, unexpected = len(_skips["allowed"]), len(_skips["unexpected"])
     policy = "unexpected skips fail (CI=true)" if _in_ci() else "not CI: skips allowed"
     terminalreporter.write_line(f"skip policy: {allowed + unexpected} skipped ({allowed} allowed, {unexpected} "

@@ -1,14 +1,17 @@
-"""Print every fuzz test's case count in pytest's terminal summary, so CI logs show them without `-s`."""
+"""Every fuzz test's case count goes into pytest's terminal summary (tests/conftest.py prints the section),
+so CI logs show them without `-s`. The lines ride on the test's report, so a pytest-xdist worker's counts
+reach the controller's summary too."""
 
 from __future__ import annotations
 
-from typing import Any
+import pytest
 
 from .mutate import REPORTED
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    outcome = yield
     if REPORTED:
-        terminalreporter.section("fuzz case counts")
-        for line in REPORTED:
-            terminalreporter.write_line(line)
+        outcome.get_result().fuzz_counts = list(REPORTED)
+        REPORTED.clear()

@@ -290,7 +290,12 @@ def runner() -> Iterator[asyncio.Runner]:
     log.setLevel(level)
 
 
-@settings(max_examples=10_000, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+# Each except clause of the poller and its parser narrowed in turn (an injected bug): those this property
+# catches, it catches in the first ~20 examples; 10,000 examples took ~70 s for nothing more.
+PROPERTY_EXAMPLES = 1_000
+
+
+@settings(max_examples=PROPERTY_EXAMPLES, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(RESPONSES, min_size=1, max_size=3))
 def test_poller_never_raises(runner: asyncio.Runner, responses: list[Exception | Reply]) -> None:
     async def handler(request: httpx.Request) -> httpx.Response:
