@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from attrib_agent.attribution.forecast import Candidate, ForecastConfig, ForecastSettings, forecast
 from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
@@ -55,17 +58,57 @@ def _schedstat() -> tuple[float, float]:
     return int(on) / 1e9, int(wait) / 1e9
 
 
-async def _api(app: httpx.ASGITransport, body: dict[str, int]) -> tuple[float, float, float]:
-    """One POST through the real app in this thread (the pipeline's reads run inline without an agent):
-    (wall, thread CPU, run-queue wait) seconds. Wall minus CPU is time this thread was not running."""
-    async with httpx.AsyncClient(transport=app, base_url="http://agent") as client:
+class _Split:
+    """Where a POST's thread CPU goes: the app's part (the server: routing, body, JSON, the forecast) and, inside
+    it, `AgentState.forecast`'s; the rest is the in-process client's (httpx), which a real caller spends in its
+    own process. Also the garbage collections that ran during the POST (their pauses are in the CPU time)."""
+
+    def __init__(self, app: ASGIApp, state: AgentState) -> None:
+        self.app, self.server, self.forecast = app, 0.0, 0.0
+        inner = state.forecast
+
+        def timed(*args: Any) -> Any:
+            c = time.thread_time()
+            try:
+                return inner(*args)
+            finally:
+                self.forecast += time.thread_time() - c
+
+        state.forecast = timed  # type: ignore[method-assign,assignment]  # the handler's call, timed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        c = time.thread_time()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.server += time.thread_time() - c
+
+    def reset(self) -> None:
+        self.server, self.forecast = 0.0, 0.0
+
+
+Post = tuple[float, float, float, float, float, int]
+"""One POST: wall, thread CPU, run-queue wait, the server's CPU, the forecast's CPU, collections during it."""
+
+
+async def _api(split: _Split, body: dict[str, int]) -> Post:
+    """One POST through the real app in this thread (the pipeline's reads run inline without an agent): wall
+    minus CPU is time this thread was not running; the CPU is split as `_Split` says."""
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=split), base_url="http://agent") as client:
         _, w = _schedstat()
+        split.reset()
+        collections = _collections()
         t, c = time.perf_counter(), time.thread_time()
         r = await client.post("/v1/forecast", json=body)
         dt, dc = time.perf_counter() - t, time.thread_time() - c
+        collected = _collections() - collections
         dw = _schedstat()[1] - w
     r.raise_for_status()
-    return dt, dc, dw
+    return dt, dc, dw, split.server, split.forecast, collected
+
+
+def _collections() -> int:
+    return sum(g["collections"] for g in gc.get_stats())
 
 
 def main() -> None:
@@ -81,8 +124,8 @@ def main() -> None:
     ref = Candidate(args.prompt_tokens, args.max_tokens)
     rounds: list[list[float]] = [[] for _ in range(args.reps)]
     cpu: list[float] = []  # thread CPU seconds of the same timings: what other jobs on the core do not inflate
-    api: list[tuple[float, float, float]] = []  # the reference whale (answered from the snapshot): wall, CPU, wait
-    api_new: list[tuple[float, float, float]] = []  # a new candidate (its own run)
+    api: list[Post] = []  # the reference whale (answered from the snapshot)
+    api_new: list[Post] = []  # a new candidate (its own run)
     settle_build: list[float] = []  # CPU of the agent loop's work after each settle (AgentCore.refresh_forecast):
     #                                 state, the future without a candidate, the reference whale's run
     snap_hit: list[float] = []  # a candidate already answered from this settle's snapshot
@@ -91,7 +134,7 @@ def main() -> None:
     for rec in recordings():
         p = AttributionPipeline()
         state = AgentState(p, forecast_settings=ForecastSettings(cfg, ref))
-        transport = httpx.ASGITransport(app=api_app(state))
+        split = _Split(api_app(state), state)
         steps = 0
         for ev in ReplaySource(rec).events():
             steps += isinstance(ev, EngineStep)
@@ -117,9 +160,9 @@ def main() -> None:
                 state.forecast([Candidate(ref.prompt_tokens // 2 + len(snap_other) % 7, ref.max_tokens)])
                 snap_other.append(time.thread_time() - c)
                 if isinstance(ev, RequestReceived):
-                    api.append(asyncio.run(_api(transport, {"prompt_tokens": ref.prompt_tokens,
+                    api.append(asyncio.run(_api(split, {"prompt_tokens": ref.prompt_tokens,
                                                             "max_tokens": ref.max_tokens})))
-                    api_new.append(asyncio.run(_api(transport, {  # a size not yet asked on this snapshot
+                    api_new.append(asyncio.run(_api(split, {  # a size not yet asked on this snapshot
                         "prompt_tokens": ref.prompt_tokens // 3 + len(api_new) % 7, "max_tokens": ref.max_tokens})))
             settles = p.settles
             p.feed(ev)
@@ -148,12 +191,21 @@ def main() -> None:
           f"max {max(snap_other) * ms:.2f} ms; goal p99 <= {GOAL_MS:g} ms: "
           f"{'met' if pct(snap_other, 0.99) * ms <= GOAL_MS else 'MISSED'} for a new candidate")
     for label, xs in (("the reference whale", api), ("a new candidate", api_new)):
-        wall, cpu_, wait = ([x[i] for x in xs] for i in range(3))
-        gap = [w - c for w, c, _ in xs]
+        wall, cpu_, wait, server, fc = ([x[i] for x in xs] for i in range(5))
+        gap = [x[0] - x[1] for x in xs]
         print(f"POST /v1/forecast in-process, {label} ({len(xs)} arrivals): wall p50 {pct(wall, 0.5) * ms:.2f} ms, "
               f"p99 {pct(wall, 0.99) * ms:.2f} ms, max {max(wall) * ms:.2f} ms; CPU p50 {pct(cpu_, 0.5) * ms:.2f} ms, "
               f"p99 {pct(cpu_, 0.99) * ms:.2f} ms; wall - CPU p50 {pct(gap, 0.5) * ms:.2f} ms, total "
               f"{sum(gap):.2f} s, of which waiting for a CPU (schedstat) {sum(wait):.2f} s")
+        client = [x[1] - x[3] for x in xs]
+        rest = [x[3] - x[4] for x in xs]
+        collected = [x for x in xs if x[5]]
+        print(f"  its CPU split: the server (the app) p50 {pct(server, 0.5) * ms:.2f} ms, p99 "
+              f"{pct(server, 0.99) * ms:.2f} ms, of which the forecast p50 {pct(fc, 0.5) * ms:.2f} ms, p99 "
+              f"{pct(fc, 0.99) * ms:.2f} ms and the rest (routing, body, JSON) p50 {pct(rest, 0.5) * ms:.2f} ms, "
+              f"p99 {pct(rest, 0.99) * ms:.2f} ms; the in-process client p50 {pct(client, 0.5) * ms:.2f} ms, "
+              f"p99 {pct(client, 0.99) * ms:.2f} ms; {len(collected)} POSTs saw a garbage collection"
+              + (f" (their CPU p50 {pct([x[1] for x in collected], 0.5) * ms:.2f} ms)" if collected else ""))
 
 
 if __name__ == "__main__":
