@@ -55,7 +55,7 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
     request's tokens up to `until` are also summed up as they come (`Run.window`, gaps over `itl_limit` counted);
     without `keep_tokens` their times are not kept (`Run.tokens` empty): the sums are what the forecast reads."""
     cfg = state.sched
-    bs, usable = cfg.block_size, cfg.num_blocks - 1
+    bs, usable, max_seqs = cfg.block_size, cfg.num_blocks - 1, cfg.max_num_seqs
     pool = FreeBlockQueue(usable, cfg.prefix_caching)
     running: list[LiveRequest] = []
     waiting: deque[LiveRequest] = deque()
@@ -111,8 +111,11 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
             now = pending[0].req.arrival_ts
             continue
         jumped = 0
-        if steps and not short:  # the first step is always scheduled: it says whether the candidate is admitted now
-            jumped, now, finished, short = _decode_stretch(running, waiting, pool, cfg.max_num_seqs, bs, pricer, now,
+        # the first step is always scheduled: it says whether the candidate is admitted now; nor is there a stretch
+        # when the queue's head fits (blocks_for its num_tokens, inlined): admission takes it in the next step
+        if steps and not short and not (waiting and len(running) < max_seqs and -(
+                -(waiting[0].req.prompt_tokens + waiting[0].outputs + waiting[0].pending) // bs) <= pool.free):
+            jumped, now, finished, short = _decode_stretch(running, waiting, pool, max_seqs, bs, pricer, now,
                                                     pending, max_steps - steps, until, unserved,
                                                     sums)
             for lv in finished:  # as a scheduled step's delivery: they had their first token already
@@ -176,7 +179,8 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
                     window: tuple[list[Window], float, bool] | None = None
                     ) -> tuple[int, float, list[LiveRequest], bool]:
     """Run the coming steps at once while they are all alike: every running request decodes one token, their
-    new blocks fit in the free ones and the queue's head cannot be admitted (no blocks or no seat). The stretch
+    new blocks fit in the free ones and the queue's head cannot be admitted (no blocks or no seat: the caller
+    checks that one first, and calls only when it holds; `max_seqs` is the seats it checked against). The stretch
     ends with the first step that finishes a request (delivered as a scheduled step delivers it), or at the next
     arrival; but when someone waits, arrivals only join the queue behind a head that fits even less later, and
     the stretch goes on past them (up to the run's own stop at `until` once no first token is awaited in
@@ -188,10 +192,6 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
     the free blocks ran out: the next step cannot be one of a stretch)."""
     if not running:
         return 0, now, [], False
-    if waiting and len(running) < max_seqs:  # the head fits (blocks_for its num_tokens, inlined)?
-        head = waiting[0]
-        if -(-(head.req.prompt_tokens + head.outputs + head.pending) // bs) <= pool.free:
-            return 0, now, [], False
     last = running[-1]  # the last admitted, most often the one still prefilling: looked at first
     if last.computed + 1 != last.req.prompt_tokens + last.outputs + last.pending or last.outputs < 1:
         return 0, now, [], False
@@ -205,7 +205,8 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
         if left < finish_in:
             finish_in = left
     n = len(running)
-    k = fitting_steps(running, pool.free, bs, min(finish_in, max_steps))
+    most = finish_in if finish_in < max_steps else max_steps
+    k = fitting_steps(running, pool.free, bs, most)
     if k <= 0:
         return 0, now, [], False
     price = pricer.price4
@@ -244,7 +245,9 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
         upto = math.inf if until is None else until
         first_end, last_end = _first_last(pieces)
         if not keep and last_end <= upto and top < limit - 64 * math.ulp(last_end):  # no gap over the limit
-            count = sum(len(x) if isinstance(x, list) else x[3] for x in pieces)
+            count = 0
+            for x in pieces:
+                count += len(x) if isinstance(x, list) else x[3]
             for r in running:  # all within the window: its sums only, as `_took_stretch` makes them (`_took`
                 w = win[r.index]  # with no gap over the limit, inlined: per running request per stretch)
                 if w[0]:
@@ -261,7 +264,7 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
     finished = advance(running, ends if keep else [], bs, pool, done)
     for r in finished:  # in member order, after every allocation, as the step loop delivers them
         finish(r, t, running, waiting, pool, bs)
-    return done, t, finished, done == k < min(finish_in, max_steps)
+    return done, t, finished, done == k < most
 
 
 def _alike(price: Callable[[int, int, int, int], float], n: int, context: int, now: float, m: int,
