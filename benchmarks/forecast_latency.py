@@ -5,12 +5,15 @@ and every 50th engine step, the reference whale's forecast is timed as the endpo
 timeline, cost model, both simulated futures): `--reps` times at each moment, on one pinned core. Printed: the
 moments, p50/p99/max over all timings, the p99 of each rep round (its spread), and the same through the real
 API (in-process ASGI, JSON in and out) for the arrival moments (the reference whale, then a new size), wall and
-CPU, and how much of the difference the thread spent runnable but waiting for the core (the kernel's schedstat). Then
+CPU, and how much of the difference the thread spent runnable but waiting for the core (the kernel's schedstat), and
+where that CPU goes (the server's part, of it the forecast's, and the in-process client's). Then
 the path the endpoint and gauge take, the agent's per-settle snapshot (`attribution/forecast_cache.py`), built
 by the agent's loop after each settle (timed apart: off the request path), then a request for the candidate
-already answered and for a new one (its own simulated run), CPU time.
+already answered and for a new one (its own simulated run), CPU time. The collector is run as in the agent
+(survivors frozen every second, here of event time; `--no-gc-freeze`: left as it is, as runs before 2026-11-26's
+fourth session were): without it, a collection of the replay's unfrozen heap ran during 17 % of the new-candidate POSTs.
 
-    .venv/bin/python -m benchmarks.forecast_latency [--reps 5] [--cpu 1] [--horizon-s 10]
+    .venv/bin/python -m benchmarks.forecast_latency [--reps 5] [--cpu 1] [--horizon-s 10] [--no-gc-freeze]
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ import asyncio
 import gc
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from attrib_agent.agent.gc_freeze import GcFreezer
 from attrib_agent.attribution.forecast import Candidate, ForecastConfig, ForecastSettings, forecast
 from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
 from attrib_agent.events import EngineStep, RequestReceived
@@ -107,6 +112,11 @@ async def _api(split: _Split, body: dict[str, int]) -> Post:
     return dt, dc, dw, split.server, split.forecast, collected
 
 
+def _event_clock(p: AttributionPipeline) -> Callable[[], float]:
+    """The freezer's clock in the replay: the pipeline's event time (live, the loop's wall clock)."""
+    return lambda: p.last_event_ts or 0.0
+
+
 def _collections() -> int:
     return sum(g["collections"] for g in gc.get_stats())
 
@@ -118,6 +128,9 @@ def main() -> None:
     ap.add_argument("--horizon-s", type=float, default=ForecastConfig().horizon_s)
     ap.add_argument("--prompt-tokens", type=int, default=ForecastSettings().reference.prompt_tokens)
     ap.add_argument("--max-tokens", type=int, default=ForecastSettings().reference.max_tokens)
+    ap.add_argument("--no-gc-freeze", action="store_true",
+                    help="leave the collector as it is (before 2026-11-26's fourth session: every run did), instead "
+                         "of freezing survivors every second of event time, as the agent does every second")
     args = ap.parse_args()
     pinned = pin_one_core(None if args.cpu < 0 else args.cpu)
     cfg = ForecastConfig(horizon_s=args.horizon_s)
@@ -133,6 +146,7 @@ def main() -> None:
     moments = 0
     for rec in recordings():
         p = AttributionPipeline()
+        freezer = None if args.no_gc_freeze else GcFreezer(clock=_event_clock(p))
         state = AgentState(p, forecast_settings=ForecastSettings(cfg, ref))
         split = _Split(api_app(state), state)
         steps = 0
@@ -166,6 +180,8 @@ def main() -> None:
                         "prompt_tokens": ref.prompt_tokens // 3 + len(api_new) % 7, "max_tokens": ref.max_tokens})))
             settles = p.settles
             p.feed(ev)
+            if freezer is not None:  # the agent's loop freezes what survived every second (agent/gc_freeze.py)
+                freezer.tick()
             if p.settles != settles and p.last_event_ts is not None:  # what the agent's loop does after a settle
                 c = time.thread_time()
                 state.refresh_reference()
@@ -173,7 +189,8 @@ def main() -> None:
     every = [x for r in rounds for x in r]
     ms = 1000.0
     p99s = [pct(r, 0.99) * ms for r in rounds]
-    print(f"machine: {machine()}; {pinned}")
+    print(f"machine: {machine()}; {pinned}; collector: "
+          f"{'as it is' if args.no_gc_freeze else 'survivors frozen every second of event time, as the agent'}")
     print(f"reference whale {ref.prompt_tokens}/{ref.max_tokens}, horizon {args.horizon_s:g} s; "
           f"{moments} moments in {len(recordings())} recordings x {args.reps} reps")
     print(f"forecast (state + both futures): p50 {pct(every, 0.5) * ms:.2f} ms, p99 {pct(every, 0.99) * ms:.2f} ms"
