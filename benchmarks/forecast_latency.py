@@ -5,24 +5,32 @@ and every 50th engine step, the reference whale's forecast is timed as the endpo
 timeline, cost model, both simulated futures): `--reps` times at each moment, on one pinned core. Printed: the
 moments, p50/p99/max over all timings, the p99 of each rep round (its spread), and the same through the real
 API (in-process ASGI, JSON in and out) for the arrival moments (the reference whale, then a new size), wall and
-CPU, and how much of the difference the thread spent runnable but waiting for the core (the kernel's schedstat). Then
+CPU, and how much of the difference the thread spent runnable but waiting for the core (the kernel's schedstat), and
+where that CPU goes (the server's part, of it the forecast's, and the in-process client's). Then
 the path the endpoint and gauge take, the agent's per-settle snapshot (`attribution/forecast_cache.py`), built
 by the agent's loop after each settle (timed apart: off the request path), then a request for the candidate
-already answered and for a new one (its own simulated run), CPU time.
+already answered and for a new one (its own simulated run), CPU time. The collector is run as in the agent
+(survivors frozen every second, here of event time; `--no-gc-freeze`: left as it is, as runs before 2026-11-26's
+fourth session were): without it, a collection of the replay's unfrozen heap ran during 17 % of the new-candidate POSTs.
 
-    .venv/bin/python -m benchmarks.forecast_latency [--reps 5] [--cpu 1] [--horizon-s 10]
+    .venv/bin/python -m benchmarks.forecast_latency [--reps 5] [--cpu 1] [--horizon-s 10] [--no-gc-freeze]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from attrib_agent.agent.gc_freeze import GcFreezer
 from attrib_agent.attribution.forecast import Candidate, ForecastConfig, ForecastSettings, forecast
 from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
 from attrib_agent.events import EngineStep, RequestReceived
@@ -55,17 +63,62 @@ def _schedstat() -> tuple[float, float]:
     return int(on) / 1e9, int(wait) / 1e9
 
 
-async def _api(app: httpx.ASGITransport, body: dict[str, int]) -> tuple[float, float, float]:
-    """One POST through the real app in this thread (the pipeline's reads run inline without an agent):
-    (wall, thread CPU, run-queue wait) seconds. Wall minus CPU is time this thread was not running."""
-    async with httpx.AsyncClient(transport=app, base_url="http://agent") as client:
+class _Split:
+    """Where a POST's thread CPU goes: the app's part (the server: routing, body, JSON, the forecast) and, inside
+    it, `AgentState.forecast`'s; the rest is the in-process client's (httpx), which a real caller spends in its
+    own process. Also the garbage collections that ran during the POST (their pauses are in the CPU time)."""
+
+    def __init__(self, app: ASGIApp, state: AgentState) -> None:
+        self.app, self.server, self.forecast = app, 0.0, 0.0
+        inner = state.forecast
+
+        def timed(*args: Any) -> Any:
+            c = time.thread_time()
+            try:
+                return inner(*args)
+            finally:
+                self.forecast += time.thread_time() - c
+
+        state.forecast = timed  # type: ignore[method-assign,assignment]  # the handler's call, timed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        c = time.thread_time()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.server += time.thread_time() - c
+
+    def reset(self) -> None:
+        self.server, self.forecast = 0.0, 0.0
+
+
+Post = tuple[float, float, float, float, float, int]
+"""One POST: wall, thread CPU, run-queue wait, the server's CPU, the forecast's CPU, collections during it."""
+
+
+async def _api(split: _Split, body: dict[str, int]) -> Post:
+    """One POST through the real app in this thread (the pipeline's reads run inline without an agent): wall
+    minus CPU is time this thread was not running; the CPU is split as `_Split` says."""
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=split), base_url="http://agent") as client:
         _, w = _schedstat()
+        split.reset()
+        collections = _collections()
         t, c = time.perf_counter(), time.thread_time()
         r = await client.post("/v1/forecast", json=body)
         dt, dc = time.perf_counter() - t, time.thread_time() - c
+        collected = _collections() - collections
         dw = _schedstat()[1] - w
     r.raise_for_status()
-    return dt, dc, dw
+    return dt, dc, dw, split.server, split.forecast, collected
+
+
+def _event_clock(p: AttributionPipeline) -> Callable[[], float]:
+    """The freezer's clock in the replay: the pipeline's event time (live, the loop's wall clock)."""
+    return lambda: p.last_event_ts or 0.0
+
+
+def _collections() -> int:
+    return sum(g["collections"] for g in gc.get_stats())
 
 
 def main() -> None:
@@ -75,14 +128,17 @@ def main() -> None:
     ap.add_argument("--horizon-s", type=float, default=ForecastConfig().horizon_s)
     ap.add_argument("--prompt-tokens", type=int, default=ForecastSettings().reference.prompt_tokens)
     ap.add_argument("--max-tokens", type=int, default=ForecastSettings().reference.max_tokens)
+    ap.add_argument("--no-gc-freeze", action="store_true",
+                    help="leave the collector as it is (before 2026-11-26's fourth session: every run did), instead "
+                         "of freezing survivors every second of event time, as the agent does every second")
     args = ap.parse_args()
     pinned = pin_one_core(None if args.cpu < 0 else args.cpu)
     cfg = ForecastConfig(horizon_s=args.horizon_s)
     ref = Candidate(args.prompt_tokens, args.max_tokens)
     rounds: list[list[float]] = [[] for _ in range(args.reps)]
     cpu: list[float] = []  # thread CPU seconds of the same timings: what other jobs on the core do not inflate
-    api: list[tuple[float, float, float]] = []  # the reference whale (answered from the snapshot): wall, CPU, wait
-    api_new: list[tuple[float, float, float]] = []  # a new candidate (its own run)
+    api: list[Post] = []  # the reference whale (answered from the snapshot)
+    api_new: list[Post] = []  # a new candidate (its own run)
     settle_build: list[float] = []  # CPU of the agent loop's work after each settle (AgentCore.refresh_forecast):
     #                                 state, the future without a candidate, the reference whale's run
     snap_hit: list[float] = []  # a candidate already answered from this settle's snapshot
@@ -90,8 +146,9 @@ def main() -> None:
     moments = 0
     for rec in recordings():
         p = AttributionPipeline()
+        freezer = None if args.no_gc_freeze else GcFreezer(clock=_event_clock(p))
         state = AgentState(p, forecast_settings=ForecastSettings(cfg, ref))
-        transport = httpx.ASGITransport(app=api_app(state))
+        split = _Split(api_app(state), state)
         steps = 0
         for ev in ReplaySource(rec).events():
             steps += isinstance(ev, EngineStep)
@@ -117,12 +174,14 @@ def main() -> None:
                 state.forecast([Candidate(ref.prompt_tokens // 2 + len(snap_other) % 7, ref.max_tokens)])
                 snap_other.append(time.thread_time() - c)
                 if isinstance(ev, RequestReceived):
-                    api.append(asyncio.run(_api(transport, {"prompt_tokens": ref.prompt_tokens,
+                    api.append(asyncio.run(_api(split, {"prompt_tokens": ref.prompt_tokens,
                                                             "max_tokens": ref.max_tokens})))
-                    api_new.append(asyncio.run(_api(transport, {  # a size not yet asked on this snapshot
+                    api_new.append(asyncio.run(_api(split, {  # a size not yet asked on this snapshot
                         "prompt_tokens": ref.prompt_tokens // 3 + len(api_new) % 7, "max_tokens": ref.max_tokens})))
             settles = p.settles
             p.feed(ev)
+            if freezer is not None:  # the agent's loop freezes what survived every second (agent/gc_freeze.py)
+                freezer.tick()
             if p.settles != settles and p.last_event_ts is not None:  # what the agent's loop does after a settle
                 c = time.thread_time()
                 state.refresh_reference()
@@ -130,7 +189,8 @@ def main() -> None:
     every = [x for r in rounds for x in r]
     ms = 1000.0
     p99s = [pct(r, 0.99) * ms for r in rounds]
-    print(f"machine: {machine()}; {pinned}")
+    print(f"machine: {machine()}; {pinned}; collector: "
+          f"{'as it is' if args.no_gc_freeze else 'survivors frozen every second of event time, as the agent'}")
     print(f"reference whale {ref.prompt_tokens}/{ref.max_tokens}, horizon {args.horizon_s:g} s; "
           f"{moments} moments in {len(recordings())} recordings x {args.reps} reps")
     print(f"forecast (state + both futures): p50 {pct(every, 0.5) * ms:.2f} ms, p99 {pct(every, 0.99) * ms:.2f} ms"
@@ -148,12 +208,21 @@ def main() -> None:
           f"max {max(snap_other) * ms:.2f} ms; goal p99 <= {GOAL_MS:g} ms: "
           f"{'met' if pct(snap_other, 0.99) * ms <= GOAL_MS else 'MISSED'} for a new candidate")
     for label, xs in (("the reference whale", api), ("a new candidate", api_new)):
-        wall, cpu_, wait = ([x[i] for x in xs] for i in range(3))
-        gap = [w - c for w, c, _ in xs]
+        wall, cpu_, wait, server, fc = ([x[i] for x in xs] for i in range(5))
+        gap = [x[0] - x[1] for x in xs]
         print(f"POST /v1/forecast in-process, {label} ({len(xs)} arrivals): wall p50 {pct(wall, 0.5) * ms:.2f} ms, "
               f"p99 {pct(wall, 0.99) * ms:.2f} ms, max {max(wall) * ms:.2f} ms; CPU p50 {pct(cpu_, 0.5) * ms:.2f} ms, "
               f"p99 {pct(cpu_, 0.99) * ms:.2f} ms; wall - CPU p50 {pct(gap, 0.5) * ms:.2f} ms, total "
               f"{sum(gap):.2f} s, of which waiting for a CPU (schedstat) {sum(wait):.2f} s")
+        client = [x[1] - x[3] for x in xs]
+        rest = [x[3] - x[4] for x in xs]
+        collected = [x for x in xs if x[5]]
+        print(f"  its CPU split: the server (the app) p50 {pct(server, 0.5) * ms:.2f} ms, p99 "
+              f"{pct(server, 0.99) * ms:.2f} ms, of which the forecast p50 {pct(fc, 0.5) * ms:.2f} ms, p99 "
+              f"{pct(fc, 0.99) * ms:.2f} ms and the rest (routing, body, JSON) p50 {pct(rest, 0.5) * ms:.2f} ms, "
+              f"p99 {pct(rest, 0.99) * ms:.2f} ms; the in-process client p50 {pct(client, 0.5) * ms:.2f} ms, "
+              f"p99 {pct(client, 0.99) * ms:.2f} ms; {len(collected)} POSTs saw a garbage collection"
+              + (f" (their CPU p50 {pct([x[1] for x in collected], 0.5) * ms:.2f} ms)" if collected else ""))
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
     request's tokens up to `until` are also summed up as they come (`Run.window`, gaps over `itl_limit` counted);
     without `keep_tokens` their times are not kept (`Run.tokens` empty): the sums are what the forecast reads."""
     cfg = state.sched
-    bs, usable = cfg.block_size, cfg.num_blocks - 1
+    bs, usable, max_seqs = cfg.block_size, cfg.num_blocks - 1, cfg.max_num_seqs
     pool = FreeBlockQueue(usable, cfg.prefix_caching)
     running: list[LiveRequest] = []
     waiting: deque[LiveRequest] = deque()
@@ -74,13 +74,18 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
             waiting.append(lv)
         lives.append(lv)
     pending: deque[LiveRequest] = deque()
-    for j, (req, cached) in enumerate(sorted(extra, key=lambda e: e[0].arrival_ts)):
-        lv = LiveRequest(req, len(state.requests) + j, max(req.output_tokens, 1))
-        lv.refused = blocks_for(req.prompt_tokens + lv.target - 1, bs) > usable
-        hit = min(cached // bs, pool.free)
-        if hit and not lv.refused:  # its prefix sits in the free queue, reusable until allocation evicts it
-            pool.allocate(hit)
-            pool.release(lv.index, hit, hit)
+    j = len(state.requests)
+    for req, cached in sorted(extra, key=_arrival):  # (per expected arrival: a few dozen a run)
+        target = req.output_tokens if req.output_tokens > 1 else 1
+        lv = LiveRequest(req, j, target)
+        j += 1
+        lv.refused = refused = -(-(req.prompt_tokens + target - 1) // bs) > usable  # blocks_for, inlined
+        hit = cached // bs
+        if hit and not refused:  # its prefix sits in the free queue, reusable until allocation evicts it
+            hit = min(hit, pool.free)
+            if hit:
+                pool.allocate(hit)
+                pool.release(lv.index, hit, hit)
         pending.append(lv)
         lives.append(lv)
     by_id = {lv.req.request_id: lv for lv in lives}
@@ -106,8 +111,11 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
             now = pending[0].req.arrival_ts
             continue
         jumped = 0
-        if steps and not short:  # the first step is always scheduled: it says whether the candidate is admitted now
-            jumped, now, finished, short = _decode_stretch(running, waiting, pool, cfg.max_num_seqs, bs, pricer, now,
+        # the first step is always scheduled: it says whether the candidate is admitted now; nor is there a stretch
+        # when the queue's head fits (blocks_for its num_tokens, inlined): admission takes it in the next step
+        if steps and not short and not (waiting and len(running) < max_seqs and -(
+                -(waiting[0].req.prompt_tokens + waiting[0].outputs + waiting[0].pending) // bs) <= pool.free):
+            jumped, now, finished, short = _decode_stretch(running, waiting, pool, max_seqs, bs, pricer, now,
                                                     pending, max_steps - steps, until, unserved,
                                                     sums)
             for lv in finished:  # as a scheduled step's delivery: they had their first token already
@@ -161,13 +169,18 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
                 first_members, first_blocked, {lv.req.request_id: win[lv.index] for lv in lives})
 
 
+def _arrival(extra: tuple[SimRequest, int]) -> float:
+    return extra[0].arrival_ts
+
+
 def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], pool: FreeBlockQueue, max_seqs: int,
                     bs: int, pricer: Pricer, now: float, pending: deque[LiveRequest], max_steps: int,
                     until: float | None, unserved: set[str],
                     window: tuple[list[Window], float, bool] | None = None
                     ) -> tuple[int, float, list[LiveRequest], bool]:
     """Run the coming steps at once while they are all alike: every running request decodes one token, their
-    new blocks fit in the free ones and the queue's head cannot be admitted (no blocks or no seat). The stretch
+    new blocks fit in the free ones and the queue's head cannot be admitted (no blocks or no seat: the caller
+    checks that one first, and calls only when it holds; `max_seqs` is the seats it checked against). The stretch
     ends with the first step that finishes a request (delivered as a scheduled step delivers it), or at the next
     arrival; but when someone waits, arrivals only join the queue behind a head that fits even less later, and
     the stretch goes on past them (up to the run's own stop at `until` once no first token is awaited in
@@ -179,10 +192,6 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
     the free blocks ran out: the next step cannot be one of a stretch)."""
     if not running:
         return 0, now, [], False
-    if waiting and len(running) < max_seqs:  # the head fits (blocks_for its num_tokens, inlined)?
-        head = waiting[0]
-        if -(-(head.req.prompt_tokens + head.outputs + head.pending) // bs) <= pool.free:
-            return 0, now, [], False
     last = running[-1]  # the last admitted, most often the one still prefilling: looked at first
     if last.computed + 1 != last.req.prompt_tokens + last.outputs + last.pending or last.outputs < 1:
         return 0, now, [], False
@@ -196,7 +205,8 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
         if left < finish_in:
             finish_in = left
     n = len(running)
-    k = fitting_steps(running, pool.free, bs, min(finish_in, max_steps))
+    most = finish_in if finish_in < max_steps else max_steps
+    k = fitting_steps(running, pool.free, bs, most)
     if k <= 0:
         return 0, now, [], False
     price = pricer.price4
@@ -209,7 +219,8 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
         nxt = pending[a].req.arrival_ts if a < len(pending) else None
         s, t, longest = _alike(price, n, context + done * n, t, alike - done, nxt,
                                pieces if until is None or t < until else None)
-        top = max(top, longest)
+        if longest > top:
+            top = longest
         done += s
         crossed = False
         if nxt is None or t < nxt or not cross or (until is not None and not unserved and t >= until):
@@ -224,7 +235,8 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
         if until is None or t < until:
             pieces.append([t + closing])
         t += closing
-        top = max(top, closing)
+        if closing > top:
+            top = closing
         done += 1
     keep = True
     ends: list[float] = []
@@ -233,9 +245,17 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
         upto = math.inf if until is None else until
         first_end, last_end = _first_last(pieces)
         if not keep and last_end <= upto and top < limit - 64 * math.ulp(last_end):  # no gap over the limit
-            count = sum(len(x) if isinstance(x, list) else x[3] for x in pieces)
-            for r in running:  # all within the window: its sums only, as `_took_stretch` makes them
-                _took(win[r.index], first_end, last_end, count, 0, limit)
+            count = 0
+            for x in pieces:
+                count += len(x) if isinstance(x, list) else x[3]
+            for r in running:  # all within the window: its sums only, as `_took_stretch` makes them (`_took`
+                w = win[r.index]  # with no gap over the limit, inlined: per running request per stretch)
+                if w[0]:
+                    w[3] += first_end - w[2] > limit
+                else:
+                    w[1] = first_end
+                w[0] += count
+                w[2] = last_end
         else:
             ends = _ends(pieces)
             _took_stretch(running, ends, upto, top, win, limit)
@@ -244,7 +264,7 @@ def _decode_stretch(running: list[LiveRequest], waiting: deque[LiveRequest], poo
     finished = advance(running, ends if keep else [], bs, pool, done)
     for r in finished:  # in member order, after every allocation, as the step loop delivers them
         finish(r, t, running, waiting, pool, bs)
-    return done, t, finished, done == k < min(finish_in, max_steps)
+    return done, t, finished, done == k < most
 
 
 def _alike(price: Callable[[int, int, int, int], float], n: int, context: int, now: float, m: int,
@@ -272,15 +292,32 @@ def _alike(price: Callable[[int, int, int, int], float], n: int, context: int, n
         return now + (j + 1) * first + slope * j * (j + 1) / 2
 
     if next_arrival is not None and end(m - 1) >= next_arrival:
-        # the step in which the arrival falls is the last one: the queue is looked at after it
-        lo, hi = -1, m - 1  # end(lo) < next_arrival <= end(hi)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if end(mid) < next_arrival else (lo, mid)
-        m = hi + 1
+        # the step in which the arrival falls is the last one: the queue is looked at after it. The first j with
+        # end(j) >= next_arrival (ends rise with j), found from the quadratic's root and a step or two either side
+        j = _root(first, slope, next_arrival - now, m - 1)
+        if end(j) >= next_arrival:
+            while j and end(j - 1) >= next_arrival:
+                j -= 1
+        else:
+            j += 1
+            while end(j) < next_arrival:
+                j += 1
+        m = j + 1
     if ends is not None:
         ends.append((now, first, slope, m))
-    return m, end(m - 1), max(first, first + (m - 1) * slope)  # end: the same expression as `_ends`' last
+    last = first + (m - 1) * slope
+    return m, end(m - 1), last if last > first else first  # end: the same expression as `_ends`' last
+
+
+def _root(first: float, slope: float, span: float, most: int) -> int:
+    """About the step j (0 to `most`) whose end, (j + 1) * first + slope * j * (j + 1) / 2 after the start,
+    reaches `span`: where `_alike` starts its search for the exact one."""
+    b = first + slope / 2  # slope / 2 * j^2 + b * j + first - span = 0
+    if slope > 1e-12 * first:
+        x = (math.sqrt(b * b + 2 * slope * (span - first)) - b) / slope if b * b + 2 * slope * (span - first) > 0 else 0
+    else:
+        x = (span - first) / b if b > 0 else 0.0
+    return 0 if not x > 0 else most if x >= most else int(x)
 
 
 def _ends(pieces: list[Piece]) -> list[float]:

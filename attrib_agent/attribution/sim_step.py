@@ -175,10 +175,11 @@ def admit(running: list[LiveRequest], waiting: deque[LiveRequest], pool: FreeBlo
         hit = len(shared) + (pool.take_cached(req.index, own) if own else 0)
         req.shared, req.computed, req.blocks = shared, hit * bs, hit
         n = min(tokens - req.computed, budget)
-        need = blocks_for(req.computed + n, bs) - req.blocks
+        need = -(-(req.computed + n) // bs) - req.blocks  # blocks_for, inlined
         pool.allocate(need)
         req.blocks += need
-        _cache_blocks(req, req.computed + n, pool, config)
+        if group is not None:  # (a request without a shared prefix caches none of its blocks at scheduling)
+            _cache_blocks(req, req.computed + n, pool, config)
         del waiting[skip]
         running.append(req)
         if req.scheduled_ts is None:

@@ -165,3 +165,24 @@ def test_the_forecast_step_is_the_attributions_step(
         mp.setattr(forecast_sim, "plan_sync", _plan_by_schedule_step)
         slow = _run(state, extra, NOW + window, cost, 0.012)
     assert fast == slow
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(1e-4, 0.5), st.floats(-1e-6, 1e-3), st.integers(1, 5000), st.floats(0.0, 1.0),
+       st.floats(1.0, 2e9))
+def test_a_stretch_stops_at_the_step_an_arrival_falls_in(first: float, slope: float, m: int, where: float,
+                                                         now: float) -> None:
+    """`_alike` ends a stretch with the first step whose end reaches the next arrival: the same step a scan of
+    the step ends finds (its search starts from the closed form's root)."""
+    slope = max(slope, -first / (2 * m))  # every step costs more than nothing
+    arrival = now + where * (m * first + slope * (m - 1) * m / 2) * 1.01
+    ends: list[forecast_sim.Piece] = []
+    steps, last, _ = forecast_sim._alike(lambda t, n, c, p: first + slope * (c - 7) / 3, 3, 7, now, m, arrival,
+                                          ends)
+    [piece] = ends
+    assert isinstance(piece, tuple)
+    _, a, b, kept = piece  # the prices `_alike` read off the cost model: the step ends are those of the scan below
+    end = [now + (j + 1) * a + b * j * (j + 1) / 2 for j in range(m)]
+    expect = next((j + 1 for j, e in enumerate(end) if e >= arrival), m)
+    assert steps == kept == expect
+    assert last == end[steps - 1]
