@@ -30,7 +30,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from attrib_agent.attribution.step_shape import prefill_pairs, step_shape
+from attrib_agent.attribution.step_shape import StepShape, prefill_pairs, step_shape
 from attrib_agent.timeline.model import StepRecord
 
 MIN_STEP_S = 1e-12  # a step's least compute time: the formula's floor, for the model and its frozen copies
@@ -120,25 +120,25 @@ class StepFeatures:
     @classmethod
     def from_record(cls, record: StepRecord) -> StepFeatures:
         """From the timeline's members; from the logged counts when it inferred none."""
-        if not record.members:
-            extra = max(record.generation_tokens - record.generation_requests, 0)
-            return cls(record.context_tokens + extra, record.generation_requests, 0, 0, record.context_requests)
-        return cls(*step_shape((m.tokens, m.context_tokens - m.tokens, m.phase == "decode" and m.tokens == 1)
-                               for m in record.members))
+        return cls(*_record_terms(record))
 
     def row(self) -> _Row:
         return (1.0, float(self.prefill_tokens), float(self.decode_requests), float(self.decode_context_sum),
                 float(self.prefill_pairs), float(self.prefill_requests))
 
 
-def record_row(record: StepRecord) -> _Row:
-    """`StepFeatures.from_record(record).row()` without the object between: every step fed to both fits."""
+def _record_terms(record: StepRecord) -> StepShape:
+    """A step's terms in `StepFeatures`' field order: from the timeline's members, else the logged counts."""
     if not record.members:
         extra = max(record.generation_tokens - record.generation_requests, 0)
-        return (1.0, float(record.context_tokens + extra), float(record.generation_requests), 0.0, 0.0,
-                float(record.context_requests))
-    tokens, requests, context, pairs, prefilling = step_shape(
-        (m.tokens, m.context_tokens - m.tokens, m.phase == "decode" and m.tokens == 1) for m in record.members)
+        return StepShape(record.context_tokens + extra, record.generation_requests, 0, 0, record.context_requests)
+    return step_shape((m.tokens, m.context_tokens - m.tokens, m.phase == "decode" and m.tokens == 1)
+                      for m in record.members)
+
+
+def record_row(record: StepRecord) -> _Row:
+    """`StepFeatures.from_record(record).row()` without the object between: every step fed to both fits."""
+    tokens, requests, context, pairs, prefilling = _record_terms(record)
     return (1.0, float(tokens), float(requests), float(context), float(pairs), float(prefilling))
 
 
