@@ -230,15 +230,14 @@ class AttributionPipeline:
         if len(wanted) < len(self._due):  # shed: cheap to tell, so told at once (no pass needed)
             self._skip(rid for rid in self._due if rid not in wanted)
             self._due = OrderedDict.fromkeys(rid for rid in self._due if rid in wanted)
-        if gap > 0 and not self._due and not self._partial:
-            return []  # shedding, nothing to attribute: no pass, so the next victim's need not wait for one
+        if not wanted and not self._partial:
+            # nothing to attribute: no pass (the timeline is not brought up to date for nothing), and while
+            # shedding no pass time either, so the next victim's pass need not wait for this one
+            return []
         if gap > 0 and self._last_pass is not None and now - self._last_pass < gap:
             return []  # shedding: what is due waits (bounded by max_pending and MAX_PASS_WAIT_S) for the next pass
         self._last_pass = now
         self.attributor.one_refit_a_pass = self.pass_gap_s > 0  # shedding: one cost-model refit a pass
-        if not wanted and not self._partial:
-            self._due.clear()
-            return []  # nothing to attribute: the timeline is not brought up to date for nothing
         lcs = {lc.request_id: lc for lc in self.timeline.lifecycles()}
         for rid, finished in self._partial.items():
             if now - finished >= self.config.partial_timeout_s or not self._blockers(rid, lcs, now):
@@ -261,9 +260,9 @@ class AttributionPipeline:
             else:
                 self._partial[r.request_id] = r.finished_ts
             out.append(r)
-        for rid in wanted:  # forgotten by the timeline before it could be attributed
-            if rid not in {r.request_id for r in out}:
-                self._partial.pop(rid, None)
+        attributed = {r.request_id for r in out}
+        for rid in wanted - attributed:  # forgotten by the timeline before it could be attributed
+            self._partial.pop(rid, None)
         while len(self._partial) > self.config.max_pending:
             self._partial.popitem(last=False)
             self.dropped_pending += 1
