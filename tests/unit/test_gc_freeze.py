@@ -92,6 +92,8 @@ def test_survivors_counts_what_a_young_collection_left() -> None:
         kept = [_Node() for _ in range(3000)]
         assert survivors() < before + len(kept)  # still young: in generation 0
         gc.collect(0)
-        assert survivors() >= before + len(kept)
+        # a few old objects may die by reference count meanwhile (the full suite's: 2 did): a slack of 1 %, where
+        # a count that missed generation 1 would be short by all 3,000
+        assert survivors() >= before + len(kept) - len(kept) // 100
     finally:
         gc.enable()
