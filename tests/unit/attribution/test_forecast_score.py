@@ -9,6 +9,8 @@ import math
 from functools import cache
 from pathlib import Path
 
+import pytest
+
 from attrib_agent.lab.forecast_score import WhaleCase, format_report, score_dirs, spearman, summary
 
 TRUTH = Path(__file__).resolve().parents[2] / "fixtures" / "truth"
@@ -44,6 +46,21 @@ def test_the_big_whale_is_ranked_first_and_the_report_prints_every_whale() -> No
     assert top == "preempt/w3" == max(by, key=lambda k: by[k].true_harm_s)  # the preempting third whale
     text = format_report(cases())
     assert all(k in text for k in by) and "median |error|" in text
+
+
+def test_the_median_over_resolved_truths_leaves_out_harms_the_truth_cannot_tell_from_none() -> None:
+    """A true harm is resolved when it is at least two of its standard errors (shorts and reps independent, the
+    spread of each condition's 3 reps) from zero: preempt/w1 (0.24 +/- 0.16 s) and w2 (0.13 +/- 0.19 s) are not;
+    a relative error against them scores the truth's run-to-run noise as much as the forecast."""
+    by = {f"{c.truth}/{c.whale}": c for c in cases()}
+    assert by["preempt/w3"].true_se_s == pytest.approx(0.69, abs=0.01) and by["preempt/w3"].resolved
+    assert by["preempt/w2"].true_se_s == pytest.approx(0.19, abs=0.01) and not by["preempt/w2"].resolved
+    assert not by["preempt/w1"].resolved and by["whale2/w1"].resolved and by["whale2/w2"].resolved
+    s = summary(cases(), "declared")
+    resolved = sorted(abs(c.mean("declared") - c.true_harm_s) / c.true_harm_s  # type: ignore[operator]
+                      for c in cases() if c.resolved)
+    assert s["resolved_whales"] == 3 and s["median_rel_error_resolved"] == resolved[1]
+    assert "whose truth is resolved" in format_report(cases())
 
 
 def test_spearman() -> None:
