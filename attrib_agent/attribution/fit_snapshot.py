@@ -26,6 +26,7 @@ from attrib_agent.timeline.sched_state import Geometry
 FORMAT: Final = "attrib-agent step-cost fit"
 VERSION: Final = 1
 MAX_BYTES: Final = 4 * 2**20  # a full snapshot is ~45 KB (1,024 + up to 224 rows); a larger file is not ours
+MAX_GAP_S: Final = 1.0  # a saved gap between steps beyond this is not one (the model counts those within 50 ms)
 MAX_TEXT: Final = 200  # a model name longer than this is cut (it is a label, not content)
 
 
@@ -62,16 +63,20 @@ class FitSnapshot:
     engine: EngineFingerprint
     fit: Mapping[str, Any]  # StepCostModel.snapshot(), checked when restored
     load: ArrivalLoad | None = None  # the last traffic the saving agent saw (rate and sizes), if any
+    step_gap_s: float | None = None  # the gap between steps it measured (forecast_state.step_gap), if any
 
 
 LOAD_FIELDS: Final = ("rate_per_s", "prompt_tokens", "max_tokens", "cached_prefix_tokens")
 
 
-def encode(engine: EngineFingerprint, model: StepCostModel, load: ArrivalLoad | None = None) -> bytes:
+def encode(engine: EngineFingerprint, model: StepCostModel, load: ArrivalLoad | None = None,
+           step_gap_s: float | None = None) -> bytes:
     """The state file's bytes: numbers and the engine's labels only (the load: a rate and median sizes)."""
     doc: dict[str, Any] = {"format": FORMAT, "version": VERSION, "engine": asdict(engine), "fit": model.snapshot()}
     if load is not None:
         doc["load"] = {k: getattr(load, k) for k in LOAD_FIELDS}
+    if step_gap_s is not None:
+        doc["step_gap_s"] = step_gap_s
     return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -90,6 +95,16 @@ def _load(data: object) -> ArrivalLoad | None:
         raise ValueError(f"load: {e}") from None
 
 
+def _gap(data: object) -> float | None:
+    """The saved gap between steps (absent in files written before it was kept: None); ValueError when it is
+    not a finite number of seconds within MAX_GAP_S either way (log stamps jitter: a gap can read negative)."""
+    if data is None:
+        return None
+    if not isinstance(data, int | float) or isinstance(data, bool) or not abs(data) <= MAX_GAP_S:
+        raise ValueError(f"step_gap_s: expected a number of seconds within +/-{MAX_GAP_S}")
+    return float(data)
+
+
 def decode(data: bytes) -> FitSnapshot:
     """ValueError saying what is wrong: too large, not JSON (a truncated write), another format or version."""
     if len(data) > MAX_BYTES:
@@ -104,7 +119,8 @@ def decode(data: bytes) -> FitSnapshot:
         raise ValueError(f"version {str(doc.get('version'))[:20]}, this agent reads version {VERSION}")
     if not isinstance(doc.get("fit"), dict):
         raise ValueError("fit: missing")
-    return FitSnapshot(EngineFingerprint.parse(doc.get("engine")), doc["fit"], _load(doc.get("load")))
+    return FitSnapshot(EngineFingerprint.parse(doc.get("engine")), doc["fit"], _load(doc.get("load")),
+                       _gap(doc.get("step_gap_s")))
 
 
 # (verdict, detail): "loaded", "mismatch" (detail: what differs) or "invalid" (detail: the ValueError)
@@ -127,6 +143,7 @@ class EngineWatch:
         self._offer: tuple[FitSnapshot, Decision] | None = None
         self._unchecked: tuple[str, Decision] | None = None  # adopted before a step showed the device: (saved, tell)
         self.arrivals: ArrivalLoad | None = None  # the load the adopted file's agent last saw (the forecast's prior)
+        self.step_gap_s: float | None = None  # the gap between steps it measured (likewise, until one is measured)
 
     def offer(self, snapshot: FitSnapshot, decided: Decision) -> None:
         """Adopt `snapshot` into the cost model once the engine is known (at once if it is), then `decided`."""
@@ -183,7 +200,7 @@ class EngineWatch:
         except ValueError as e:
             decided("invalid", str(e))
             return
-        self.arrivals = snapshot.load
+        self.arrivals, self.step_gap_s = snapshot.load, snapshot.step_gap_s
         if now.device is None and snapshot.engine.device is not None:
             self._unchecked = (snapshot.engine.device, decided)
         decided("loaded", f"{len(snapshot.fit.get('rows', ()))} steps")

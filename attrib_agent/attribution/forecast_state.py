@@ -16,7 +16,7 @@ not scheduled yet (or were preempted). What an observer cannot see is estimated,
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -26,7 +26,7 @@ from attrib_agent.attribution.fit_snapshot import EngineWatch
 from attrib_agent.attribution.forecast import ArrivalLoad, EngineState, InFlight
 from attrib_agent.attribution.sim_cache import FrozenCost
 from attrib_agent.timeline.engine_timeline import EngineTimeline
-from attrib_agent.timeline.model import RequestLifecycle
+from attrib_agent.timeline.model import RequestLifecycle, StepRecord
 
 
 class PipelineParts(Protocol):
@@ -114,19 +114,22 @@ def engine_state(pipeline: PipelineParts, config: StateConfig | None = None,
 class ScaledCost:
     """The step-cost model's figures times a factor (a StepCost and PrefillAwareStepCost): its coefficients frozen
     and scaled once (`FrozenCost`, the model's formula written once), since the simulator prices every step
-    through it; `cost` and `factor` say what it was made from."""
+    through it; `cost` and `factor` say what it was made from. `gap_s`, when given, is the gap between steps in
+    place of the scaled model's (`forecast_cost`: measured, not fitted)."""
 
-    __slots__ = ("cost", "factor", "step_seconds", "step_seconds_with_prefill")
+    __slots__ = ("cost", "factor", "gap_s", "step_seconds", "step_seconds_with_prefill")
     step_seconds: Callable[[int, int, int], float]
     step_seconds_with_prefill: Callable[..., float]
 
-    def __init__(self, cost: StepCostModel, factor: float) -> None:
-        self.cost, self.factor = cost, factor
+    def __init__(self, cost: StepCostModel, factor: float, gap_s: float | None = None) -> None:
         prices = FrozenCost.of(cost, factor)
+        if gap_s is not None:
+            prices = replace(prices, gap_s=gap_s)
+        self.cost, self.factor, self.gap_s = cost, factor, prices.gap_s
         self.step_seconds, self.step_seconds_with_prefill = prices.step_seconds, prices.step_seconds_with_prefill
 
 
-def forecast_cost(pipeline: PipelineParts, max_steps: int = 64) -> StepCostModel | ScaledCost:
+def forecast_cost(pipeline: PipelineParts, max_steps: int = 64, gap_steps: int = 1024) -> StepCostModel | ScaledCost:
     """The step-cost model scaled to the machine's pace now: by the ratio of the observed to the predicted time
     of the last `max_steps` steps (summed, so the long steps, prefill chunks, weigh as much as the time they
     take). The fit spans ~1,000 steps and the engine's kept long chunks, so it prices the machine's average;
@@ -134,16 +137,52 @@ def forecast_cost(pipeline: PipelineParts, max_steps: int = 64) -> StepCostModel
     clock, a CPU host under load), and a whale admitted now runs at that pace. On the continuous truth the last
     64 steps before w1 ran 0.8-2.9 times the fit and its own prefill 0.8-3.1 times (r2: 2.9 and 3.1). Before
     the fit (a fresh agent), the same ratio scales the prior, so that a machine five times faster than the
-    prior's is not forecast five times too slow from its first steps on. No step seen: the model as it is."""
+    prior's is not forecast five times too slow from its first steps on. No step seen: the model as it is.
+
+    The gap between steps (vLLM's work from one step's end to the next's start) is measured, `step_gap`: the
+    elapsed fit is fed no gaps, so its gap is the prior's 1.5 ms plus the fit's residual mean, and a forecast
+    adds it to every simulated step. The lab's machines ran 0.5-5 ms (preempt's decode steps: 0.6 ms, so its
+    800-token whales' decode was priced 1.4x its time)."""
     cost = pipeline.attributor.cost
     gap = cost.coefficients.step_gap_s
     observed = predicted = 0.0
-    for _, out in pipeline.timeline.outcomes()[-max_steps:]:
+    outcomes = pipeline.timeline.outcomes()
+    for _, out in outcomes[-max_steps:]:
         f = StepFeatures.from_record(out.record)
         predicted += cost.step_seconds_with_prefill(f.prefill_tokens, f.decode_requests, f.decode_context_sum,
                                                     f.prefill_pairs, f.prefill_requests) - gap
         observed += out.record.elapsed_s
-    return ScaledCost(cost, observed / predicted) if observed > 0 and predicted > 0 else cost
+    factor = observed / predicted if observed > 0 and predicted > 0 else None
+    measured = last_gap(pipeline, gap_steps)
+    if factor is None and measured is None:
+        return cost
+    k = 1.0 if factor is None else factor
+    # the fit's gap is the prior's plus its residual mean (a compute figure, scaled): the prior's part measured
+    return ScaledCost(cost, k, None if measured is None else max(k * (gap - cost.prior.step_gap_s) + measured, 0.0))
+
+
+def last_gap(pipeline: PipelineParts, steps: int = 1024) -> float | None:
+    """The gap between steps as measured over the last `steps` (`step_gap`); until there are enough, the one the
+    last agent on this engine measured (kept in the saved state: a whale may come before a step is seen)."""
+    cost = pipeline.attributor.cost
+    outcomes = pipeline.timeline.outcomes()[-steps:]
+    seen = step_gap((out.record for _, out in outcomes), cost.max_step_gap_s, cost.min_steps)
+    return seen if seen is not None else pipeline.engine_watch.step_gap_s
+
+
+def step_gap(steps: Iterable[StepRecord], max_gap_s: float, min_gaps: int) -> float | None:
+    """The mean gap between steps run back to back (the next one starting within `max_gap_s` of the last one's
+    end, the cost model's rule for a gap that is not idleness): None with fewer than `min_gaps` of them."""
+    total, n, last_end = 0.0, 0, None
+    for r in steps:
+        end = r.end_ts
+        if last_end is not None:
+            g = end - r.elapsed_s - last_end  # its start_ts, inlined: once per step of the window, per settle
+            if -max_gap_s <= g <= max_gap_s:
+                total += g
+                n += 1
+        last_end = end
+    return total / n if n >= min_gaps and n else None
 
 
 def learnt_load(lcs: list[RequestLifecycle], now: float, cfg: StateConfig,

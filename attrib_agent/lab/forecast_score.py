@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import math
 import statistics
 import tempfile
 from collections import Counter
@@ -44,6 +45,7 @@ from attrib_agent.recording import Recording
 from attrib_agent.sources.replay import ReplaySource
 
 LOADS = ("learnt", "declared")
+RESOLVED_SE = 2.0  # a true harm is resolved when it is at least this many of its standard errors from zero
 CLASSES = {c.name: c for c in (SISO, SILO, LISO, LILO, RAG)}  # the class names truth.json gives its shorts
 # Prompt tokens a class shares with the others of its stream (RAG: the system prompt and one of the documents),
 # in vLLM's prefix cache once the stream is under way: what a router that knows its traffic declares.
@@ -59,8 +61,15 @@ class WhaleCase:
     true_slowed_2x: bool  # some short's TTFT at least doubled
     done_before: int = 0  # shorts left out: their first token came before the whale was sent, in every rep
     done_before_s: float = 0.0  # ... and what the truth's with/without difference gave them (run-to-run noise)
+    true_se_s: float = 0.0  # standard error of true_harm_s: reps and shorts independent, as tests' truth_spread
     forecast_s: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in LOADS})
     fits: Counter[str] = field(default_factory=Counter)  # persisted: what became of each recording's saved fit
+
+    @property
+    def resolved(self) -> bool:
+        """Whether the truth tells this harm from none (>= RESOLVED_SE standard errors): a relative error against
+        an unresolved harm scores the truth's run-to-run noise as much as the forecast."""
+        return self.true_harm_s >= RESOLVED_SE * self.true_se_s
 
     def mean(self, load: str) -> float | None:
         xs = self.forecast_s[load]
@@ -89,6 +98,7 @@ def whale_cases(truth_dir: Path) -> tuple[dict[str, Any], list[WhaleCase]]:
         prev = tuple(order[:i])
         with_, without = _label((*prev, w)), _label(prev)
         case = WhaleCase(truth_dir.name, w, prev, 0.0, False)
+        var = 0.0
         for entry in truth["shorts"].values():
             cond = entry["conditions"]
             if "ttft_s" not in cond.get(with_, {}) or "ttft_s" not in cond.get(without, {}):
@@ -100,6 +110,8 @@ def whale_cases(truth_dir: Path) -> tuple[dict[str, Any], list[WhaleCase]]:
                 continue
             case.true_harm_s += max(a - b, 0.0)
             case.true_slowed_2x |= a >= SLOWED_RATIO * b
+            var += sum(c["ttft_s"]["std"] ** 2 / c["ttft_s"]["n"] for c in (cond[with_], cond[without]))
+        case.true_se_s = math.sqrt(var)
         cases.append(case)
     return truth, cases
 
@@ -261,23 +273,29 @@ def spearman(xs: list[float], ys: list[float]) -> float | None:
 
 
 def summary(cases: list[WhaleCase], load: str, config: ForecastConfig | None = None) -> dict[str, Any]:
-    """Median relative error of the summed harm, rank correlation, and the never-harmless-when-2x rule."""
+    """Median relative error of the summed harm (over all whales, and over those whose truth is resolved), rank
+    correlation, and the never-harmless-when-2x rule."""
     cfg = config or ForecastConfig()
     pairs = [(c, m) for c in cases if (m := c.mean(load)) is not None]
-    errors = [abs(m - c.true_harm_s) / c.true_harm_s for c, m in pairs if c.true_harm_s > 0]
+    errors = [(abs(m - c.true_harm_s) / c.true_harm_s, c.resolved) for c, m in pairs if c.true_harm_s > 0]
+    resolved = [e for e, ok in errors if ok]
     missed = [f"{c.truth}/{c.whale}" for c, m in pairs if c.true_slowed_2x and m < cfg.harmless_s]
     return {"load": load, "whales": len(pairs),
-            "median_rel_error": statistics.median(errors) if errors else None,
+            "median_rel_error": statistics.median(e for e, _ in errors) if errors else None,
+            "resolved_whales": len(resolved),
+            "median_rel_error_resolved": statistics.median(resolved) if resolved else None,
             "rank_correlation": spearman([m for _, m in pairs], [c.true_harm_s for c, _ in pairs]),
             "called_harmless_but_2x": missed}
 
 
 def _summary_line(cases: list[WhaleCase], load: str, label: str) -> str:
     s = summary(cases, load)
-    err = "-" if s["median_rel_error"] is None else f"{100 * s['median_rel_error']:.0f} %"
+    err, res = ("-" if (e := s[k]) is None else f"{100 * e:.0f} %"
+                for k in ("median_rel_error", "median_rel_error_resolved"))
     rho = "-" if s["rank_correlation"] is None else f"{s['rank_correlation']:.2f}"
     missed = ", ".join(s["called_harmless_but_2x"]) or "none"
-    return (f"{label}: median |error| {err}, rank correlation {rho} over {s['whales']} whales; "
+    return (f"{label}: median |error| {err} ({res} over the {s['resolved_whales']} whose truth is resolved, "
+            f"harm >= {RESOLVED_SE:g} standard errors), rank correlation {rho} over {s['whales']} whales; "
             f"called harmless though a short slowed >= 2x: {missed}")
 
 
@@ -321,7 +339,8 @@ def report_command(truth_dirs: list[Path], *, warm: bool, as_json: bool, self_fi
     if kept is not None:
         doc["persisted_summaries"] = [summary(kept, k) for k in LOADS]
     doc["whales"] = [{"truth": c.truth, "whale": c.whale, "context": list(c.context),
-                      "true_harm_s": c.true_harm_s, "true_slowed_2x": c.true_slowed_2x, "forecast_s": c.forecast_s}
+                      "true_harm_s": c.true_harm_s, "true_se_s": c.true_se_s, "resolved": c.resolved,
+                      "true_slowed_2x": c.true_slowed_2x, "forecast_s": c.forecast_s}
                      | ({"persisted_forecast_s": kept[i].forecast_s} if kept is not None else {})
                      for i, c in enumerate(cases)]
     return json.dumps(doc, indent=1)

@@ -87,3 +87,20 @@ def test_the_state_file_keeps_the_load_it_was_given_and_reads_files_without_one(
     for bad in ({"rate_per_s": float("inf")}, {"rate_per_s": -1.0}, {"prompt_tokens": 0}, {"extra": 1}):
         with pytest.raises(ValueError, match="load"):
             decode(json.dumps(doc | {"load": doc["load"] | bad}).encode())
+
+
+def test_the_state_file_keeps_the_measured_step_gap_and_reads_files_without_one() -> None:
+    """The gap between steps the saving agent measured (forecast_state.last_gap) rides along: a restarted agent's
+    whale may come before it has seen enough steps to measure its own."""
+    from attrib_agent.attribution.fit_snapshot import EngineFingerprint, decode, encode
+
+    model = StepCostModel()
+    machine(model, 100, 3, 2e-4)
+    engine = EngineFingerprint(0, "m", "CPU", 16, 96, None)
+    assert decode(encode(engine, model, None, 6e-4)).step_gap_s == 6e-4
+    assert decode(encode(engine, model, None, -1e-4)).step_gap_s == -1e-4  # log stamps jitter: a mean may be < 0
+    assert decode(encode(engine, model)).step_gap_s is None  # a file written before the gap was kept
+    doc = json.loads(encode(engine, model, None, 6e-4))
+    for bad in (float("inf"), 2.0, "1", True, [1e-3]):
+        with pytest.raises(ValueError, match="step_gap_s"):
+            decode(json.dumps(doc | {"step_gap_s": bad}).encode().replace(b"Infinity", b"1e999"))

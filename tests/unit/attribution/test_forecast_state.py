@@ -179,3 +179,44 @@ def test_the_learnt_load_takes_the_prefix_its_arrivals_found_cached() -> None:
     assert (load.prompt_tokens, load.max_tokens) == (1856, 32)
     plain = learnt_load(lcs, 15.0, StateConfig())
     assert plain is not None and plain.cached_prefix_tokens == 0 and plain.rate_per_s == load.rate_per_s
+
+
+def _at_w3(rec: str) -> AttributionPipeline:
+    p = AttributionPipeline()
+    for ev in ReplaySource(RECORDINGS.parent / "truth" / "preempt" / "runs" / rec).events():
+        if isinstance(ev, RequestReceived) and "-w3-" in ev.request_id:
+            break
+        p.feed(ev)
+    return p
+
+
+def test_the_gap_between_steps_is_measured_not_the_priors() -> None:
+    """The elapsed fit is fed no gaps: its gap is the prior's 1.5 ms (plus its residual mean). The preempt
+    truth's machine ran its decode steps 0.3-0.8 ms apart, so two 800-token whales decoding side by side were
+    priced 3.7-3.9 ms a step against 2.5-3.2 ms (start to next start) and the shorts queued behind them 1.4x too
+    long. `forecast_cost` prices with the gap measured over the steps seen, else the one the last agent saved."""
+    from attrib_agent.attribution.forecast_state import last_gap, step_gap
+
+    done = AttributionPipeline()  # the truth's null run: the shorts alone, on the machine of the whale runs
+    done.feed_all(list(ReplaySource(RECORDINGS.parent / "truth" / "preempt" / "runs" / "none-r0").events()))
+    steps = [o.record for _, o in done.timeline.outcomes()]
+    measured = step_gap(steps[-1024:], 0.05, 64)
+    assert measured is not None and 0 < measured < 1e-3 < done.attributor.cost.prior.step_gap_s
+    cost = forecast_cost(done)
+    assert isinstance(cost, ScaledCost) and cost.gap_s < 1e-3
+    decode_two = cost.step_seconds(0, 2, 8000)  # two whales decoding at ~4,000 tokens each
+    assert decode_two < forecast_cost_without_gap(done).step_seconds(0, 2, 8000) - 0.5e-3
+    assert step_gap(steps[:10], 0.05, 64) is None  # too few to say: the saved one, else the fit's
+    early = _at_w3("w1+w2+w3-r0")  # 3 steps seen when w3 arrives: nothing measured, nothing saved
+    assert last_gap(early) is None
+    assert forecast_cost(early).gap_s == pytest.approx(  # type: ignore[union-attr]
+        early.attributor.cost.coefficients.step_gap_s * forecast_cost(early).factor)  # type: ignore[union-attr]
+    early.engine_watch.step_gap_s = 4e-4  # as a restarted agent adopts it from the saved state
+    assert last_gap(early) == 4e-4 and forecast_cost(early).gap_s == pytest.approx(4e-4)  # type: ignore[union-attr]
+
+
+def forecast_cost_without_gap(p: AttributionPipeline) -> ScaledCost:
+    """The pace-scaled fit with the fit's own gap: what the forecast priced with before the gap was measured."""
+    cost = forecast_cost(p)
+    assert isinstance(cost, ScaledCost)
+    return ScaledCost(cost.cost, cost.factor)

@@ -28,3 +28,16 @@ def test_each_recording_starts_from_the_previous_agents_saved_fit_and_forecasts_
     text = format_side_by_side(cold, kept)
     assert "declared kept s" in text and "loaded" in text
 
+
+
+def test_a_restarted_agent_prices_steps_with_the_gap_the_last_one_measured() -> None:
+    """preempt/w3 comes 0.3 s into its run, after three steps: too few to measure the gap between steps. Its harm
+    is the shorts queued until the two earlier whales have decoded their 800 tokens (w3 itself preempted back to
+    the queue's head). With the fit's gap (the prior's 1.5 ms) those decode steps were priced 1.4x what the
+    machine took (its steps ran 0.3-0.8 ms apart) and the harm forecast 16.7 s against 10.8 s; with the gap the
+    previous run's agent measured and saved, 8.2 s."""
+    kept = {c.whale: c for c in score_dirs([TRUTH.parent / "preempt"], persisted=True)}
+    w3 = kept["w3"]
+    assert w3.fits == {"loaded": 3} and w3.resolved
+    forecast = w3.mean("declared")
+    assert forecast is not None and abs(forecast - w3.true_harm_s) < 0.3 * w3.true_harm_s, forecast
