@@ -139,9 +139,9 @@ def test_the_gauge_is_the_reference_whales_forecast() -> None:
     assert sample.value == pytest.approx(f.ttft_extra_sum_s, rel=1e-9) and sample.value > 0.5
 
 
-def _raw_post(app: ASGIApp, body: bytes, root_path: str = "") -> list[Message]:
-    """One POST /v1/forecast as raw ASGI messages (under `root_path`: through Starlette's route)."""
-    sent: list[Message] = []
+def _raw_post(app: ASGIApp, body: bytes, root_path: str = "", sent: list[Message] | None = None) -> list[Message]:
+    """One POST /v1/forecast as raw ASGI messages (under `root_path`: through Starlette's route), into `sent`."""
+    sent = [] if sent is None else sent
     scope = {"type": "http", "http_version": "1.1", "method": "POST", "path": f"{root_path}/v1/forecast",
              "raw_path": f"{root_path}/v1/forecast".encode(), "root_path": root_path, "scheme": "http",
              "query_string": b"", "server": ("agent", 80), "client": ("10.0.0.1", 4000),
@@ -202,3 +202,18 @@ def test_the_direct_route_reads_a_bounded_body_and_answers_no_one_who_left() -> 
     scope = {"type": "http", "method": "POST", "path": "/v1/forecast", "headers": [], "query_string": b""}
     asyncio.run(api_app(state_of(midway("whale2")))(scope, gone, send))
     assert sent == []
+
+
+def test_a_crash_on_the_direct_route_is_a_json_500() -> None:
+    state = state_of(midway("whale2"))
+    app = api_app(state)
+
+    def broken(*args: Any) -> None:
+        raise RuntimeError("boom")
+
+    state.forecast = broken  # type: ignore[method-assign,assignment]
+    sent: list[Message] = []
+    with pytest.raises(RuntimeError, match="boom"):  # answered, then re-raised for the server to log
+        _raw_post(app, b'{"prompt_tokens": 5, "max_tokens": 5}', sent=sent)
+    assert sent[0]["status"] == 500 and json.loads(sent[1]["body"]) == {"error": "internal error"}
+    assert app.state.api_errors["internal"] == 1
