@@ -165,8 +165,8 @@ def _raw_post(app: ASGIApp, body: bytes, root_path: str = "", sent: list[Message
     {"prompt_tokens": 5000, "max_tokens": 600},
     {"candidates": [{"prompt_tokens": 300, "max_tokens": 40}, {"prompt_tokens": 9000, "max_tokens": 900}],
      "load": {"rate_per_s": 2.0, "prompt_tokens": 200, "max_tokens": 50}},
-    {"prompt_tokens": 0, "max_tokens": 5}, b"{not json", b"x" * 70_000],
-    ids=["one", "batch-load", "bad", "json", "big"])
+    {"prompt_tokens": 0, "max_tokens": 5}, b"{not json", b"x" * 70_000, b""],
+    ids=["one", "batch-load", "bad", "json", "big", "empty"])
 def test_the_direct_route_answers_as_starlettes_route(body: Any) -> None:
     """`ForecastRoute` takes a POST past the router; under a root path Starlette's route answers: same bytes."""
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
