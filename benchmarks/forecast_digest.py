@@ -15,7 +15,7 @@ import hashlib
 import json
 import time
 
-from attrib_agent.attribution.forecast import Candidate, ForecastConfig, ForecastSettings, base_run, forecast
+from attrib_agent.attribution.forecast import Candidate, ForecastConfig, ForecastSettings, baseline, forecast
 from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
 from attrib_agent.events import EngineStep, RequestReceived
 from attrib_agent.pipeline import AttributionPipeline
@@ -41,7 +41,7 @@ def main() -> None:
             state = engine_state(p) if due and p.last_event_ts is not None else None
             if state is not None:
                 cost = forecast_cost(p)
-                base = base_run(state, cost, cfg)
+                base = baseline(state, cost, cfg)
                 cand = Candidate(ref.prompt_tokens // 2 + len(cpu) % 7, ref.max_tokens)  # as forecast_latency's
                 c = time.thread_time()
                 f = forecast(state, [cand], cost, cfg, base)[0]

@@ -9,9 +9,12 @@ CPU, and how much of the difference the thread spent runnable but waiting for th
 where that CPU goes (the server's part, of it the forecast's, and the in-process client's). Then
 the path the endpoint and gauge take, the agent's per-settle snapshot (`attribution/forecast_cache.py`), built
 by the agent's loop after each settle (timed apart: off the request path), then a request for the candidate
-already answered and for a new one (its own simulated run), CPU time. The collector is run as in the agent
-(survivors frozen every second, here of event time; `--no-gc-freeze`: left as it is, as runs before 2026-11-26's
-fourth session were): without it, a collection of the replay's unfrozen heap ran during 17 % of the new-candidate POSTs.
+already answered and for a new one (its own simulated run), CPU time; and a new one at the POSTs' moments, of
+their sizes, called in turns with a POST: the forecast's own cost there, to compare with the forecast inside the
+POST (the new-candidate line above is over every moment, steps too, of other sizes). The collector is run as in
+the agent (survivors frozen every second, here of event time; `--no-gc-freeze`: left as it is, as runs before
+2026-11-26's fourth session were): without it, a collection of the replay's unfrozen heap ran during 17 % of the
+new-candidate POSTs.
 
     .venv/bin/python -m benchmarks.forecast_latency [--reps 5] [--cpu 1] [--horizon-s 10] [--no-gc-freeze]
 """
@@ -143,6 +146,7 @@ def main() -> None:
     #                                 state, the future without a candidate, the reference whale's run
     snap_hit: list[float] = []  # a candidate already answered from this settle's snapshot
     snap_other: list[float] = []  # a new candidate on the snapshot: its own run only
+    same_moments: list[float] = []  # the same, at the POSTs' moments and of their sizes, outside a POST
     moments = 0
     for rec in recordings():
         p = AttributionPipeline()
@@ -176,8 +180,20 @@ def main() -> None:
                 if isinstance(ev, RequestReceived):
                     api.append(asyncio.run(_api(split, {"prompt_tokens": ref.prompt_tokens,
                                                             "max_tokens": ref.max_tokens})))
-                    api_new.append(asyncio.run(_api(split, {  # a size not yet asked on this snapshot
-                        "prompt_tokens": ref.prompt_tokens // 3 + len(api_new) % 7, "max_tokens": ref.max_tokens})))
+                    # two sizes not yet asked on this snapshot, one through a POST and one called directly, the
+                    # two swapped and taken in the other order at the next arrival: the forecast inside a POST
+                    # against the same kind of call outside one, at the same moments
+                    k = len(api_new)
+                    sizes = [Candidate(ref.prompt_tokens // 3 + k % 7 + 7 * ((k + i) % 2), ref.max_tokens)
+                             for i in (0, 1)]
+                    for i in (0, 1) if k % 2 else (1, 0):
+                        if i:
+                            c = time.thread_time()
+                            state.forecast([sizes[1]])
+                            same_moments.append(time.thread_time() - c)
+                        else:
+                            api_new.append(asyncio.run(_api(split, {"prompt_tokens": sizes[0].prompt_tokens,
+                                                                    "max_tokens": ref.max_tokens})))
             settles = p.settles
             p.feed(ev)
             if freezer is not None:  # the agent's loop freezes what survived every second (agent/gc_freeze.py)
@@ -207,6 +223,9 @@ def main() -> None:
           f"p50 {pct(snap_other, 0.5) * ms:.2f} ms, p99 {pct(snap_other, 0.99) * ms:.2f} ms, "
           f"max {max(snap_other) * ms:.2f} ms; goal p99 <= {GOAL_MS:g} ms: "
           f"{'met' if pct(snap_other, 0.99) * ms <= GOAL_MS else 'MISSED'} for a new candidate")
+    print(f"  the same at the arrivals, of the POSTs' sizes (taken in turns with a POST), CPU: p50 "
+          f"{pct(same_moments, 0.5) * ms:.2f} ms, p99 {pct(same_moments, 0.99) * ms:.2f} ms, mean "
+          f"{statistics.fmean(same_moments) * ms:.3f} ms (the forecast inside those POSTs: below)")
     for label, xs in (("the reference whale", api), ("a new candidate", api_new)):
         wall, cpu_, wait, server, fc = ([x[i] for x in xs] for i in range(5))
         gap = [x[0] - x[1] for x in xs]
@@ -219,7 +238,8 @@ def main() -> None:
         collected = [x for x in xs if x[5]]
         print(f"  its CPU split: the server (the app) p50 {pct(server, 0.5) * ms:.2f} ms, p99 "
               f"{pct(server, 0.99) * ms:.2f} ms, of which the forecast p50 {pct(fc, 0.5) * ms:.2f} ms, p99 "
-              f"{pct(fc, 0.99) * ms:.2f} ms and the rest (routing, body, JSON) p50 {pct(rest, 0.5) * ms:.2f} ms, "
+              f"{pct(fc, 0.99) * ms:.2f} ms, mean {statistics.fmean(fc) * ms:.3f} ms and the rest (routing, body, "
+              f"JSON) p50 {pct(rest, 0.5) * ms:.2f} ms, "
               f"p99 {pct(rest, 0.99) * ms:.2f} ms; the in-process client p50 {pct(client, 0.5) * ms:.2f} ms, "
               f"p99 {pct(client, 0.99) * ms:.2f} ms; {len(collected)} POSTs saw a garbage collection"
               + (f" (their CPU p50 {pct([x[1] for x in collected], 0.5) * ms:.2f} ms)" if collected else ""))

@@ -19,8 +19,8 @@ from attrib_agent.attribution.sim_step import blocks_for
 from attrib_agent.attribution.sim_types import SimRequest, StepCost
 from attrib_agent.attribution.slo import SloConfig
 
-__all__ = ["ArrivalLoad", "Candidate", "EngineState", "Forecast", "ForecastConfig", "ForecastSettings", "Harm",
-           "InFlight", "Run", "base_run", "forecast"]
+__all__ = ["ArrivalLoad", "Baseline", "Candidate", "EngineState", "Forecast", "ForecastConfig", "ForecastSettings",
+           "Harm", "InFlight", "Run", "base_run", "baseline", "forecast"]
 
 CANDIDATE_PREFIX = "candidate-"
 EXPECTED_PREFIX = "expected-"
@@ -110,49 +110,69 @@ def expected_arrivals(state: EngineState, config: ForecastConfig) -> list[SimReq
             for i, (p, m) in ((i, load.size(i)) for i in range(n))]
 
 
-def base_run(state: EngineState, cost: StepCost, config: ForecastConfig | None = None) -> Run:
-    """The future without any candidate: what every candidate's run is compared with. It depends on the state,
-    the cost model and the config only, so a caller forecasting many candidates from one state runs it once."""
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """The future without any candidate, and what every candidate's forecast from the same state reads beside it
+    (the expected arrivals, the ids compared, in the order their harms are summed): built once per state, so a
+    new candidate on a kept snapshot (`forecast_cache`) costs its own run and the comparison only."""
+
+    run: Run
+    expected: tuple[SimRequest, ...]
+    watch: frozenset[str]  # the requests on the engine and those expected
+    in_flight: tuple[str, ...]  # the requests on the engine, sorted
+    arriving: tuple[str, ...]  # the expected ones, sorted
+    awaiting: dict[str, float]  # arrival of each request on the engine without a first token
+    arrivals: dict[str, float]  # arrival of each expected one
+
+
+def baseline(state: EngineState, cost: StepCost, config: ForecastConfig | None = None) -> Baseline:
+    """The `Baseline` of a state: it depends on the state, the cost model and the config only."""
     cfg = config or ForecastConfig()
-    expected = expected_arrivals(state, cfg)
-    watch = {r.request_id for r in state.requests} | {r.request_id for r in expected}
-    return simulate_from(state, cost, [(r, 0) for r in expected], watch, cfg.max_steps, until=window_end(state, cfg),
-                         itl_limit=cfg.itl_p95_slo_s, keep_tokens=False)
+    expected = tuple(expected_arrivals(state, cfg))
+    arrivals = {r.request_id: r.arrival_ts for r in expected}
+    watch = frozenset({r.request_id for r in state.requests} | arrivals.keys())
+    run = simulate_from(state, cost, [(r, 0) for r in expected], set(watch), cfg.max_steps,
+                        until=window_end(state, cfg), itl_limit=cfg.itl_p95_slo_s, keep_tokens=False)
+    return Baseline(run, expected, watch, tuple(sorted({r.request_id for r in state.requests})),
+                    tuple(sorted(arrivals)),
+                    {r.request_id: r.arrival_ts for r in state.requests if r.first_token_ts is None}, arrivals)
+
+
+def base_run(state: EngineState, cost: StepCost, config: ForecastConfig | None = None) -> Run:
+    """The future without any candidate: what every candidate's run is compared with."""
+    return baseline(state, cost, config).run
 
 
 def forecast(state: EngineState, candidates: Sequence[Candidate], cost: StepCost,
-             config: ForecastConfig | None = None, base: Run | None = None) -> list[Forecast]:
+             config: ForecastConfig | None = None, base: Baseline | None = None) -> list[Forecast]:
     """One forecast per candidate, each admitted alone now; the future without any is run once for all (or
-    taken from `base`, `base_run` of the same state, cost and config)."""
+    taken from `base`, the `baseline` of the same state, cost and config)."""
     cfg = config or ForecastConfig()
-    expected = expected_arrivals(state, cfg)
-    others = {r.request_id for r in state.requests}
-    watch = others | {r.request_id for r in expected}
     if base is None:
-        base = base_run(state, cost, cfg)
+        base = baseline(state, cost, cfg)
+    cid = f"{CANDIDATE_PREFIX}0"
+    watch = set(base.watch)
+    watch.add(cid)
+    queued = [(r, 0) for r in base.expected]
+    usable = state.sched.num_blocks - 1
     out = []
     for c in candidates:
-        cid = f"{CANDIDATE_PREFIX}0"
         cand = SimRequest(cid, state.now, c.prompt_tokens, c.max_tokens)
-        usable = state.sched.num_blocks - 1
         refused = blocks_for(c.prompt_tokens + c.max_tokens - 1, state.sched.block_size) > usable
-        run = simulate_from(state, cost, [(cand, c.cached_prefix_tokens),
-                                          *((r, 0) for r in expected)],
-                            watch | {cid}, cfg.max_steps, first_token_only=frozenset({cid}),
-                            until=window_end(state, cfg), itl_limit=cfg.itl_p95_slo_s, keep_tokens=False)
+        run = simulate_from(state, cost, [(cand, c.cached_prefix_tokens), *queued], watch, cfg.max_steps,
+                            first_token_only=frozenset({cid}), until=window_end(state, cfg),
+                            itl_limit=cfg.itl_p95_slo_s, keep_tokens=False)
         first = run.first_token.get(cid)
         admitted = cid in run.first_members
         reason = None if admitted or refused else (
             run.first_stop if run.first_blocked == cid or run.first_stop in ("budget", "seats", "preemption")
             else "queue")
-        arrivals = {r.request_id: r.arrival_ts for r in expected}
         out.append(Forecast(
             c, refused, admitted, reason,
             None if first is None else first - state.now + state.ttft_offset_s,
-            _harm(base, run, {r.request_id: r.arrival_ts for r in state.requests if r.first_token_ts is None},
-                  others, state.ttft_offset_s, cfg),
-            _harm(base, run, arrivals, set(arrivals), state.ttft_offset_s, cfg),
-            state.load, max(run.preemptions - base.preemptions, 0)))
+            _harm(base.run, run, base.awaiting, base.in_flight, state.ttft_offset_s, cfg),
+            _harm(base.run, run, base.arrivals, base.arriving, state.ttft_offset_s, cfg),
+            state.load, max(run.preemptions - base.run.preemptions, 0)))
     return out
 
 
@@ -163,15 +183,16 @@ def window_end(state: EngineState, cfg: ForecastConfig) -> float:
     return state.now + cfg.horizon_s
 
 
-def _harm(base: Run, run: Run, awaiting: dict[str, float], ids: set[str], offset_s: float,
+def _harm(base: Run, run: Run, awaiting: dict[str, float], ids: tuple[str, ...], offset_s: float,
           cfg: ForecastConfig) -> Harm:
-    """Compare the two runs over `ids`; `awaiting` holds the arrival of those still without a first token. Token
-    gaps are compared over the window both runs cover, from their sums (`Run.window`: count, first, last, gaps
-    past the ITL SLO), which give the mean and whether the p95 is past the SLO without a pass over the times."""
+    """Compare the two runs over `ids` (sorted: the order the sums are taken in); `awaiting` holds the arrival
+    of those still without a first token. Token gaps are compared over the window both runs cover, from their
+    sums (`Run.window`: count, first, last, gaps past the ITL SLO), which give the mean and whether the p95 is
+    past the SLO without a pass over the times."""
     ttft_sum = ttft_max = itl_sum = itl_max = 0.0
     ttft_pushed = itl_pushed = 0
     by_request: list[tuple[str, float]] = []
-    for rid in sorted(ids):
+    for rid in ids:
         arrival = awaiting.get(rid)
         before, after = base.first_token.get(rid), run.first_token.get(rid)
         if arrival is not None and before is not None and after is not None:

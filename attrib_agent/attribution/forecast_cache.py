@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 
 from attrib_agent.attribution.forecast import (
     ArrivalLoad,
+    Baseline,
     Candidate,
     EngineState,
     Forecast,
     ForecastConfig,
-    base_run,
+    baseline,
     forecast,
 )
-from attrib_agent.attribution.forecast_sim import Run
 from attrib_agent.attribution.forecast_state import PipelineParts, engine_state, forecast_cost
 from attrib_agent.attribution.sim_types import StepCost
 
@@ -37,7 +37,7 @@ class _Snapshot:
     key: tuple[int, ForecastConfig]
     state: EngineState | None
     cost: StepCost
-    base: Run | None = None
+    base: Baseline | None = None
     answers: OrderedDict[Candidate, Forecast] = field(default_factory=OrderedDict)
 
 
@@ -62,7 +62,7 @@ class ForecastCache:
         missing = list(dict.fromkeys(c for c in candidates if c not in snap.answers))
         if missing:
             if snap.base is None:
-                snap.base = base_run(snap.state, snap.cost, config)
+                snap.base = baseline(snap.state, snap.cost, config)
             for c, f in zip(missing, forecast(snap.state, missing, snap.cost, config, snap.base), strict=True):
                 snap.answers[c] = f
         out = [snap.answers[c] for c in candidates]

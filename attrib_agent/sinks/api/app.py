@@ -35,7 +35,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from attrib_agent.attribution.result_codec import to_dict
 from attrib_agent.read_model import AgentState
-from attrib_agent.sinks.api.forecast import forecast_routes
+from attrib_agent.sinks.api.forecast import ForecastRoute, forecast_answer, forecast_routes
 from attrib_agent.sinks.api.hot_path import CulpritsRoute, GZip
 from attrib_agent.sinks.api.ids import BadRequestId, resolve
 from attrib_agent.sinks.api.plumbing import NO_STORE, PAGE_CSP, BearerAuth, error, error_handlers, json_response
@@ -158,6 +158,8 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
         body = {"ready": ready, "missing": list(readiness.reasons), "mode": state.mode()} | gap | {"pipeline": load}
         return json_response(body, 200 if ready else 503)
 
+    forecast = forecast_answer(state, errs)
+
     page = {name: resources.files("attrib_agent.sinks.api").joinpath("page", name).read_bytes() for name in PAGE_FILES}
 
     async def page_file(request: Request) -> Response:
@@ -176,7 +178,7 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
         Route("/readyz", readyz, methods=["GET"]),
         Route("/", page_file, methods=["GET"]),
         Route("/page/{name}", page_file, methods=["GET"]),
-        *forecast_routes(state, errs),  # POST /v1/forecast
+        *forecast_routes(forecast),  # POST /v1/forecast under a root path; 405 for other methods
     ]
     if metrics_app is not None:
         routes.append(Route("/metrics", _Asgi(metrics_app)))
@@ -185,6 +187,7 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
     if token is not None:
         middleware.append(Middleware(BearerAuth, token=token, open_paths=OPEN_PATHS, errors=errs))
     middleware.append(Middleware(CulpritsRoute, handler=culprits_of))  # innermost: after the token check
+    middleware.append(Middleware(ForecastRoute, answer=forecast))  # POST /v1/forecast without the router
     app = Starlette(routes=routes, middleware=middleware, exception_handlers=error_handlers(errs))
     app.state.api_errors = errs
     app.state.renderers = [tops, timelines]

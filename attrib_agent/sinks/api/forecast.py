@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from attrib_agent.attribution.forecast import ArrivalLoad, Candidate
 from attrib_agent.read_model import AgentState
 from attrib_agent.sinks.api.plumbing import error, json_response
 
+PATH: Final = "/v1/forecast"
 MAX_BODY_BYTES: Final = 64 * 1024
 MAX_CANDIDATES: Final = 16
 MAX_PROMPTS: Final = 1024
@@ -124,16 +126,56 @@ def parse_body(raw: bytes) -> tuple[list[Candidate], ArrivalLoad | None, dict[st
     return candidates, load, known
 
 
-def forecast_routes(state: AgentState, errs: Counter[str]) -> list[Route]:
-    async def post(request: Request) -> Response:
+class ForecastRoute:
+    """`POST /v1/forecast` answered directly, the rest to `app` (the Starlette stack): a POST is a forecast of
+    ~0.5-2 ms, and the router, request object and exception layer around it cost ~0.1-0.2 ms more of the agent's
+    CPU (benchmarks/forecast_latency.py). Other methods on the path (405) and a mounted app (a root path) still
+    go through Starlette's route. A failure propagates as a route's does: to the app's outermost error handler."""
+
+    def __init__(self, app: ASGIApp, answer: Callable[[bytes], Awaitable[Response]]) -> None:
+        self.app, self.answer = app, answer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == PATH
+                and not scope.get("root_path")):
+            raw = await read_body(receive)
+            if raw is not None:  # None: the client left before its body came
+                await (await self.answer(raw))(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+async def read_body(receive: Receive) -> bytes | None:
+    """The request's body (None if the client disconnected first), read no further than one byte past
+    MAX_BODY_BYTES: enough for `parse_body` to refuse it as too large."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        if size + len(chunk) > MAX_BODY_BYTES:
+            chunks.append(chunk[:MAX_BODY_BYTES + 1 - size])
+            return b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def forecast_answer(state: AgentState, errs: Counter[str]) -> Callable[[bytes], Awaitable[Response]]:
+    """The endpoint's answer to a body: the forecasts, a 400 naming what is wrong, or a 503 before any event."""
+
+    async def answer(raw: bytes) -> Response:
         try:
-            candidates, load, prompts = parse_body(await request.body())
+            candidates, load, prompts = parse_body(raw)
         except BadForecast as exc:
             return error(400, str(exc), errs, "bad_forecast")
-        answer = await state.read(lambda: state.forecast(candidates, load, prompts))  # off the loop, live
-        if answer is None:
+        got = await state.read(lambda: state.forecast(candidates, load, prompts))  # off the loop, live
+        if got is None:
             return error(503, "no engine state yet: the agent has seen no events from vLLM", errs, "no_state")
-        now, out = answer
+        now, out = got
         cfg = state.forecast_settings.config
         return json_response({
             "engine": now.engine, "at": now.now, "running": sum(r.running for r in now.requests),
@@ -141,4 +183,14 @@ def forecast_routes(state: AgentState, errs: Counter[str]) -> list[Route]:
             "slo": {"ttft_s": cfg.ttft_slo_s, "itl_p95_s": cfg.itl_p95_slo_s}, "horizon_s": cfg.horizon_s,
             "forecasts": [f.as_dict() | {"harmless": f.harmless(cfg)} for f in out]})
 
-    return [Route("/v1/forecast", post, methods=["POST"])]
+    return answer
+
+
+def forecast_routes(answer: Callable[[bytes], Awaitable[Response]]) -> list[Route]:
+    """The Starlette route: a POST under a root path, and the 405 for other methods (`ForecastRoute` takes the
+    rest of the POSTs)."""
+
+    async def post(request: Request) -> Response:
+        return await answer(await request.body())
+
+    return [Route(PATH, post, methods=["POST"])]

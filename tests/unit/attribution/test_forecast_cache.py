@@ -57,3 +57,17 @@ def test_answers_are_bounded_and_a_declared_load_gets_its_own_state() -> None:
 
 def test_no_state_before_any_event() -> None:
     assert ForecastCache().forecast(AttributionPipeline(), 0, [WHALE], CFG) is None
+
+
+def test_new_candidates_on_a_kept_baseline_are_answered_as_fresh_forecasts() -> None:
+    """The snapshot's `Baseline` (the run without a candidate, expected arrivals, ids) serves every later new
+    candidate: each answer is the one a forecast from scratch gives, and the snapshot is built once."""
+    p = fed_until_second_whale()
+    cache = ForecastCache()
+    cache.forecast(p, p.settles, [WHALE], CFG)
+    state = engine_state(p)
+    assert state is not None and state.load is not None and state.load.rate_per_s > 0  # expected arrivals too
+    for c in (SHORT, Candidate(9000, 64), Candidate(2000, 10, cached_prefix_tokens=1920), Candidate(600, 900)):
+        got = cache.forecast(p, p.settles, [c], CFG)
+        assert got is not None and got[1] == forecast(state, [c], forecast_cost(p), CFG)
+    assert cache.built == 1

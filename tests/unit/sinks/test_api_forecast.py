@@ -13,7 +13,7 @@ import pytest
 from api_replayed import call, events, midway, state_of
 from prometheus_client import make_asgi_app
 from prometheus_client.parser import text_string_to_metric_families
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Message
 
 from attrib_agent.attribution.forecast import Candidate, ForecastConfig, ForecastSettings, forecast
 from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
@@ -21,7 +21,7 @@ from attrib_agent.events import RequestReceived
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.read_model import AgentState
 from attrib_agent.sinks.api.app import api_app
-from attrib_agent.sinks.api.forecast import MAX_CANDIDATES
+from attrib_agent.sinks.api.forecast import MAX_BODY_BYTES, MAX_CANDIDATES, read_body
 from attrib_agent.sinks.prometheus.collector import registry_for
 
 
@@ -137,3 +137,83 @@ def test_the_gauge_is_the_reference_whales_forecast() -> None:
     assert now is not None
     [f] = forecast(now, [ref], forecast_cost(p), ForecastConfig(horizon_s=5))
     assert sample.value == pytest.approx(f.ttft_extra_sum_s, rel=1e-9) and sample.value > 0.5
+
+
+def _raw_post(app: ASGIApp, body: bytes, root_path: str = "", sent: list[Message] | None = None) -> list[Message]:
+    """One POST /v1/forecast as raw ASGI messages (under `root_path`: through Starlette's route), into `sent`."""
+    sent = [] if sent is None else sent
+    scope = {"type": "http", "http_version": "1.1", "method": "POST", "path": f"{root_path}/v1/forecast",
+             "raw_path": f"{root_path}/v1/forecast".encode(), "root_path": root_path, "scheme": "http",
+             "query_string": b"", "server": ("agent", 80), "client": ("10.0.0.1", 4000),
+             "headers": [(b"host", b"agent"), (b"accept-encoding", b"gzip"), (b"content-type", b"application/json")]}
+    chunks = [body[i:i + 1000] for i in range(0, len(body), 1000)] or [b""]
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": chunks.pop(0), "more_body": bool(chunks)}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    async def go() -> None:
+        await app(scope, receive, send)
+
+    asyncio.run(go())
+    return sent
+
+
+@pytest.mark.parametrize("body", [
+    {"prompt_tokens": 5000, "max_tokens": 600},
+    {"candidates": [{"prompt_tokens": 300, "max_tokens": 40}, {"prompt_tokens": 9000, "max_tokens": 900}],
+     "load": {"rate_per_s": 2.0, "prompt_tokens": 200, "max_tokens": 50}},
+    {"prompt_tokens": 0, "max_tokens": 5}, b"{not json", b"x" * 70_000, b""],
+    ids=["one", "batch-load", "bad", "json", "big", "empty"])
+def test_the_direct_route_answers_as_starlettes_route(body: Any) -> None:
+    """`ForecastRoute` takes a POST past the router; under a root path Starlette's route answers: same bytes."""
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    p = at_second_whale()
+    direct_app, routed_app = api_app(state_of(p)), api_app(state_of(p))
+    direct, routed = _raw_post(direct_app, raw), _raw_post(routed_app, raw, root_path="/agent")
+    assert direct == routed and direct[0]["status"] in (200, 400)
+    assert direct_app.state.api_errors == routed_app.state.api_errors
+    assert post(api_app(state_of(AttributionPipeline())), raw).status_code == (503 if direct[0]["status"] == 200
+                                                                                else 400)
+
+
+def test_the_direct_route_reads_a_bounded_body_and_answers_no_one_who_left() -> None:
+    calls = 0
+
+    async def endless() -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        return {"type": "http.request", "body": b"y" * 10_000, "more_body": True}
+
+    got = asyncio.run(read_body(endless))
+    assert got is not None and len(got) == MAX_BODY_BYTES + 1 and calls == MAX_BODY_BYTES // 10_000 + 1
+
+    async def gone() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    assert asyncio.run(read_body(gone)) is None
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/forecast", "headers": [], "query_string": b""}
+    asyncio.run(api_app(state_of(midway("whale2")))(scope, gone, send))
+    assert sent == []
+
+
+def test_a_crash_on_the_direct_route_is_a_json_500() -> None:
+    state = state_of(midway("whale2"))
+    app = api_app(state)
+
+    def broken(*args: Any) -> None:
+        raise RuntimeError("boom")
+
+    state.forecast = broken  # type: ignore[method-assign,assignment]
+    sent: list[Message] = []
+    with pytest.raises(RuntimeError, match="boom"):  # answered, then re-raised for the server to log
+        _raw_post(app, b'{"prompt_tokens": 5, "max_tokens": 5}', sent=sent)
+    assert sent[0]["status"] == 500 and json.loads(sent[1]["body"]) == {"error": "internal error"}
+    assert app.state.api_errors["internal"] == 1
