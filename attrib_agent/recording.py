@@ -191,34 +191,32 @@ class Recording:
         scan = _SCAN
         with opener(p, "rt", encoding="utf-8", errors="replace") as f:
             lines = enumerate(f, 1)
-            while True:
-                try:
-                    lineno, raw = next(lines)
-                except StopIteration:
-                    return
-                except (OSError, EOFError, lzma.LZMAError, zlib.error) as e:
-                    # A torn or damaged compressed stream (a recorder killed mid-write): keep what came before.
-                    self._skip(stats, f"{p.name}:{lineno + 1}: damaged {p.suffix} stream ({type(e).__name__})")
-                    return
-                if not raw or raw.isspace():  # (a stripped copy of a 50 KB body line costs ~10 us)
-                    continue
-                try:
-                    # The usual line, one value from its first character to its newline, is read by the scanner
-                    # alone; any other (leading blank, BOM, trailing data) goes through `_loads` for its error.
+            try:
+                for lineno, raw in lines:
                     try:
-                        rec, end = scan(raw, 0)
-                    except StopIteration:
-                        end = -1
-                    if end != len(raw) - 1 or raw[end] != "\n":
-                        rec = _loads(raw)
-                    ts = rec.get("ts") if type(rec) is dict else None
-                    if not isinstance(ts, int | float) or ts != ts:  # NaN has no place in receipt order
-                        raise ValueError("not an object with a numeric ts")
-                except (ValueError, RecursionError) as e:  # RecursionError: nested too deep for the scanner
-                    self._skip(stats, f"{p.name}:{lineno}: {type(e).__name__ if isinstance(e, RecursionError) else e}")
-                    continue
-                stats.records += 1
-                yield rec
+                        # The usual line, one value from its first character to its newline, is read by the scanner
+                        # alone; any other (blank, leading blank, BOM, trailing data) goes through `_loads` for its
+                        # error. (A blank line makes the scanner stop at once: it is looked at only then.)
+                        try:
+                            rec, end = scan(raw, 0)
+                        except StopIteration:
+                            end = -1
+                        if end != len(raw) - 1 or raw[end] != "\n":
+                            if not raw or raw.isspace():
+                                continue
+                            rec = _loads(raw)
+                        ts = rec.get("ts") if type(rec) is dict else None
+                        if (type(ts) is not float and not isinstance(ts, int | float)) or ts != ts:
+                            raise ValueError("not an object with a numeric ts")  # (NaN has no place in receipt order)
+                    except (ValueError, RecursionError) as e:  # RecursionError: nested too deep for the scanner
+                        self._skip(stats, f"{p.name}:{lineno}: "
+                                          f"{type(e).__name__ if isinstance(e, RecursionError) else e}")
+                        continue
+                    stats.records += 1
+                    yield rec
+            except (OSError, EOFError, lzma.LZMAError, zlib.error) as e:
+                # A torn or damaged compressed stream (a recorder killed mid-write): keep what came before.
+                self._skip(stats, f"{p.name}:{lineno + 1}: damaged {p.suffix} stream ({type(e).__name__})")
 
     @staticmethod
     def _skip(stats: StreamReadStats, example: str) -> None:

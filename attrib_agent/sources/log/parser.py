@@ -209,10 +209,21 @@ def _step_line() -> re.Pattern[str] | None:
     lead = "(?P<lead>.{0,80}?)"
     if not p.PREFIX.pattern.startswith(lead):
         return None
-    return re.compile("(?P<prefix>(?P<lead>)" + p.PREFIX.pattern[len(lead):] + ")" + p.ITERATION.pattern)
+    prefix = p.PREFIX.pattern[len(lead):]
+    for name in ("proc", "pid", "level", "file", "lineno"):  # parts no step event reads: matched, not captured
+        prefix = prefix.replace(f"(?P<{name}>", "(?:", 1)  # (the same language; ~0.15 us less a line)
+    return re.compile("(?P<prefix>" + prefix + ")" + p.ITERATION.pattern)
 
 
 _STEP_LINE: Final = _step_line()
+# Positions in `_STEP_LINE.fullmatch(line).groups()` (one C call for every group a step line needs): the stamp's
+# year and milliseconds, and the step row's groups, last, in ITERATION's order.
+_AT: Final = {name: i - 1 for name, i in (_STEP_LINE.groupindex.items() if _STEP_LINE else ())}
+_YEAR_AT: Final = _AT.get("year", -1)
+_MS_AT: Final = _AT.get("ms", -1)
+_ROW_AT: Final = _AT.get("engine", -1)
+if _STEP_LINE is not None and tuple(_STEP_LINE.groupindex)[_ROW_AT:] != _ITERATION_GROUPS:
+    raise ImportError("_STEP_LINE's last groups are not ITERATION's")
 
 
 class LogLineParser:
@@ -262,7 +273,9 @@ class LogLineParser:
                                                           or m.group("prefix") != self._open_prefix):
                 self._open_prefix, self._open_content = None, False
                 self.health.success(ts)
-                return [_step(m.group(*_ITERATION_GROUPS), ts, p.prefix_log_ts(m, ts))]
+                groups = m.groups()
+                log_ts = p.prefix_log_ts(m, ts) if groups[_YEAR_AT] is None else p.dated_log_ts(m, groups[_MS_AT])
+                return [_step(groups[_ROW_AT:], ts, log_ts)]
         continues, self._continues = self._continues, line.endswith("\r")
         text = line.rstrip("\r\n")
         if "\x1b" in text:

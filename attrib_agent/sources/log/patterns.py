@@ -136,6 +136,8 @@ def top_level_int(params: str, name: str, limit: int = 65_536) -> int | None:
     characters (the tailer's line limit). Only quotes, brackets, commas and backslashes matter, so the scan
     jumps from one to the next (a regex) rather than stepping through every character.
     """
+    if len(params) <= limit and "'" not in params and '"' not in params:
+        return _unquoted_top_level_int(params, name)
     depth = 0
     quote = ""
     escaped_until = -1
@@ -165,6 +167,36 @@ def top_level_int(params: str, name: str, limit: int = 65_536) -> int | None:
     return None
 
 
+_BRACKETS: Final = re.compile(r"[()\[\]{}]")
+
+
+def _unquoted_top_level_int(params: str, name: str) -> int | None:
+    """`top_level_int` of params holding no quote (the usual `SamplingParams(...)`; no escape can matter): the
+    places where `name=` follows `(` or `, ` are found by `str.find`, and only the brackets before them are read
+    for the depth (not every comma: ~35 stops in a real repr, and no scan past the field)."""
+    key = name + "="
+    depth, pos = 0, 0
+    while True:
+        after_comma, after_open = params.find(", " + key, pos), params.find("(" + key, pos)
+        at = after_open if after_comma < 0 or 0 <= after_open < after_comma else after_comma
+        if at < 0:
+            return None
+        for hit in _BRACKETS.finditer(params, pos, at):
+            if params[hit.start()] in "([{":
+                depth += 1
+            else:
+                depth -= 1
+                if depth <= 0:
+                    return None
+        if at == after_open:
+            depth += 1
+            if depth == 1:
+                return _int_at(params, at + 1 + len(key))
+        elif depth == 1:
+            return _int_at(params, at + 2 + len(key))
+        pos = at + 1
+
+
 def _int_at(text: str, start: int) -> int | None:
     end = start
     while end < len(text) and end - start < 19 and text[end].isascii() and text[end].isdigit():
@@ -185,14 +217,9 @@ def prefix_log_ts(m: re.Match[str], receipt_ts: float) -> float | None:
     assume its TZ is UTC (the Helm chart sets it), as we cannot know the server's zone.
     """
     year, ms_text = m.group("year", "ms")
-    ms = 0.0
-    if ms_text:
-        ms = _MS.get(ms_text, -1.0)
-        if ms < 0:  # \d also matches non-ASCII digits
-            ms = int(ms_text) / 1000
     if year is not None:
-        t = _utc_dated(m.string[m.start("year"):m.end("second")])
-        return None if t is None else t + ms
+        return dated_log_ts(m, ms_text)
+    ms = stamp_ms(ms_text)
     try:
         receipt_year = datetime.fromtimestamp(receipt_ts, UTC).year
     except (OverflowError, OSError, ValueError):
@@ -203,6 +230,20 @@ def prefix_log_ts(m: re.Match[str], receipt_ts: float) -> float | None:
         if t is not None and (best is None or abs(t - receipt_ts) < abs(best - receipt_ts)):
             best = t
     return None if best is None else best + ms
+
+
+def dated_log_ts(m: re.Match[str], ms_text: str | None) -> float | None:
+    """`prefix_log_ts` of a match whose stamp has its year (`ms_text`: its `ms` group): one cached lookup a line."""
+    t = _utc_dated(m.string[m.start("year"):m.end("second")])
+    return None if t is None else t + stamp_ms(ms_text)
+
+
+def stamp_ms(ms_text: str | None) -> float:
+    """A stamp's `.mmm` group as seconds (0 without one)."""
+    if not ms_text:
+        return 0.0
+    ms = _MS.get(ms_text, -1.0)
+    return ms if ms >= 0 else int(ms_text) / 1000  # \d also matches non-ASCII digits
 
 
 def _utc(year: int, m: re.Match[str]) -> float | None:

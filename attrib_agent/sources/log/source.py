@@ -78,6 +78,7 @@ class LogRecordParser:
     def __init__(self, ctx: ReplayContext) -> None:
         self.line_parser = LogLineParser(ctx.health)
         self._health = ctx.health
+        self._parse_all = self.line_parser.parse_all
 
     def __call__(self, rec: Mapping[str, Any], ts: float) -> Sequence[Event]:
         try:
@@ -85,7 +86,7 @@ class LogRecordParser:
         except KeyError:
             self._health.skip("malformed_record")
             return ()
-        return self.line_parser.parse_all(str(line), ts)
+        return self._parse_all(line if type(line) is str else str(line), ts)
 
 
 SPEC = SourceSpec(NAME, ROWS, build, stream=LOG,

@@ -72,3 +72,27 @@ def test_random_strings_of_the_special_characters_read_alike() -> None:
             text = "SamplingParams(" + "".join(rng.choice(pieces) for _ in range(rng.randrange(30)))
         limit = rng.choice((65_536, rng.randrange(1, 40)))
         assert p.top_level_int(text, "max_tokens", limit) == _reference(text, "max_tokens", limit), (text, limit)
+
+
+def test_random_strings_without_quotes_read_alike() -> None:
+    """Params without a quote take the bracket-only scan (`_unquoted_top_level_int`): it answers as the reference
+    on nesting, closers, `(name=` and `, name=` at every depth, and a field cut by the limit."""
+    rng = random.Random(2626)
+    pieces = ["(", ")", "[", "]", "{", "}", ",", " ", "max_tokens=", "7", "x", ", max_tokens=", "(max_tokens=",
+              "12,", "None", "\\", ", max_tokens=x", "max_tokens", ", max_tokens=3)"]
+    real = [t for t in _real_params() if "'" not in t and '"' not in t][:20]
+    assert real
+    seen = set()
+    for case in range(20_000):
+        if case % 4 == 0:
+            base = rng.choice(real)
+            cut = rng.randrange(len(base) + 1)
+            text = base[:cut] + "".join(rng.choice(pieces) for _ in range(rng.randrange(4))) + base[cut:]
+        else:
+            text = rng.choice(("SamplingParams(", "", "(", "x")) + "".join(
+                rng.choice(pieces) for _ in range(rng.randrange(30)))
+        limit = rng.choice((65_536, len(text), max(len(text) - 1, 1), rng.randrange(1, 40)))
+        got = p.top_level_int(text, "max_tokens", limit)
+        assert got == _reference(text, "max_tokens", limit), (text, limit)
+        seen.add(got)
+    assert {None, 7, 12} <= seen
