@@ -40,19 +40,34 @@ def infer_step(st: SchedState, si: StepInput, book: LifecycleBook, geo: Geometry
     st.budget = max(st.budget, si.scheduled_tokens)
     _enqueue(st, book, si)
     _leave_before(st, get, si, work)
+    bs = geo.block_size
     if _decodes_only(st, si):
+        members: list[StepMember] = []
         for t in st.running:
-            t.computed += 1
+            c = t.computed = t.computed + 1
             t.outputs += 1
-        work.slots = [Slot(t, "decode", 1) for t in st.running]
-        return _finish(st, si, get, geo, work)
+            members.append(StepMember(t.rid, "decode", 1, c, blocks_for(c, bs) if bs else 0))
+        return _finish(st, si, get, geo, work, members, (0, 0, len(members), len(members)))
     work.slots = [_slot(t) for t in st.running]
     preempted = _explain_running(st, si, book, geo, work)
     if not preempted:
         _admit(st, si, work)
     assign_tokens(st, si, geo, work)
     apply_tokens(st, si, book, geo, work)
-    return _finish(st, si, get, geo, work)
+    members = []
+    cr = ct = gr = gt = 0
+    for s in work.slots:
+        n = s.tokens or 0
+        if s.dropped or n <= 0:
+            continue
+        t = s.track
+        c = t.computed
+        members.append(StepMember(t.rid, s.phase, n, c, blocks_for(c, bs) if bs else 0))
+        if s.phase == "prefill":
+            cr, ct = cr + 1, ct + n
+        else:
+            gr, gt = gr + 1, gt + n
+    return _finish(st, si, get, geo, work, members, (cr, ct, gr, gt))
 
 
 def _decodes_only(st: SchedState, si: StepInput) -> bool:
@@ -253,21 +268,11 @@ def _admit(st: SchedState, si: StepInput, work: StepWork) -> None:
 
 
 def _finish(st: SchedState, si: StepInput, get: Callable[[str], RequestLifecycle | None], geo: Geometry,
-            work: StepWork) -> StepOutcome:
+            work: StepWork, members: list[StepMember], counts: tuple[int, int, int, int]) -> StepOutcome:
+    """The step's record from its `members` and their (context requests, tokens, generation requests, tokens);
+    who finished in it leaves, and what the rest hold after it."""
     bs = geo.block_size
-    members: list[StepMember] = []
-    cr = ct = gr = gt = 0
-    for s in work.slots:
-        n = s.tokens or 0
-        if s.dropped or n <= 0:
-            continue
-        t = s.track
-        c = t.computed
-        members.append(StepMember(t.rid, s.phase, n, c, (-(-c // bs) if c > 0 else 0) if bs else 0))
-        if s.phase == "prefill":
-            cr, ct = cr + 1, ct + n
-        else:
-            gr, gt = gr + 1, gt + n
+    cr, ct, gr, gt = counts
     running = st.running
     until_ms = si.end_ms
     kept: list[Track] = []
@@ -281,8 +286,7 @@ def _finish(st: SchedState, si: StepInput, get: Callable[[str], RequestLifecycle
             continue
         kept.append(t)
         if bs:
-            c = t.computed
-            b = -(-c // bs) if c > 0 else 0
+            b = blocks_for(t.computed, bs)
             held.append((t.rid, b))
             blocks += b
             if t.cached:
