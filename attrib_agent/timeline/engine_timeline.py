@@ -322,7 +322,8 @@ class EngineTimeline:
 
     def kv_latest(self) -> KvLatest:
         """The ledger's latest step, holdings and sample reconciliation, without building the ledger."""
-        return kv_latest(self._inference.geometry, self.outcomes(), self._samples)
+        outcomes = self.outcomes()  # the plugin's overlay keeps the steps' times: the window's ends are theirs too
+        return kv_latest(self._inference.geometry, outcomes, self._samples, self._window.ends())
 
     def preemptions(self) -> list[InferredPreemption]:
         """Inferred once per timeline version (like the ledger): the timeline view, the counters and each settle
