@@ -1,6 +1,6 @@
 """The live pipeline thread's CPU at the share floor, in process (issue 14 item 3): what shedding cannot shed.
 
-    .venv/bin/python -m benchmarks.pipeline_floor [--events 40000] [--reps 1] [--profile FILE]
+    .venv/bin/python -m benchmarks.pipeline_floor [--events 40000] [--reps 1] [--profile FILE] [--share 1.0]
 
 The GPU-rate input's first `--events` events go through `AgentCore.process` in batches of 512 with the forecast
 refresh after each batch, as the live agent's pipeline thread runs them, with the share at its floor
@@ -9,7 +9,9 @@ refresh after each batch, as the live agent's pipeline thread runs them, with th
 per rep: thread CPU seconds over the input's event time (= cores needed at the stream's pace), and the parts
 timed on the way (step inference, attribution passes, of which learning the cost models and their refits, the
 forecast refresh), step inferences per step fed, and a digest of the results (stable across reps and across a
-speed-only change). `--profile FILE` writes a cProfile of the last rep.
+speed-only change). `--profile FILE` writes a cProfile of the last rep. `--share 1.0` attributes every victim
+at every settle instead (no shedding): the live agent's first seconds, before its share falls, where the
+attribution passes' cost per victim shows.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ def _timed(fn: Callable[..., Any], into: dict[str, list[float]], key: str) -> Ca
     return timed
 
 
-def run(events: list[Event], profile: str | None = None) -> tuple[float, dict[str, list[float]], AgentCore]:
+def run(events: list[Event], profile: str | None = None,
+        share: float = MIN_SHARE) -> tuple[float, dict[str, list[float]], AgentCore]:
     parts: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in PARTS]
     for owner, name, key in PARTS:
@@ -59,7 +62,7 @@ def run(events: list[Event], profile: str | None = None) -> tuple[float, dict[st
     try:
         core = AgentCore.from_config(AgentConfig(), live=False)
         p = core.pipeline
-        shed = Shedder(0.25, share=MIN_SHARE)
+        shed = Shedder(0.25, share=share)
         p.attribute_share, p.pass_gap_s = shed.share, shed.pass_gap_s(p.config.settle_interval_s)
         prof = cProfile.Profile() if profile else None
         t = time.thread_time()
@@ -83,12 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--events", type=int, default=40_000, help="first N events of the GPU-rate input")
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--profile", default=None, help="write a cProfile of the last rep here")
+    ap.add_argument("--share", type=float, default=MIN_SHARE, help="the attributed share (1.0: no shedding)")
     args = ap.parse_args(argv)
     print(f"machine: {machine()}")
     events = list(islice(ReplaySource(cached_gpu_rate(60.0).path).events(), args.events))
     span = events[-1].ts - events[0].ts
     for rep in range(args.reps):
-        cpu, parts, core = run(events, args.profile if rep == args.reps - 1 else None)
+        cpu, parts, core = run(events, args.profile if rep == args.reps - 1 else None, args.share)
         p = core.pipeline
         store = p.store
         digest = hashlib.sha256(repr(sorted(store, key=lambda r: r.request_id)).encode()).hexdigest()[:16]

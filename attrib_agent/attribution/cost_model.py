@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from itertools import combinations
@@ -148,6 +148,18 @@ def row_ok(row: _Row) -> bool:
     return min(row) >= 0.0 and sum(row) < _INF
 
 
+_Kept = Sequence[tuple[int, _Row, float]]  # (step seq, row, elapsed) in the order observed
+
+
+def _window(rows: _Kept, kept: Sequence[_Kept]) -> list[tuple[_Row, float]]:
+    """What a fit reads: the prefill steps kept past the window (older than its first step), then the window.
+    Built once a fit runs: a batch of deferred refits copies the deques at each due refit (cheap) instead."""
+    oldest = rows[0][0]
+    window = [(r, y) for k in kept for seq, r, y in k if seq < oldest]
+    window += [(r, y) for _, r, y in rows]
+    return window
+
+
 class StepCostModel:
     """Online robust fit of step cost; implements StepCost and PrefillAwareStepCost."""
 
@@ -171,7 +183,7 @@ class StepCostModel:
         self._since_fit = 0
         # While `deferred()`: the latest due refit's inputs (window, kept, gaps), fitted once when it ends
         self._deferring = False
-        self._pending: tuple[list[tuple[_Row, float]], list[float]] | None = None
+        self._pending: tuple[_Kept, list[_Kept], list[float]] | None = None  # copies: the window built at the fit
         self.steps_seen = 0
         self.skipped = 0  # observations refused (negative or non-finite)
 
@@ -205,7 +217,7 @@ class StepCostModel:
         if len(self._rows) >= self.min_steps and (first or self._since_fit >= self.refit_every):
             if self._deferring:
                 self._since_fit = 0
-                self._pending = (self._window(), list(self._gaps))
+                self._pending = (list(self._rows), [list(k) for k in self._kept], list(self._gaps))
             else:
                 self.refit()
         return True
@@ -224,20 +236,15 @@ class StepCostModel:
             self._deferring = False
             pending, self._pending = self._pending, None
             if pending is not None:
-                self._fit(*pending)
-
-    def _window(self) -> list[tuple[_Row, float]]:
-        oldest = self._rows[0][0]
-        window = [(r, y) for kept in self._kept for seq, r, y in kept if seq < oldest]
-        window += [(r, y) for _, r, y in self._rows]
-        return window
+                rows, kept, gaps = pending
+                self._fit(_window(rows, kept), gaps)
 
     def refit(self) -> None:
         """Fit now on the window (normally automatic every `refit_every` steps)."""
         self._since_fit = 0
         if len(self._rows) < self.min_steps:
             return
-        self._fit(self._window(), list(self._gaps))
+        self._fit(_window(self._rows, self._kept), list(self._gaps))
 
     def _fit(self, window: list[tuple[_Row, float]], gaps: list[float]) -> None:
         rows = [r for r, _ in window]

@@ -155,6 +155,7 @@ class EngineTimeline:
         if last is None:
             return
         self._book.expire_unadmitted(last - self._book.admit_window_s)
+        self._infer_through(last - self._open_timeout_s)  # every departure a timeout can close is known
         horizon = last - self._keep_s
         for entry in self._book.entries():
             if entry.lifecycle.end_ts is None and not self._closed_by_timeout(entry.lifecycle.request_id, last):
@@ -164,6 +165,13 @@ class EngineTimeline:
             self._inference.refresh()
             self._evict(self._window.evictable(None))
 
+    def _infer_through(self, ts: float) -> None:
+        """Infer the steps ending by `ts` and the next one: what eviction before `ts` (its checkpoint) and the
+        departures ending before it read. The newer steps wait for a reader that needs them, by when more spans
+        have landed (fewer re-inferences: a span landing on steps not inferred yet costs none)."""
+        after = self._window.first_seq_ending_after(ts)
+        self._inference.refresh(None if after is None else after + 1)
+
     def _closed_by_timeout(self, rid: str, now: float) -> bool:
         """An inferred finish whose span never came (lost, or tracing off) stops holding the window open."""
         departed = self._inference.departure(rid)
@@ -172,7 +180,7 @@ class EngineTimeline:
     def forget_before(self, ts: float) -> None:
         """Forget steps that ended before `ts` (in whole checkpoint chunks), the samples before it, and the
         requests that ended before the oldest step still held (re-inference from there may need the others)."""
-        self._inference.refresh()
+        self._infer_through(ts)
         self._evict(self._window.evictable(ts))
         while self._samples and self._samples[0].ts < ts:
             self._samples.popleft()
@@ -314,7 +322,8 @@ class EngineTimeline:
 
     def kv_latest(self) -> KvLatest:
         """The ledger's latest step, holdings and sample reconciliation, without building the ledger."""
-        return kv_latest(self._inference.geometry, self.outcomes(), self._samples)
+        outcomes = self.outcomes()  # the plugin's overlay keeps the steps' times: the window's ends are theirs too
+        return kv_latest(self._inference.geometry, outcomes, self._samples, self._window.ends())
 
     def preemptions(self) -> list[InferredPreemption]:
         """Inferred once per timeline version (like the ledger): the timeline view, the counters and each settle

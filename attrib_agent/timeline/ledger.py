@@ -204,9 +204,10 @@ class KvLatest:
 
 
 def kv_latest(geometry: Geometry, steps: Sequence[tuple[StepInput, StepOutcome]],
-              samples: Sequence[MetricsSample]) -> KvLatest:
+              samples: Sequence[MetricsSample], ends: Sequence[float] | None = None) -> KvLatest:
     """What `KvBlockLedger(...).step_reconciliations()[-1]`, `held_at` of its time and `reconciliations()[-1]`
-    give, reading backwards from the latest step and sample until each is found (steps end in order)."""
+    give, reading backwards from the latest step and sample until each is found (steps end in order). `ends`:
+    the steps' ends when the caller keeps them (a scrape's read, not a walk of every step held)."""
     step = None
     for si, out in reversed(steps):
         if out.observed_blocks is not None and out.predicted_blocks is not None:
@@ -220,7 +221,7 @@ def kv_latest(geometry: Geometry, steps: Sequence[tuple[StepInput, StepOutcome]]
         held = dict(steps[i][1].holdings)
     last = None
     if samples:
-        ends = [si.end_ts for si, _ in steps]
+        ends = [si.end_ts for si, _ in steps] if ends is None else ends
         for sample in reversed(samples):
             if (last := reconcile(geometry, steps, ends, sample)) is not None:
                 break

@@ -97,8 +97,11 @@ class TimelineInference:
         self._changes[key] = Change(self._clock, self._clock if hard else 0 if old is None else old.hard_clock)
         self._dirty = seq if self._dirty is None else min(self._dirty, seq)
 
-    def refresh(self) -> None:
+    def refresh(self, until: int | None = None) -> None:
         """Infer the steps not inferred yet, first re-inferring from the checkpoint before the earliest change.
+
+        `until`: new steps only up to that seq (an eviction needs its checkpoint, not the newest steps, which a
+        span landing later would make it infer again); a re-inference still goes to where the last pass ended.
 
         At each checkpoint where the state is the one the stored pass had there, the stored outcomes are kept
         up to the last checkpoint before the first step a change since that pass can alter (fact_reads.py):
@@ -114,7 +117,8 @@ class TimelineInference:
         stored = StoredPass(w, self.book, stale, frontier, valid_to)
         self.reinferred += max(valid_to - restart, 0)  # at most: a skip takes back what it skips
         self._dirty = None
-        while w.computed_to < w.next_seq:
+        stop = w.next_seq if until is None else min(w.next_seq, max(until, valid_to))
+        while w.computed_to < stop:
             slot = w.slot(w.computed_to)
             seq = slot.si.seq
             if w.is_checkpoint(seq):

@@ -40,13 +40,48 @@ def infer_step(st: SchedState, si: StepInput, book: LifecycleBook, geo: Geometry
     st.budget = max(st.budget, si.scheduled_tokens)
     _enqueue(st, book, si)
     _leave_before(st, get, si, work)
+    bs = geo.block_size
+    if _decodes_only(st, si):
+        members: list[StepMember] = []
+        for t in st.running:
+            c = t.computed = t.computed + 1
+            t.outputs += 1
+            members.append(StepMember(t.rid, "decode", 1, c, blocks_for(c, bs) if bs else 0))
+        return _finish(st, si, get, geo, work, members, (0, 0, len(members), len(members)))
     work.slots = [_slot(t) for t in st.running]
     preempted = _explain_running(st, si, book, geo, work)
     if not preempted:
         _admit(st, si, work)
     assign_tokens(st, si, geo, work)
     apply_tokens(st, si, book, geo, work)
-    return _finish(st, si, get, geo, work)
+    members = []
+    cr = ct = gr = gt = 0
+    for s in work.slots:
+        n = s.tokens or 0
+        if s.dropped or n <= 0:
+            continue
+        t = s.track
+        c = t.computed
+        members.append(StepMember(t.rid, s.phase, n, c, blocks_for(c, bs) if bs else 0))
+        if s.phase == "prefill":
+            cr, ct = cr + 1, ct + n
+        else:
+            gr, gt = gr + 1, gt + n
+    return _finish(st, si, get, geo, work, members, (cr, ct, gr, gt))
+
+
+def _decodes_only(st: SchedState, si: StepInput) -> bool:
+    """The line counts exactly the running requests as generating one token each, and they all decode: nobody
+    left, was preempted or admitted, no chunk to size (most steps under load). The general path then gives each
+    a decode of one token and nothing else; this one does that without the counts' bookkeeping."""
+    running = st.running
+    n = len(running)
+    if si.context_requests or si.generation_requests != n or si.generation_tokens != n:
+        return False
+    for t in running:
+        if not t.outputs or t.resuming:
+            return False
+    return True
 
 
 def _slot(t: Track) -> Slot:
@@ -233,42 +268,39 @@ def _admit(st: SchedState, si: StepInput, work: StepWork) -> None:
 
 
 def _finish(st: SchedState, si: StepInput, get: Callable[[str], RequestLifecycle | None], geo: Geometry,
-            work: StepWork) -> StepOutcome:
+            work: StepWork, members: list[StepMember], counts: tuple[int, int, int, int]) -> StepOutcome:
+    """The step's record from its `members` and their (context requests, tokens, generation requests, tokens);
+    who finished in it leaves, and what the rest hold after it."""
     bs = geo.block_size
-    members: list[StepMember] = []
-    cr = ct = gr = gt = 0
-    for s in work.slots:
-        n = s.tokens or 0
-        if s.dropped or n <= 0:
-            continue
-        t = s.track
-        c = t.computed
-        members.append(StepMember(t.rid, s.phase, n, c, (-(-c // bs) if c > 0 else 0) if bs else 0))
-        if s.phase == "prefill":
-            cr, ct = cr + 1, ct + n
-        else:
-            gr, gt = gr + 1, gt + n
+    cr, ct, gr, gt = counts
     running = st.running
     until_ms = si.end_ms
     kept: list[Track] = []
+    held: list[tuple[str, int]] = []  # (request, blocks) of each one kept
+    blocks = 0
+    cached = False  # prefix hits are rare: without one, no copies and no shares
     for t in running:  # finished in this step: vLLM frees its blocks before it reports KV usage
         lc = get(t.rid)
         if lc is not None and t.outputs > 0 and _finished_by(lc, t, until_ms):
             work.departures.append(_departure(t, si, "finished", st))
-        else:
-            kept.append(t)
+            continue
+        kept.append(t)
+        if bs:
+            b = blocks_for(t.computed, bs)
+            held.append((t.rid, b))
+            blocks += b
+            if t.cached:
+                cached = True
     if len(kept) != len(running):
         running[:] = kept
-    holdings = tuple([(t.rid, -(-t.computed // bs) if t.computed > 0 else 0) for t in running]) if bs else ()
-    cached = bool(bs) and any(t.cached for t in running)  # prefix hits are rare: without one, no copies and no shares
+    holdings = tuple(held)
     error = (abs(cr - si.context_requests) + abs(ct - si.context_tokens)
              + abs(gr - si.generation_requests) + abs(gt - si.generation_tokens))
     record = StepRecord(si.engine, si.iteration, si.end_ts, si.elapsed_s, si.context_requests, si.context_tokens,
                         si.generation_requests, si.generation_tokens, si.kv_usage, tuple(members), error)
     usable = geo.usable_blocks
     observed = None if usable is None else si.kv_usage * usable
-    predicted = sum([b for _, b in holdings]) - (_shared_copies(running, bs, observed) if cached else 0) \
-        if bs else None
+    predicted = blocks - (_shared_copies(running, bs, observed) if cached else 0) if bs else None
     if observed is not None and usable is not None and LOG_KV_PRECISION * usable < 1.0:
         st.observed_used = float(round(observed))
     else:

@@ -121,7 +121,14 @@ class StepWindow:
         return seq == self.first_seq or seq % self.checkpoint_every == 0
 
     def oldest_clock(self) -> int | None:
-        clocks = [s.clock for s in self._slots if s.before is not None]
+        """The fact clock of the oldest checkpoint held. Only checkpoint slots hold one (`is_checkpoint` when it
+        was taken: a multiple of `checkpoint_every`, or the first step held then, which is the first one now or
+        gone), so only those are read, not every step."""
+        slots = self._slots
+        if not slots:
+            return None
+        every = self.checkpoint_every
+        clocks = [s.clock for s in (slots[0], *slots[(-self.first_seq) % every::every]) if s.before is not None]
         return min(clocks) if clocks else None
 
     def checkpoints(self) -> int:

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attrib_agent.attribution import cost_model
 from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior, StepFeatures, prefill_pairs
 from attrib_agent.attribution.sim_trace import Member, Pricer, StepPrices
 from attrib_agent.attribution.sim_types import PrefillAwareStepCost, StepCost
@@ -236,6 +237,19 @@ def test_deferred_fits_once_on_the_window_of_the_last_refit_due() -> None:
     feed(lazy, 100, seed=6)  # after the batch: refits when due again, as before
     feed(eager, 100, seed=6)
     assert lazy.coefficients.as_tuple() == pytest.approx(eager.coefficients.as_tuple(), rel=1e-5, abs=1e-12)
+
+
+def test_deferred_fit_reads_exactly_the_window_at_the_last_refit_due() -> None:
+    """The window a deferred batch fits on is the one the model held at the last refit due in it, steps since
+    included nowhere, even those the window has pushed out since (a short window: 256 steps, 40 pushed out)."""
+    lazy, ref = StepCostModel(min_steps=64, refit_every=128, max_window=256), StepCostModel(max_window=256)
+    read: list[object] = []
+    lazy._fit = lambda window, gaps: read.append((window, gaps))  # type: ignore[method-assign, assignment]
+    with lazy.deferred():
+        feed(lazy, 1000, seed=5)  # refits due at steps 64, 192, ..., 960
+    feed(ref, 960, seed=5)
+    assert read == [(cost_model._window(ref._rows, ref._kept), list(ref._gaps))]
+    assert lazy._rows[0][0] > ref._rows[0][0]  # the batch's end window no longer holds the oldest ones read
 
 
 def test_a_prefilling_request_costs_beyond_its_tokens_and_both_sizes_are_priced() -> None:

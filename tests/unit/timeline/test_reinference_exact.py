@@ -108,3 +108,46 @@ def test_the_skips_save_re_inference_and_change_nothing(tmp_path_factory: pytest
     assert fed == plain.inference_work()[0] and inferred == fed + again
     print(f"\n{fed} steps: {again} re-inferences with the skips, {plain.inference_work()[2]} without")
     assert again <= 0.8 * plain.inference_work()[2]
+
+
+def test_an_eviction_infers_only_up_to_its_horizon_and_changes_nothing(tmp_path_factory: pytest.TempPathFactory,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fed without reads, a timeline that evicts infers the steps its eviction needs, not the newest ones (those
+    wait for a reader, by when more spans have landed); read at the end, it holds the same steps with the same
+    outcomes, departures and state as one whose evictions inferred every step, for fewer inferences."""
+    evs = gpu_rate(tmp_path_factory.mktemp("gpu"))
+
+    def fed(batch: int) -> EngineTimeline:
+        tl = EngineTimeline(keep_s=0.5)
+        for i in range(0, len(evs), batch):
+            tl.feed_all(evs[i:i + batch])
+            if i + batch < len(evs):  # a reader now and then, as the attribution passes
+                tl.outcomes()
+        return tl
+
+    bounded = fed(3000)
+    w = bounded._window
+    assert 0 < w.first_seq < w.computed_to < w.next_seq  # evicted, and the newest steps not inferred
+    monkeypatch.setattr(EngineTimeline, "_infer_through", lambda self, ts: self._inference.refresh())
+    full = fed(3000)
+    assert bounded.outcomes() == full.outcomes() and bounded._window.first_seq == full._window.first_seq
+    assert bounded._inference.state.same_as(full._inference.state)
+    assert bounded._inference._departed == full._inference._departed
+    assert bounded.inference_work()[1] < full.inference_work()[1]
+
+
+def test_the_oldest_checkpoint_clock_reads_the_checkpoints_as_a_walk_of_every_step(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`StepWindow.oldest_clock` reads only the checkpoint slots: fed with evictions and reads between (checkpoints
+    re-taken, windows cut at checkpoints and wholly), it equals the minimum over every slot holding one."""
+    evs = gpu_rate(tmp_path_factory.mktemp("gpu"))
+    for every, keep in ((32, 0.5), (7, 0.2), (5, 1e12)):
+        tl = EngineTimeline(keep_s=keep, checkpoint_every=every)
+        w = tl._window
+        for i in range(0, len(evs), 97):
+            tl.feed_all(evs[i:i + 97])
+            if i % 3 == 0:
+                tl.outcomes()
+            walked = [s.clock for s in w._slots if s.before is not None]
+            assert w.oldest_clock() == (min(walked) if walked else None)
+        assert w.first_seq > 0 or keep > 1
