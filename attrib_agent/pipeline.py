@@ -134,6 +134,11 @@ class AttributionPipeline:
         # newly landed requests attributed, chosen by a hash of the id so the choice is stable and unbiased.
         self.attribute_share = 1.0
         self.pass_gap_s = 0.0  # ... in passes at least this much event time apart (a pass has a fixed cost)
+        # Live, the agent's freshness budget over a pass's measured cost: a pass takes at most this many new
+        # victims (those chosen at `floor_share` first, then the oldest); the rest wait for the next pass, or are
+        # shed there if the share fell meanwhile. None: no bound (a replay).
+        self.max_pass_victims: int | None = None
+        self.floor_share = 0.0  # victims chosen at this share (the agent's floor) are never held back by that bound
         self._last_pass: float | None = None
         self.victims_skipped = 0
         self._skipped: OrderedDict[str, None] = OrderedDict()  # the last max_pending skipped ids, for status()
@@ -238,11 +243,16 @@ class AttributionPipeline:
             return []  # shedding: what is due waits (bounded by max_pending and MAX_PASS_WAIT_S) for the next pass
         self._last_pass = now
         self.attributor.one_refit_a_pass = self.pass_gap_s > 0  # shedding: one cost-model refit a pass
+        held = self._beyond_cap(wanted)
+        wanted -= held
         lcs = {lc.request_id: lc for lc in self.timeline.lifecycles()}
         for rid, finished in self._partial.items():
             if now - finished >= self.config.partial_timeout_s or not self._blockers(rid, lcs, now):
                 wanted.add(rid)
-        self._due.clear()
+        if held:
+            self._due = OrderedDict.fromkeys(rid for rid in self._due if rid in held)
+        else:
+            self._due.clear()
         if not wanted:
             return []
         out: list[AttributionResult] = []
@@ -272,6 +282,23 @@ class AttributionPipeline:
 
     def _attributed(self, rid: str) -> bool:
         return chosen(rid, self.attribute_share)
+
+    def _beyond_cap(self, wanted: set[str]) -> set[str]:
+        """The victims this pass leaves for the next under `max_pass_victims`: those chosen at `floor_share` go
+        first, whatever the bound, then the rest in the order they landed (the oldest first: none waits behind
+        newer ones pass after pass). Empty without a bound."""
+        cap = self.max_pass_victims
+        if cap is None or len(wanted) <= cap:
+            return set()
+        order = [rid for rid in self._due if rid in wanted]
+        floor = [rid for rid in order if chosen(rid, self.floor_share)]
+        room = max(0, cap - len(floor))
+        rest = [rid for rid in order if not chosen(rid, self.floor_share)]
+        return set(rest[room:])
+
+    def settles_on(self, ts: float) -> bool:
+        """Whether feeding an event received at `ts` begins a settle (the agent times its passes by it)."""
+        return self._next_settle is not None and ts >= self._next_settle
 
     def _skip(self, rids: Iterable[str]) -> None:
         for rid in rids:
