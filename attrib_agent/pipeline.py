@@ -32,13 +32,16 @@ from attrib_agent.timeline.step_outcome import StepOutcome
 
 CLOCK_STEP_BACK_S = 30.0
 """Event (receipt) time going back further than this is the clock stepping back, not sources' disorder."""
-MAX_PASS_WAIT_S = 0.5
+MAX_PASS_WAIT_S = 0.25
 """While shedding, attribution passes are at most this much event time apart whatever `pass_gap_s` says (the gap
 the agent also spaces its forecast refresh by, a whole simulation each): what is due waits at most this long. The
 share's choice is made at every settle tick and a pass runs only when a chosen victim (or a partial result) waits,
 so the fixed cost (what a pass reads of the whole timeline, ~10-20 ms on a 36k-step GPU-rate window, and a
 cost-model refit) is paid per pass with victims: at the share floor (~0.6 victims a second at GPU rates) fewer
-passes than one a second, and a victim's pass usually comes at the next tick."""
+passes than one a second. One settle interval (the default's): a victim's pass comes at its next tick. At 0.5 s
+(before) a victim landing just after a pass waited for the tick past that half second: 0.5-0.75 s, and with its
+pass and the events queued behind it the live tail sat at 1.0-1.1 s. More victims a second pay more fixed costs,
+which the agent's share accounts for (`Shedder.affordable` prices a victim with the passes' fixed cost spread)."""
 
 
 def chosen(request_id: str, share: float) -> bool:
@@ -243,12 +246,11 @@ class AttributionPipeline:
             return []  # shedding: what is due waits (bounded by max_pending and MAX_PASS_WAIT_S) for the next pass
         self._last_pass = now
         self.attributor.one_refit_a_pass = self.pass_gap_s > 0  # shedding: one cost-model refit a pass
-        held = self._beyond_cap(wanted)
-        wanted -= held
         lcs = {lc.request_id: lc for lc in self.timeline.lifecycles()}
-        for rid, finished in self._partial.items():
-            if now - finished >= self.config.partial_timeout_s or not self._blockers(rid, lcs, now):
-                wanted.add(rid)
+        ready = {rid for rid, finished in self._partial.items()
+                 if now - finished >= self.config.partial_timeout_s or not self._blockers(rid, lcs, now)}
+        held = self._beyond_cap(wanted, len(ready))
+        wanted = (wanted - held) | ready
         if held:
             self._due = OrderedDict.fromkeys(rid for rid in self._due if rid in held)
         else:
@@ -283,16 +285,17 @@ class AttributionPipeline:
     def _attributed(self, rid: str) -> bool:
         return chosen(rid, self.attribute_share)
 
-    def _beyond_cap(self, wanted: set[str]) -> set[str]:
-        """The victims this pass leaves for the next under `max_pass_victims`: those chosen at `floor_share` go
-        first, whatever the bound, then the rest in the order they landed (the oldest first: none waits behind
-        newer ones pass after pass). Empty without a bound."""
+    def _beyond_cap(self, wanted: set[str], refining: int) -> set[str]:
+        """The new victims this pass leaves for the next under `max_pass_victims`, counting the `refining` partial
+        results it takes again (never held: they are older): those chosen at `floor_share` go first, whatever the
+        bound, then the rest in the order they landed (the oldest first: none waits behind newer ones pass after
+        pass). Empty without a bound."""
         cap = self.max_pass_victims
-        if cap is None or len(wanted) <= cap:
+        if cap is None or len(wanted) + refining <= cap:
             return set()
         order = [rid for rid in self._due if rid in wanted]
         floor = [rid for rid in order if chosen(rid, self.floor_share)]
-        room = max(0, cap - len(floor))
+        room = max(0, cap - refining - len(floor))
         rest = [rid for rid in order if not chosen(rid, self.floor_share)]
         return set(rest[room:])
 

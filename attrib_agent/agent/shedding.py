@@ -38,7 +38,8 @@ MAX_PASS_GAP_S: Final = 10.0  # attribution passes spaced by settle_interval_s /
 RISE: Final = 1.25  # at most this factor up a step (and down by at most FALL, unless behind or unaffordable)
 FALL: Final = 0.5
 FRESHNESS_S: Final = 1.0  # the goal: a victim's result final this long after its span lands
-PASS_FADE: Final = 0.9  # each timed pass weighs this much of the one after it in the pass-cost fit (~10 passes)
+PASS_FADE: Final = 0.7  # each timed pass weighs this much of the one after it in the pass-cost fit (~3 passes: a
+# victim's cost grows as the timeline fills at the start, and with the busy period)
 
 
 @dataclass
@@ -87,13 +88,17 @@ class Shedder:
     share: float = 1.0
     cores: float = 0.0  # the agent's CPU, averaged over ~WINDOW_S
     pass_cores: float = 0.0  # ... of it in the attribution passes timed (`learn_pass`)
-    spans_per_s: float = 0.0  # victims landing (spans fed), averaged the same way
+    spans_per_s: float = 0.0  # victims landing (spans fed), averaged the same way from the first span on
     wall: PassPrice = field(default_factory=PassPrice)  # the timed passes' wall time
     cpu: PassPrice = field(default_factory=PassPrice)  # ... and CPU time
     _last: tuple[float, float, float, int] | None = None  # (wall, CPU, pass CPU, spans) at the last update
     _weight: float = 0.0  # of the averages so far (their bias correction: they start at 0)
     _measured_s: float = 0.0  # wall time the averages cover
+    _span_weight: float = 0.0  # ... the spans' average, which starts at the first span (not in the idle before)
+    _spans_s: float = 0.0  # wall time it covers
     _pass_cpu: float = 0.0  # CPU seconds of the timed passes, in all
+    _largest: int = 0  # victims of the largest pass timed
+    _last_pass: tuple[int, float] | None = None  # (victims, wall s) of the last pass timed
     _priced: bool = False  # the share was revised with a pass's cost known
     _revised: float | None = None
     _behind_since: float | None = None  # wall time the backlog last went over MAX_BACKLOG_S
@@ -107,6 +112,8 @@ class Shedder:
         if victims <= 0:
             return
         self._pass_cpu += cpu_s
+        self._largest = max(self._largest, victims)
+        self._last_pass = (victims, wall_s)
         self.wall.add(victims, wall_s)
         self.cpu.add(victims, cpu_s)
 
@@ -118,7 +125,7 @@ class Shedder:
         the safe side: a higher share gathers more victims a pass). None until a pass and a second of spans were
         measured."""
         cpu, wall = self.cpu.per_victim(), self.wall.per_victim()
-        if cpu is None or wall is None or self.spans_per_s <= 0 or self._measured_s < STEP_S:
+        if cpu is None or wall is None or self.spans_per_s <= 0 or self._spans_s < STEP_S:
             return None
         spare = max(0.0, self.budget_cores - (self.cores - self.pass_cores))
         by_cpu = spare / (self.spans_per_s * max(cpu, 1e-9))
@@ -127,12 +134,24 @@ class Shedder:
 
     def pass_cap(self) -> int:
         """How many victims a pass may take to last at most `pass_budget_s` of wall time at the fixed and
-        per-victim cost learnt; one before any pass was timed (that pass is the measurement)."""
-        split = self.wall.split()
-        if split is None:
+        per-victim cost learnt; one before any pass was timed (that pass is the measurement). A victim's cost is
+        not a constant (it grows as the timeline fills and with the busy period), so the bound also grows at most
+        twice the largest pass timed (its cost is seen before a bigger one runs), and shrinks at once in
+        proportion when the last pass outran the budget. Where even one victim's pass outlasts the budget (a
+        starved host), holding victims back would only add passes, each with the fixed cost: then only the
+        doubling bounds a pass, and the share falls instead (`affordable`)."""
+        split, last = self.wall.split(), self._last_pass
+        if split is None or last is None:
             return 1
         fixed, marginal = split
-        return max(1, int((self.pass_budget_s - fixed) / max(marginal, 1e-9)))
+        grown = 2 * self._largest
+        if fixed + marginal >= self.pass_budget_s:
+            return grown
+        cap = min(int((self.pass_budget_s - fixed) / max(marginal, 1e-9)), grown)
+        victims, wall = last
+        if wall > self.pass_budget_s and victims > 1:
+            cap = min(cap, int(victims * self.pass_budget_s / wall))
+        return max(1, cap)
 
     def update(self, wall: float, cpu: float, backlog_s: float, spans: int = 0) -> float:
         """Take the clock, the agent's CPU seconds and the spans fed so far; returns the share to attribute."""
@@ -154,7 +173,10 @@ class Shedder:
         k = alpha / self._weight  # bias-corrected: the first reading counts in full, not an alpha of it against 0
         self.cores += k * (max(0.0, cpu - c0) / dt - self.cores)
         self.pass_cores += k * (max(0.0, self._pass_cpu - p0) / dt - self.pass_cores)
-        self.spans_per_s += k * (max(0, spans - s0) / dt - self.spans_per_s)
+        if spans > 0:
+            self._spans_s += dt
+            self._span_weight += alpha * (1.0 - self._span_weight)
+            self.spans_per_s += alpha / self._span_weight * (max(0, spans - s0) / dt - self.spans_per_s)
         self._last = (wall, cpu, self._pass_cpu, spans)
         afford = self.affordable()
         first_price = afford is not None and not self._priced
@@ -168,6 +190,9 @@ class Shedder:
             target = self.share * min(RISE, max(FALL, self.budget_cores / self.cores))
         else:
             target = self.share * RISE
+        if self._measured_s < WINDOW_S:
+            target = min(target, self.share)  # no rise before a whole window was measured (the start's passes
+            # are cheap: the timeline holds little yet)
         if backlog_s > MAX_BACKLOG_S / 2:
             target = min(target, self.share)  # never more work while events still wait
         if afford is not None:
@@ -187,6 +212,7 @@ class Shedder:
 
 
 def pass_budget_s(settle_interval_s: float, max_pass_wait_s: float) -> float:
-    """The wall time a pass may take: what the freshness goal leaves after a victim waits for its settle tick and
-    the pass spacing (0.25 s at the defaults), at least one settle interval."""
-    return max(settle_interval_s, FRESHNESS_S - settle_interval_s - max_pass_wait_s)
+    """The wall time a pass may take: half of what the freshness goal leaves after a victim waits for its settle
+    tick and the pass spacing, the other half for the events that queue behind the pass (the pipeline feeds none
+    while it runs); 0.25 s at the defaults, at least one settle interval."""
+    return max(settle_interval_s, (FRESHNESS_S - settle_interval_s - max_pass_wait_s) / 2)

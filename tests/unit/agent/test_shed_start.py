@@ -215,3 +215,50 @@ def test_victims_held_back_by_the_bound_go_first_at_the_next_pass(stream: tuple[
     order = sorted(held, key=lambda rid: landed[rid])
     passes_in_landing_order = [first[rid] for rid in order]
     assert passes_in_landing_order == sorted(passes_in_landing_order)  # first landed, first attributed
+
+
+def test_pass_price_splits_fixed_and_per_victim_cost() -> None:
+    from attrib_agent.agent.shedding import PassPrice
+
+    price = PassPrice()
+    assert price.split() is None and price.per_victim() is None
+    for n in (1, 4, 2, 8, 3):
+        price.add(n, 0.02 + 0.01 * n)
+    fixed, marginal = price.split() or (0.0, 0.0)
+    assert fixed == pytest.approx(0.02) and marginal == pytest.approx(0.01)
+    same = PassPrice()
+    for _ in range(3):
+        same.add(2, 0.05)  # all of one size: fixed and per victim cannot be told apart
+    assert same.split() == (0.0, pytest.approx(0.025))
+
+
+def test_the_bound_on_a_pass_grows_at_most_twice_the_largest_and_shrinks_at_once() -> None:
+    """A victim's cost grows as the timeline fills: a bound learnt from the start's cheap passes must not let the
+    next pass take ten times as many; and a pass that outran the budget shrinks the next in proportion."""
+    from attrib_agent.agent.shedding import Shedder
+
+    s = Shedder(BUDGET_CORES, pass_budget_s=0.25)
+    assert s.pass_cap() == 1
+    sizes = []
+    for _ in range(5):
+        s.learn_pass(s.pass_cap(), 0.001 * s.pass_cap(), 0.001 * s.pass_cap())  # cheap: 1 ms a victim
+        sizes.append(s.pass_cap())
+    assert sizes == [2, 4, 8, 16, 32]
+    s.learn_pass(32, 1.0, 0.3)  # 31 ms a victim now: 4x over the budget
+    assert s.pass_cap() <= 8
+
+
+def test_the_share_does_not_rise_before_a_whole_window_was_measured() -> None:
+    from attrib_agent.agent.shedding import WINDOW_S, Shedder
+
+    s = Shedder(BUDGET_CORES)
+    s.share = 0.1
+    t = 0.0
+    while t < WINDOW_S - 1:
+        s.update(t, 0.01 * t, 0.0)  # far under budget
+        t += 0.25
+    assert s.share == 0.1
+    while t < WINDOW_S + 3:
+        s.update(t, 0.01 * t, 0.0)
+        t += 0.25
+    assert s.share > 0.1
