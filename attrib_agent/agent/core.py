@@ -28,7 +28,7 @@ from attrib_agent.agent.gc_freeze import GcFreezer
 from attrib_agent.agent.shedding import MIN_SHARE, Shedder, pass_budget_s
 from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.config.load import AgentConfig
-from attrib_agent.events import Event
+from attrib_agent.events import Event, RequestSpan
 from attrib_agent.http_server import start_server
 from attrib_agent.pipeline import MAX_PASS_WAIT_S, AttributionPipeline
 from attrib_agent.read_model import AgentState, Backlog, inline
@@ -94,6 +94,7 @@ class AgentCore:
         self.shedder = Shedder(budget_cores, pass_s) if budget_cores is not None else None
         if self.shedder is not None:  # from the first pass on: bounded by what a victim costs (one, unmeasured)
             self._bound_passes()
+        self._received: dict[str, float] = {}  # span -> monotonic time received, until its final result (bounded)
         self.results_out = 0
         self._forecast_settle = -1  # the settle the forecast's snapshot was last built for
         self._forecast_ts = float("-inf")  # ... and the event time then
@@ -251,14 +252,23 @@ class AgentCore:
     def _run_batch(self, batch: list[tuple[float, Event]], deadline: float) -> int:
         """On the pipeline thread: feed events until the batch or the time is up; then what follows a batch."""
         n = 0
-        p, shed = self.pipeline, self.shedder
-        for _, ev in batch:
+        p, shed, received = self.pipeline, self.shedder, self._received
+        for t_in, ev in batch:
             if shed is not None and p.settles_on(ev.ts):  # a pass may run: timed, for what a victim costs
                 w0, c0 = time.perf_counter(), time.thread_time()
-                took = len(self.process(ev))
-                shed.learn_pass(took, time.perf_counter() - w0, time.thread_time() - c0)
+                results = self.process(ev)
+                shed.learn_pass(len(results), time.perf_counter() - w0, time.thread_time() - c0)
+                done = time.monotonic()
+                for r in results:
+                    t_span = received.pop(r.request_id, None) if r.final else None
+                    if t_span is not None:
+                        shed.saw_final(done - t_span)
             else:
                 self.process(ev)
+            if shed is not None and isinstance(ev, RequestSpan):  # when it was received, for its result's age
+                received[ev.request_id] = t_in
+                if len(received) > p.config.max_pending:
+                    del received[next(iter(received))]
             n += 1
             if time.monotonic() >= deadline:
                 break

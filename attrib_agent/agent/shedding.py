@@ -16,10 +16,13 @@ stays 1).
 It does not start blind at share 1 (a GPU-rate stream then gave the first passes dozens of victims each, seconds of
 staleness while the share fell): every pass the agent times teaches it what a victim costs (`learn_pass`), and
 - the share never exceeds what the budget affords at that cost: the CPU left beside the rest of the agent over the
-  victims landing a second times a victim's CPU (`affordable`), applied as soon as the first pass is measured;
-  and passes in all take at most the share of the wall time a pass has of the freshness goal;
+  victims landing a second times a victim's CPU (`affordable`), applied as soon as a pass and a second of spans
+  were measured; it rises only once a whole CPU window was;
 - a pass takes at most the victims its wall time allows within the freshness goal (`pass_cap`); before any pass
   was measured, one (the first pass is the measurement).
+- while shedding, results seen final later than the goal (wall from the span's receipt: `saw_final`) halve the
+  share, and it does not rise while a rise would take them past it (an agent within its CPU budget attributes
+  every victim, late or not).
 The CPU average is bias-corrected from the first reading (an average started at 0 read as "under budget" and
 raised the share at the start).
 """
@@ -100,6 +103,7 @@ class Shedder:
     _largest: int = 0  # victims of the largest pass timed
     _last_pass: tuple[int, float] | None = None  # (victims, wall s) of the last pass timed
     _priced: bool = False  # the share was revised with a pass's cost known
+    _stale_s: float = 0.0  # the oldest final result since the last revision: wall from its span's receipt
     _revised: float | None = None
     _behind_since: float | None = None  # wall time the backlog last went over MAX_BACKLOG_S
 
@@ -117,20 +121,21 @@ class Shedder:
         self.wall.add(victims, wall_s)
         self.cpu.add(victims, cpu_s)
 
+    def saw_final(self, age_s: float) -> None:
+        """A final result delivered `age_s` of wall time after its span was received (the freshness goal's own
+        measure, as the agent sees it)."""
+        self._stale_s = max(self._stale_s, age_s)
+
     def affordable(self) -> float | None:
-        """The share the passes' measured cost allows, the lower of: the CPU the rest of the agent leaves in the
-        budget over what the victims landing a second would cost; and passes taking at most the share of the wall
-        time a pass has of the freshness goal (a pass may take `pass_budget_s` of every `FRESHNESS_S`: more, and
-        victims queue behind passes). Per victim, the passes' fixed cost spread over the victims they took (on
-        the safe side: a higher share gathers more victims a pass). None until a pass and a second of spans were
-        measured."""
-        cpu, wall = self.cpu.per_victim(), self.wall.per_victim()
-        if cpu is None or wall is None or self.spans_per_s <= 0 or self._spans_s < STEP_S:
+        """The share the CPU budget pays for: the CPU the rest of the agent leaves in it, over the victims landing a
+        second at what a pass taking one victim costs (its fixed part and one victim's: on the safe side, and
+        what the passes are at a low share; the start's cheap passes, on a timeline still short, do not make it
+        look cheaper by gathering many victims). None until a pass and a second of spans were measured."""
+        split = self.cpu.split()
+        if split is None or self.spans_per_s <= 0 or self._spans_s < STEP_S:
             return None
         spare = max(0.0, self.budget_cores - (self.cores - self.pass_cores))
-        by_cpu = spare / (self.spans_per_s * max(cpu, 1e-9))
-        by_wall = (self.pass_budget_s / FRESHNESS_S) / (self.spans_per_s * max(wall, 1e-9))
-        return min(by_cpu, by_wall)
+        return spare / (self.spans_per_s * max(sum(split), 1e-9))
 
     def pass_cap(self) -> int:
         """How many victims a pass may take to last at most `pass_budget_s` of wall time at the fixed and
@@ -190,9 +195,12 @@ class Shedder:
             target = self.share * min(RISE, max(FALL, self.budget_cores / self.cores))
         else:
             target = self.share * RISE
-        if self._measured_s < WINDOW_S:
+        if self._measured_s < WINDOW_S or self._stale_s * RISE > FRESHNESS_S:
             target = min(target, self.share)  # no rise before a whole window was measured (the start's passes
-            # are cheap: the timeline holds little yet)
+            # are cheap: the timeline holds little yet), nor when as many more victims would miss the goal
+        if self._stale_s > FRESHNESS_S and self.shedding:
+            target = min(target, self.share * FALL)  # shedding, and results older than the goal: fewer victims
+        self._stale_s = 0.0
         if backlog_s > MAX_BACKLOG_S / 2:
             target = min(target, self.share)  # never more work while events still wait
         if afford is not None:

@@ -170,11 +170,11 @@ def test_the_first_pass_takes_one_victim_and_later_ones_what_the_budget_allows(
 
 
 def test_a_quiet_server_keeps_every_victim(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Light load (a few requests a second): the bound on a pass holds victims back for a tick or two at most,
-    and the share stays 1 (nothing skipped)."""
+    """Light load (a few requests a second) under the default budget (a core): the bound on a pass holds victims
+    back for a tick or two at most, and the share stays 1 (nothing skipped)."""
     from tests.unit.timeline.test_finalize_fresh import traffic
 
-    run = run_live(traffic(), monkeypatch)
+    run = run_live(traffic(), monkeypatch, lambda: AgentCore(AttributionPipeline(), budget_cores=1.0))
     last = traffic()[-1].ts
     done = [rid for rid, ts in run.landed.items() if ts < last - 2.0]
     assert all(share == 1.0 for _, share in run.shares)
