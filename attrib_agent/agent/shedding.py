@@ -67,6 +67,16 @@ class PassPrice:
         """The mean cost per victim taken, the fixed part spread over them (None: no pass yet)."""
         return self._sums[3] / self._sums[1] if self._sums[1] > 0 else None
 
+    def one(self) -> float | None:
+        """What a pass taking a single victim costs: fixed + per victim where the passes tell them apart, else the
+        mean pass (its fixed part may be all of it: the safe side for a price)."""
+        split = self.split()
+        if split is None:
+            return None
+        if split[0] > 0:
+            return sum(split)
+        return self._sums[3] / self._sums[0]
+
     def split(self) -> tuple[float, float] | None:
         """(fixed, per victim); where the passes do not tell them apart (all of one size, or a fit that is not a
         cost: a negative part), all of it per victim, the estimate on the safe side for a bound on victims."""
@@ -131,11 +141,11 @@ class Shedder:
         second at what a pass taking one victim costs (its fixed part and one victim's: on the safe side, and
         what the passes are at a low share; the start's cheap passes, on a timeline still short, do not make it
         look cheaper by gathering many victims). None until a pass and a second of spans were measured."""
-        split = self.cpu.split()
-        if split is None or self.spans_per_s <= 0 or self._spans_s < STEP_S:
+        one = self.cpu.one()
+        if one is None or self.spans_per_s <= 0 or self._spans_s < STEP_S:
             return None
         spare = max(0.0, self.budget_cores - (self.cores - self.pass_cores))
-        return spare / (self.spans_per_s * max(sum(split), 1e-9))
+        return spare / (self.spans_per_s * max(one, 1e-9))
 
     def pass_cap(self) -> int:
         """How many victims a pass may take to last at most `pass_budget_s` of wall time at the fixed and

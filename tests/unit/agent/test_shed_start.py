@@ -262,3 +262,47 @@ def test_the_share_does_not_rise_before_a_whole_window_was_measured() -> None:
         s.update(t, 0.01 * t, 0.0)
         t += 0.25
     assert s.share > 0.1
+
+
+def test_late_results_halve_the_share_only_while_shedding() -> None:
+    """The goal's own measure: a result final more than FRESHNESS_S after its span was received halves the share
+    while the agent sheds; an agent within its budget (share 1) still attributes every victim, late or not."""
+    from attrib_agent.agent.shedding import Shedder
+
+    within = Shedder(1.0)
+    within.update(0.0, 0.0, 0.0)
+    for i in range(1, 5):
+        within.saw_final(2 * FRESHNESS_S)
+        within.update(float(i), 0.1 * i, 0.0)
+    assert within.share == 1.0
+    shedding = Shedder(1.0, share=0.5)
+    shedding.update(0.0, 0.0, 0.0)
+    shedding.saw_final(2 * FRESHNESS_S)
+    assert shedding.update(1.0, 0.1, 0.0) == 0.25
+    t = 1.0
+    while t < 30.0:  # fresh results, far under budget: rises again once a window was measured
+        t += 1.0
+        shedding.saw_final(0.2)
+        shedding.update(t, 0.1 * t, 0.0)
+    assert shedding.share > 0.5
+    stuck = Shedder(1.0, share=0.5)
+    t = 0.0
+    while t < 30.0:  # results just inside the goal: a rise would take them past it
+        stuck.saw_final(0.9 * FRESHNESS_S)
+        stuck.update(t, 0.1 * t, 0.0)
+        t += 1.0
+    assert stuck.share == 0.5
+
+
+def test_the_agent_forgets_the_receipt_of_spans_never_attributed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The receipt times kept for the results' age are bounded by max_pending (shed spans never get a result)."""
+    from attrib_agent.pipeline import PipelineConfig
+
+    clock = VirtualClock(0.0, 0.0)
+    monkeypatch.setattr(core_mod, "time", clock)
+    core = AgentCore(AttributionPipeline(PipelineConfig(max_pending=50)), budget_cores=BUDGET_CORES)
+    core.pipeline.attribute_share = 0.0
+    spans = [RequestSpan(0.01 * i, f"cmpl-shed-{i}", "0" * 32, f"{i:016x}", 0.01 * i - 1.0, 0.01 * i,
+                         *[None] * 9) for i in range(200)]
+    core._run_batch([(ev.ts, ev) for ev in spans], math.inf)
+    assert len(core._received) == 50 and "cmpl-shed-199" in core._received
