@@ -32,13 +32,16 @@ from attrib_agent.timeline.step_outcome import StepOutcome
 
 CLOCK_STEP_BACK_S = 30.0
 """Event (receipt) time going back further than this is the clock stepping back, not sources' disorder."""
-MAX_PASS_WAIT_S = 0.5
+MAX_PASS_WAIT_S = 0.25
 """While shedding, attribution passes are at most this much event time apart whatever `pass_gap_s` says (the gap
 the agent also spaces its forecast refresh by, a whole simulation each): what is due waits at most this long. The
 share's choice is made at every settle tick and a pass runs only when a chosen victim (or a partial result) waits,
 so the fixed cost (what a pass reads of the whole timeline, ~10-20 ms on a 36k-step GPU-rate window, and a
 cost-model refit) is paid per pass with victims: at the share floor (~0.6 victims a second at GPU rates) fewer
-passes than one a second, and a victim's pass usually comes at the next tick."""
+passes than one a second. One settle interval (the default's): a victim's pass comes at its next tick. At 0.5 s
+(before) a victim landing just after a pass waited for the tick past that half second: 0.5-0.75 s, and with its
+pass and the events queued behind it the live tail sat at 1.0-1.1 s. More victims a second pay more fixed costs,
+which the agent's share accounts for (`Shedder.affordable` prices a victim with the passes' fixed cost spread)."""
 
 
 def chosen(request_id: str, share: float) -> bool:
@@ -134,6 +137,11 @@ class AttributionPipeline:
         # newly landed requests attributed, chosen by a hash of the id so the choice is stable and unbiased.
         self.attribute_share = 1.0
         self.pass_gap_s = 0.0  # ... in passes at least this much event time apart (a pass has a fixed cost)
+        # Live, the agent's freshness budget over a pass's measured cost: a pass takes at most this many new
+        # victims (those chosen at `floor_share` first, then the oldest); the rest wait for the next pass, or are
+        # shed there if the share fell meanwhile. None: no bound (a replay).
+        self.max_pass_victims: int | None = None
+        self.floor_share = 0.0  # victims chosen at this share (the agent's floor) are never held back by that bound
         self._last_pass: float | None = None
         self.victims_skipped = 0
         self._skipped: OrderedDict[str, None] = OrderedDict()  # the last max_pending skipped ids, for status()
@@ -239,10 +247,14 @@ class AttributionPipeline:
         self._last_pass = now
         self.attributor.one_refit_a_pass = self.pass_gap_s > 0  # shedding: one cost-model refit a pass
         lcs = {lc.request_id: lc for lc in self.timeline.lifecycles()}
-        for rid, finished in self._partial.items():
-            if now - finished >= self.config.partial_timeout_s or not self._blockers(rid, lcs, now):
-                wanted.add(rid)
-        self._due.clear()
+        ready = {rid for rid, finished in self._partial.items()
+                 if now - finished >= self.config.partial_timeout_s or not self._blockers(rid, lcs, now)}
+        held = self._beyond_cap(wanted, len(ready))
+        wanted = (wanted - held) | ready
+        if held:
+            self._due = OrderedDict.fromkeys(rid for rid in self._due if rid in held)
+        else:
+            self._due.clear()
         if not wanted:
             return []
         out: list[AttributionResult] = []
@@ -272,6 +284,24 @@ class AttributionPipeline:
 
     def _attributed(self, rid: str) -> bool:
         return chosen(rid, self.attribute_share)
+
+    def _beyond_cap(self, wanted: set[str], refining: int) -> set[str]:
+        """The new victims this pass leaves for the next under `max_pass_victims`, counting the `refining` partial
+        results it takes again (never held: they are older): those chosen at `floor_share` go first, whatever the
+        bound, then the rest in the order they landed (the oldest first: none waits behind newer ones pass after
+        pass). Empty without a bound."""
+        cap = self.max_pass_victims
+        if cap is None or len(wanted) + refining <= cap:
+            return set()
+        order = [rid for rid in self._due if rid in wanted]
+        floor = [rid for rid in order if chosen(rid, self.floor_share)]
+        room = max(0, cap - refining - len(floor))
+        rest = [rid for rid in order if not chosen(rid, self.floor_share)]
+        return set(rest[room:])
+
+    def settles_on(self, ts: float) -> bool:
+        """Whether feeding an event received at `ts` begins a settle (the agent times its passes by it)."""
+        return self._next_settle is not None and ts >= self._next_settle
 
     def _skip(self, rids: Iterable[str]) -> None:
         for rid in rids:

@@ -29,6 +29,7 @@ _passes: list[dict[str, Any]] = []  # each attribution pass that ran
 _batches: list[tuple[float, float, int]] = []  # (wall start, wall end, events) of each pipeline batch
 _forecasts: list[tuple[float, float, float]] = []  # (wall start, wall end, thread CPU) of each forecast refresh
 _steps: list[tuple[float, float, float]] = []  # (log end stamp, receipt ts, wall fed) of each engine step
+_shares: list[dict[str, Any]] = []  # the shedder after each batch that changed its share or its price
 _lock = threading.Lock()
 
 
@@ -83,6 +84,12 @@ def _wrap() -> None:
         t0 = time.time()
         n = run_batch(self, batch, deadline)
         _batches.append((t0, time.time(), n))
+        shed = self.shedder
+        if shed is not None:
+            seen = (shed.share, self.pipeline.max_pass_victims, shed.affordable())
+            if not _shares or seen != _shares[-1]["seen"]:
+                _shares.append({"wall": t0, "seen": seen, "cores": shed.cores, "pass_cores": shed.pass_cores,
+                                "spans_per_s": shed.spans_per_s, "cpu_one": shed.cpu.one()})
         return n
 
     def t_refresh(self: core_mod.AgentCore) -> None:
@@ -108,7 +115,8 @@ def _write(out: Path) -> None:
         i = bisect_left(ends, end) if end is not None else len(ends)
         if i < len(steps):
             d["last_step_fed"] = steps[i][2]
-    out.write_text(json.dumps({"spans": spans, "passes": _passes, "batches": _batches, "forecasts": _forecasts}))
+    out.write_text(json.dumps({"spans": spans, "passes": _passes, "batches": _batches, "forecasts": _forecasts,
+                               "shares": _shares}))
 
 
 STAGES = (

@@ -54,6 +54,7 @@ from typing import Any
 import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+import attrib_agent
 from attrib_agent.lab.playback import (
     Delivery,
     Due,
@@ -181,8 +182,13 @@ def start_agent(workdir: Path, metrics_url: str, log_file: Path, cpu: int | None
         if cpu is not None:
             os.sched_setaffinity(0, {cpu})
 
+    # The agent runs the code this benchmark imported: the `attrib-agent` script alone would import the package
+    # its environment was installed from (an editable install points at one checkout), not this worktree's.
+    here = str(Path(attrib_agent.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
     with (workdir / "agent.log").open("ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=pin)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=pin,
+                                env=env)
     api_url = f"http://127.0.0.1:{api}"
     deadline = time.monotonic() + AGENT_START_S
     with httpx.Client(trust_env=False, timeout=2.0) as c:

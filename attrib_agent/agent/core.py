@@ -25,12 +25,12 @@ from typing import Any
 
 from attrib_agent.agent import fit_store
 from attrib_agent.agent.gc_freeze import GcFreezer
-from attrib_agent.agent.shedding import Shedder
+from attrib_agent.agent.shedding import MIN_SHARE, Shedder, pass_budget_s
 from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.config.load import AgentConfig
-from attrib_agent.events import Event
+from attrib_agent.events import Event, RequestSpan
 from attrib_agent.http_server import start_server
-from attrib_agent.pipeline import AttributionPipeline
+from attrib_agent.pipeline import MAX_PASS_WAIT_S, AttributionPipeline
 from attrib_agent.read_model import AgentState, Backlog, inline
 from attrib_agent.sinks import registry as sink_registry
 from attrib_agent.sinks.api.app import api_app
@@ -90,7 +90,11 @@ class AgentCore:
         self._worker: ThreadPoolExecutor | None = None
         self._threaded = False
         self.threaded = threaded
-        self.shedder = Shedder(budget_cores) if budget_cores is not None else None
+        pass_s = pass_budget_s(pipeline.config.settle_interval_s, MAX_PASS_WAIT_S)
+        self.shedder = Shedder(budget_cores, pass_s) if budget_cores is not None else None
+        if self.shedder is not None:  # from the first pass on: bounded by what a victim costs (one, unmeasured)
+            self._bound_passes()
+        self._received: dict[str, float] = {}  # span -> monotonic time received, until its final result (bounded)
         self.results_out = 0
         self._forecast_settle = -1  # the settle the forecast's snapshot was last built for
         self._forecast_ts = float("-inf")  # ... and the event time then
@@ -248,19 +252,42 @@ class AgentCore:
     def _run_batch(self, batch: list[tuple[float, Event]], deadline: float) -> int:
         """On the pipeline thread: feed events until the batch or the time is up; then what follows a batch."""
         n = 0
-        for _, ev in batch:
-            self.process(ev)
+        p, shed, received = self.pipeline, self.shedder, self._received
+        for t_in, ev in batch:
+            if shed is not None and p.settles_on(ev.ts):  # a pass may run: timed, for what a victim costs
+                w0, c0 = time.perf_counter(), time.thread_time()
+                results = self.process(ev)
+                shed.learn_pass(len(results), time.perf_counter() - w0, time.thread_time() - c0)
+                done = time.monotonic()
+                for r in results:
+                    t_span = received.pop(r.request_id, None) if r.final else None
+                    if t_span is not None:
+                        shed.saw_final(done - t_span)
+            else:
+                self.process(ev)
+            if shed is not None and isinstance(ev, RequestSpan):  # when it was received, for its result's age
+                received[ev.request_id] = t_in
+                if len(received) > p.config.max_pending:
+                    del received[next(iter(received))]
             n += 1
             if time.monotonic() >= deadline:
                 break
         self._health.success(self.state.clock())
         self.refresh_forecast()  # a no-op unless the batch settled: then the forecast's snapshot, here
-        self.state.mode_now = self.pipeline.mode()
-        if self.shedder is not None:
-            p = self.pipeline
-            p.attribute_share = self.shedder.update(time.monotonic(), time.process_time(), self.backlog().oldest_s)
-            p.pass_gap_s = self.shedder.pass_gap_s(p.config.settle_interval_s)
+        self.state.mode_now = p.mode()
+        if shed is not None:
+            p.attribute_share = shed.update(time.monotonic(), time.process_time(), self.backlog().oldest_s,
+                                            p.events["RequestSpan"])
+            p.pass_gap_s = shed.pass_gap_s(p.config.settle_interval_s)
+            self._bound_passes()
         return n
+
+    def _bound_passes(self) -> None:
+        """The pipeline's bound on a pass's victims: the freshness goal's pass time over a victim's cost so far."""
+        p, shed = self.pipeline, self.shedder
+        assert shed is not None
+        p.max_pass_victims = shed.pass_cap()
+        p.floor_share = MIN_SHARE
 
     def refresh_forecast(self) -> None:
         """After each settle, the forecast's snapshot (state, the future without a candidate, the reference

@@ -3,14 +3,14 @@ drops while events wait; the pipeline skips the rest by a stable hash of the id,
 
 from __future__ import annotations
 
-from dataclasses import replace
+from functools import cache
 from pathlib import Path
 
 import pytest
 
 from attrib_agent.agent.shedding import BEHIND_FOR_S, MAX_BACKLOG_S, MAX_PASS_GAP_S, MIN_SHARE, Shedder
-from attrib_agent.events import RequestSpan
-from attrib_agent.pipeline import AttributionPipeline
+from attrib_agent.events import Event
+from attrib_agent.pipeline import AttributionPipeline, PipelineConfig
 from attrib_agent.sinks.api.app import api_app
 from tests.unit.sinks.api_replayed import call, events, replayed, state_of
 
@@ -118,14 +118,25 @@ def test_passes_are_spaced_as_the_share_falls() -> None:
     assert s.pass_gap_s(0.25) == MAX_PASS_GAP_S
 
 
+@cache
+def gpu_rate_2s() -> tuple[Event, ...]:
+    """2 s of the GPU-rate stream (~60 finished requests a second)."""
+    import tempfile
+
+    from attrib_agent.sources.replay import ReplaySource
+    from benchmarks._gpu_rate import GPU_RATE_SOURCES, build_gpu_rate, load_source
+    from benchmarks._recordings import FIXTURES
+
+    with tempfile.TemporaryDirectory() as d:
+        info = build_gpu_rate(d, duration_s=2.0, sources=[load_source(FIXTURES / n) for n in GPU_RATE_SOURCES])
+        return tuple(ReplaySource(info.path).events())
+
+
 def passes_with(gap_s: float) -> tuple[AttributionPipeline, int]:
-    """Each span landing on its own 50 ms after its request's end (a busy server's exports), so that passes every
-    settle tick would each take one or two victims."""
-    p = AttributionPipeline()
+    """Settle ticks 20 ms apart, under `MAX_PASS_WAIT_S`: at GPU rates a pass every tick takes one victim or two."""
+    p = AttributionPipeline(PipelineConfig(settle_interval_s=0.02))
     p.pass_gap_s = gap_s
-    spans_alone = sorted((replace(e, ts=e.end_ts + 0.05) if isinstance(e, RequestSpan) else e
-                          for e in events("shorts")), key=lambda e: e.ts)
-    passes = sum(bool(p.feed(ev)) for ev in spans_alone)
+    passes = sum(bool(p.feed(ev)) for ev in gpu_rate_2s())
     p.pass_gap_s = 0.0
     p.settle()
     return p, passes
