@@ -89,7 +89,10 @@ def test_agent_inputs_are_unchanged_in_kind_and_the_plugin_is_cheap(with_plugin,
         return Counter(type(ev).__name__ for ev in ReplaySource(rec.path).events())
 
     a, b = kinds(with_plugin), kinds(without_plugin)
-    assert set(a) == set(b), (a, b)
+    # vLLM logs its stats line on a 10 s timer while busy: a run of a few seconds holds one or none, by the timer's
+    # phase, plugin or not (a CI run had one only without the plugin). Every other kind must match.
+    on_a_timer = {"StatsLine"}
+    assert set(a) - on_a_timer == set(b) - on_a_timer, (a, b)
     for kind in ("RequestReceived", "RequestAdded", "RequestSpan"):
         assert a[kind] == b[kind], (kind, a, b)
     costs = [m["cost_us"] for m in steps_of(with_plugin)[1:]]
