@@ -93,6 +93,7 @@ class AgentCore:
         pass_s = pass_budget_s(pipeline.config.settle_interval_s, MAX_PASS_WAIT_S)
         self.shedder = Shedder(budget_cores, pass_s) if budget_cores is not None else None
         if self.shedder is not None:  # from the first pass on: bounded by what a victim costs (one, unmeasured)
+            pipeline.floor_share = MIN_SHARE  # victims chosen at the floor are never held back by that bound
             self._bound_passes()
         self._received: dict[str, float] = {}  # span -> monotonic time received, until its final result (bounded)
         self.results_out = 0
@@ -287,7 +288,6 @@ class AgentCore:
         p, shed = self.pipeline, self.shedder
         assert shed is not None
         p.max_pass_victims = shed.pass_cap()
-        p.floor_share = MIN_SHARE
 
     def refresh_forecast(self) -> None:
         """After each settle, the forecast's snapshot (state, the future without a candidate, the reference

@@ -20,7 +20,7 @@ from attrib_agent.attribution.sim_types import SimRequest, StepCost
 from attrib_agent.attribution.slo import SloConfig
 
 __all__ = ["ArrivalLoad", "Baseline", "Candidate", "EngineState", "Forecast", "ForecastConfig", "ForecastSettings",
-           "Harm", "InFlight", "Run", "base_run", "baseline", "forecast"]
+           "Harm", "InFlight", "Run", "baseline", "forecast"]
 
 CANDIDATE_PREFIX = "candidate-"
 EXPECTED_PREFIX = "expected-"
@@ -136,11 +136,6 @@ def baseline(state: EngineState, cost: StepCost, config: ForecastConfig | None =
     return Baseline(run, expected, watch, tuple(sorted({r.request_id for r in state.requests})),
                     tuple(sorted(arrivals)),
                     {r.request_id: r.arrival_ts for r in state.requests if r.first_token_ts is None}, arrivals)
-
-
-def base_run(state: EngineState, cost: StepCost, config: ForecastConfig | None = None) -> Run:
-    """The future without any candidate: what every candidate's run is compared with."""
-    return baseline(state, cost, config).run
 
 
 def forecast(state: EngineState, candidates: Sequence[Candidate], cost: StepCost,

@@ -16,7 +16,7 @@ from attrib_agent.attribution.forecast import (
     EngineState,
     ForecastConfig,
     InFlight,
-    base_run,
+    baseline,
     forecast,
 )
 from attrib_agent.attribution.sim_types import SchedulerConfig
@@ -125,7 +125,7 @@ def test_stretch_ends_in_plain_python_or_numpy_are_the_same_floats(monkeypatch: 
     runs = []
     for small in (0, 10**9):  # every stretch through numpy, then every one in Python
         monkeypatch.setattr(forecast_sim, "SMALL_STRETCH", small)
-        runs.append((base_run(state, COST), [f.as_dict() for f in forecast(state, cands, COST)]))
+        runs.append((baseline(state, COST).run, [f.as_dict() for f in forecast(state, cands, COST)]))
     (base_np, fc_np), (base_py, fc_py) = runs
     assert base_np.tokens == base_py.tokens and base_np.first_token == base_py.first_token  # exactly, not approx
     assert fc_np == fc_py
