@@ -105,10 +105,12 @@ def engine_state(pipeline: PipelineParts, config: StateConfig | None = None,
             waiting.append(req)
     ordered = [r for _, r in sorted(running, key=lambda x: x[0])]
     ordered += [r for _, r in sorted(preempted, key=lambda x: x[0])] + waiting
+    basis = "declared"
     if load is None:  # the last agent's load until this one has seen two arrivals of its own
-        load = learnt_load(lcs, now, cfg, tl.cached_tokens) if len(lcs) >= 2 else pipeline.engine_watch.arrivals
+        load, basis = ((learnt_load(lcs, now, cfg, tl.cached_tokens), "learnt") if len(lcs) >= 2
+                       else (pipeline.engine_watch.arrivals, "saved"))
     return EngineState(now, pipeline.attributor.scheduler_config(tl), tuple(ordered), load,
-                       pipeline.attributor.frontend_offsets()[0], tl.engine)
+                       pipeline.attributor.frontend_offsets()[0], tl.engine, basis)
 
 
 class ScaledCost:

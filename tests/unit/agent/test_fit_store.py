@@ -200,8 +200,11 @@ def test_a_restarted_agent_expects_the_traffic_the_last_one_saw_until_it_sees_it
     events = until_whale(LATER)
     restarted, cold = agent(tmp_path), agent(None)
     warm_answer, cold_answer = forecast(restarted, events), forecast(cold, events)
-    assert cold_answer["expected_load"] is None and cold_answer["expected_arrivals"]["requests"] == 0
+    # cold: nobody known to come, so one probe arrival (it says what the next request waits), said so
+    assert cold_answer["expected_load"] is None and cold_answer["expected_arrivals"]["requests"] == 1
+    assert cold_answer["load_basis"] == "probe" and cold_answer["expected_arrivals"]["ttft_extra_sum_s"] > 0.05
     assert warm_answer["expected_load"]["rate_per_s"] == pytest.approx(load["rate_per_s"])
+    assert warm_answer["load_basis"] == "saved"
     assert warm_answer["expected_arrivals"]["ttft_extra_sum_s"] > 0  # harm to those the stream brings
 
     # once this run's own arrivals are seen, they are the load (the saved one was only a prior)
@@ -209,4 +212,5 @@ def test_a_restarted_agent_expects_the_traffic_the_last_one_saw_until_it_sees_it
     own = [i for i, ev in enumerate(rest) if isinstance(ev, RequestReceived)]
     later = forecast(restarted, rest[: own[3] + 1])
     assert later["expected_load"]["rate_per_s"] != pytest.approx(load["rate_per_s"])
+    assert later["load_basis"] == "learnt"
 
