@@ -119,15 +119,18 @@ class ScaledCost:
     through it; `cost` and `factor` say what it was made from. `gap_s`, when given, is the gap between steps in
     place of the scaled model's (`forecast_cost`: measured, not fitted)."""
 
-    __slots__ = ("cost", "factor", "gap_s", "step_seconds", "step_seconds_with_prefill")
+    __slots__ = ("cost", "factor", "gap_s", "prefill", "step_seconds", "step_seconds_with_prefill")
     step_seconds: Callable[[int, int, int], float]
     step_seconds_with_prefill: Callable[..., float]
 
-    def __init__(self, cost: StepCostModel, factor: float, gap_s: float | None = None) -> None:
+    def __init__(self, cost: StepCostModel, factor: float, gap_s: float | None = None,
+                 prefill: float = 1.0) -> None:
         prices = FrozenCost.of(cost, factor)
         if gap_s is not None:
             prices = replace(prices, gap_s=gap_s)
-        self.cost, self.factor, self.gap_s = cost, factor, prices.gap_s
+        if prefill != 1.0:
+            prices = replace(prices, b=prices.b * prefill, e=prices.e * prefill, f=prices.f * prefill)
+        self.cost, self.factor, self.gap_s, self.prefill = cost, factor, prices.gap_s, prefill
         self.step_seconds, self.step_seconds_with_prefill = prices.step_seconds, prices.step_seconds_with_prefill
 
 
@@ -156,11 +159,38 @@ def forecast_cost(pipeline: PipelineParts, max_steps: int = 64, gap_steps: int =
         observed += out.record.elapsed_s
     factor = observed / predicted if observed > 0 and predicted > 0 else None
     measured = last_gap(pipeline, gap_steps)
-    if factor is None and measured is None:
+    # no step of this run to read the pace from (a restarted agent before its first step): the fit's own
+    # prefill evidence corrects its chunk price; once the pace is measured, the pace is the better figure
+    chunks = prefill_factor(cost) if factor is None and cost.fitted else None
+    if factor is None and measured is None and chunks is None:
         return cost
     k = 1.0 if factor is None else factor
     # the fit's gap is the prior's plus its residual mean (a compute figure, scaled): the prior's part measured
-    return ScaledCost(cost, k, None if measured is None else max(k * (gap - cost.prior.step_gap_s) + measured, 0.0))
+    return ScaledCost(cost, k, None if measured is None else max(k * (gap - cost.prior.step_gap_s) + measured, 0.0),
+                      1.0 if chunks is None else chunks)
+
+
+def prefill_factor(cost: StepCostModel) -> float | None:
+    """How much longer the prefill steps the fit reads took than it prices their prefill part: per step, its time
+    beyond the other terms over its prefill terms (tokens, pairs, requests); the median weighted by those terms'
+    price, so long chunks weigh what they cost and a few slow recordings do not decide. The fit is robust over
+    ~1,000 mostly-decode steps, so a whale's few long chunks are down-weighted as outliers and priced low
+    (preempt-midstream's second chunks 0.75-1.38 s, priced 0.64-0.95 s). None with no prefill step priced."""
+    a, b, c, d, e, f = cost.coefficients.as_tuple()
+    ratios: list[tuple[float, float]] = []
+    total = 0.0
+    for row, y in cost.prefill_steps():
+        priced = b * row[1] + e * row[4] + f * row[5]
+        if priced > 0:
+            ratios.append(((y - a - c * row[2] - d * row[3]) / priced, priced))
+            total += priced
+    ratios.sort()
+    acc = 0.0
+    for ratio, weight in ratios:
+        acc += weight
+        if acc >= total / 2:
+            return ratio if ratio > 0 else None
+    return None
 
 
 def last_gap(pipeline: PipelineParts, steps: int = 1024) -> float | None:
