@@ -192,8 +192,9 @@ def test_the_fit_is_saved_every_interval_while_it_changes(tmp_path: Path) -> Non
 
 
 def test_a_restarted_agent_expects_the_traffic_the_last_one_saw_until_it_sees_its_own(tmp_path: Path) -> None:
-    """preempt's whales come 0.2 s into a run, before any short: a fresh agent expects nobody and calls the whale
-    harmless; one restarted on the last run's state expects that run's short stream until two arrivals are seen."""
+    """preempt's whales come 0.2 s into a run, before any short: a fresh agent knows nobody to expect (it runs the
+    probe); one restarted on the last run's state expects that run's short stream, then its own arrivals with
+    the saved stream filling the part of the window it has not watched."""
     path = saved(tmp_path)
     load = json.loads(path.read_bytes())["load"]
     earlier = [ev for ev in ReplaySource(EARLIER).events() if isinstance(ev, RequestReceived)]
@@ -211,10 +212,10 @@ def test_a_restarted_agent_expects_the_traffic_the_last_one_saw_until_it_sees_it
     assert warm_answer["load_basis"] == "saved"
     assert warm_answer["expected_arrivals"]["ttft_extra_sum_s"] > 0  # harm to those the stream brings
 
-    # once this run's own arrivals are seen, they are the load (the saved one was only a prior)
+    # once this run's own arrivals are seen, they count, the saved load filling the window's unwatched part
     rest = list(ReplaySource(LATER).events())[len(events):]
     own = [i for i, ev in enumerate(rest) if isinstance(ev, RequestReceived)]
     later = forecast(restarted, rest[: own[3] + 1])
     assert later["expected_load"]["rate_per_s"] != pytest.approx(load["rate_per_s"])
-    assert later["load_basis"] == "learnt"
+    assert later["load_basis"] == "learnt+saved"  # ... blended until it has watched a window of its own
 

@@ -192,6 +192,30 @@ def test_the_learnt_load_takes_the_prefix_its_arrivals_found_cached() -> None:
     assert plain is not None and plain.cached_prefix_tokens == 0 and plain.rate_per_s == load.rate_per_s
 
 
+def test_until_it_has_watched_a_window_a_restarted_agent_fills_the_rest_with_the_load_the_last_one_saw() -> None:
+    """preempt/w3's restarted agent had seen two whales in 0.1 s: its own load alone was whales at 2/s. The part
+    of the 30 s window before its first arrival is now the saved stream (4.3/s of 32-token shorts); once it has
+    watched a whole window of its own, its arrivals alone are the load, as without a saved one."""
+    from attrib_agent.attribution.forecast_state import learnt_load
+    from attrib_agent.timeline.model import RequestLifecycle
+
+    cfg = StateConfig()
+    saved = ArrivalLoad(4.3, 32, 32)
+    whales = [RequestLifecycle(f"w{i}", arrival_ts=100.0 + 0.05 * i, prompt_tokens=3900, max_tokens=800)
+              for i in range(2)]
+    alone = learnt_load(whales, 100.1, cfg)
+    assert alone is not None and alone.prompt_tokens == 3900 and alone.rate_per_s == pytest.approx(2.0)
+    blended = learnt_load(whales, 100.1, cfg, prior=saved)
+    assert blended is not None and (blended.prompt_tokens, blended.max_tokens) == (32, 32)
+    assert blended.rate_per_s == pytest.approx((2 + 4.3 * (30 - 0.1)) / 30)
+    assert learnt_load([], 100.1, cfg, prior=saved) == ArrivalLoad(4.3, 32, 32)  # nothing of its own: the saved
+    # a window of its own watched: the saved load no longer counts
+    stream = [RequestLifecycle(f"s{i}", arrival_ts=100.0 + i, prompt_tokens=500, max_tokens=64) for i in range(31)]
+    assert learnt_load(stream, 130.0, cfg, prior=saved) == learnt_load(stream, 130.0, cfg)
+    half = learnt_load(stream[:16], 115.0, cfg, prior=saved)  # half a window: the two weigh 16 against 64.5
+    assert half is not None and half.prompt_tokens == 32 and half.rate_per_s == pytest.approx((16 + 4.3 * 15) / 30)
+
+
 def _at_w3(rec: str) -> AttributionPipeline:
     p = AttributionPipeline()
     for ev in ReplaySource(RECORDINGS.parent / "truth" / "preempt" / "runs" / rec).events():
