@@ -257,6 +257,11 @@ class StepCostModel:
         gap = statistics.fmean(gaps) if len(gaps) >= self.min_steps else self.prior.step_gap_s
         self._gap_s = max(gap + bias, 0.0)
 
+    def prefill_steps(self) -> list[tuple[_Row, float]]:
+        """The prefill steps the fit reads (its window's and those kept past it), each as its row and seconds: a
+        reader's own check of how the fit prices them (the forecast's, `forecast_state.prefill_factor`)."""
+        return [(r, y) for r, y in _window(self._rows, self._kept) if r[1] > 0] if self._rows else []
+
     @property
     def window_steps(self) -> int:
         """Steps currently in the fitting window (at most `max_window`)."""

@@ -24,6 +24,11 @@ __all__ = ["ArrivalLoad", "Baseline", "Candidate", "EngineState", "Forecast", "F
 
 CANDIDATE_PREFIX = "candidate-"
 EXPECTED_PREFIX = "expected-"
+PROBE_ID = f"{EXPECTED_PREFIX}probe"
+"""With no load known (none declared, none learnt, none saved), one probe arrival of the smallest size (a token
+in, a token out) right behind the candidate: its extra TTFT is the wait the candidate puts on whoever comes next,
+head-of-line on its prefill, with no cost of its own. Expecting nobody (the forecast before) read as a
+confident "harmless" for a whale that then held up every short of a stream the agent had not seen yet."""
 
 
 @dataclass(frozen=True)
@@ -73,12 +78,20 @@ class Forecast:
     expected: Harm  # the requests expected to arrive within the horizon
     expected_load: ArrivalLoad | None
     preemptions: int  # extra preemptions the candidate causes
+    load_basis: str = "declared"  # what `expected` is: declared, learnt, saved (the last agent's) or probe
+    stay_s: float | None = None  # from now to its last token, its decode priced alone (a lower bound; not exported)
 
     @property
     def ttft_extra_sum_s(self) -> float:
         return self.in_flight.ttft_extra_sum_s + self.expected.ttft_extra_sum_s
 
     def harmless(self, config: ForecastConfig) -> bool:
+        """Summed extra TTFT under `harmless_s` and nobody in flight pushed past the ITL SLO. With no load known
+        (the probe) that says only what the next arrival would wait: a candidate that stays on the engine
+        longer than `harmless_s` (a 32-token prompt decoding 1,500 tokens) can still slow a stream the agent has
+        not seen, so it is not called harmless; `load_basis` says why."""
+        if self.load_basis == "probe" and (self.stay_s is None or self.stay_s >= config.harmless_s):
+            return False
         return self.ttft_extra_sum_s < config.harmless_s and not self.in_flight.itl_slo_pushed
 
     def as_dict(self) -> dict[str, object]:
@@ -93,13 +106,15 @@ class Forecast:
                     "max_tokens": self.expected_load.max_tokens, "first_in_s": self.expected_load.first_in_s,
                     "mix": [list(m) for m in self.expected_load.mix],
                     "cached_prefix_tokens": self.expected_load.cached_prefix_tokens},
-                "extra_preemptions": self.preemptions}
+                "load_basis": self.load_basis, "extra_preemptions": self.preemptions}
 
 
 def expected_arrivals(state: EngineState, config: ForecastConfig) -> list[SimRequest]:
-    """The arrivals the load predicts within the horizon."""
+    """The arrivals the load predicts within the horizon; with no load, the probe (`PROBE_ID`)."""
     load = state.load
-    if load is None or load.rate_per_s <= 0:
+    if load is None:
+        return [SimRequest(PROBE_ID, state.now, 1, 1)]
+    if load.rate_per_s <= 0:  # a declared "nobody comes"
         return []
     gap = 1.0 / load.rate_per_s
     first = 0.5 * gap if load.first_in_s is None else load.first_in_s
@@ -158,6 +173,8 @@ def forecast(state: EngineState, candidates: Sequence[Candidate], cost: StepCost
                             first_token_only=frozenset({cid}), until=window_end(state, cfg),
                             itl_limit=cfg.itl_p95_slo_s, keep_tokens=False)
         first = run.first_token.get(cid)
+        stay = None if first is None else first - state.now + (c.max_tokens - 1) * cost.step_seconds(
+            0, 1, c.prompt_tokens)
         admitted = cid in run.first_members
         reason = None if admitted or refused else (
             run.first_stop if run.first_blocked == cid or run.first_stop in ("budget", "seats", "preemption")
@@ -167,7 +184,8 @@ def forecast(state: EngineState, candidates: Sequence[Candidate], cost: StepCost
             None if first is None else first - state.now + state.ttft_offset_s,
             _harm(base.run, run, base.awaiting, base.in_flight, state.ttft_offset_s, cfg),
             _harm(base.run, run, base.arrivals, base.arriving, state.ttft_offset_s, cfg),
-            state.load, max(run.preemptions - base.run.preemptions, 0)))
+            state.load, max(run.preemptions - base.run.preemptions, 0),
+            "probe" if state.load is None else state.load_basis, stay))
     return out
 
 

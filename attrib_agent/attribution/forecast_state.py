@@ -105,10 +105,13 @@ def engine_state(pipeline: PipelineParts, config: StateConfig | None = None,
             waiting.append(req)
     ordered = [r for _, r in sorted(running, key=lambda x: x[0])]
     ordered += [r for _, r in sorted(preempted, key=lambda x: x[0])] + waiting
-    if load is None:  # the last agent's load until this one has seen two arrivals of its own
-        load = learnt_load(lcs, now, cfg, tl.cached_tokens) if len(lcs) >= 2 else pipeline.engine_watch.arrivals
+    basis = "declared"
+    if load is None:  # learnt; the part of the window before this agent's first arrival as the last agent saw it
+        saved = pipeline.engine_watch.arrivals
+        load = learnt_load(lcs, now, cfg, tl.cached_tokens, saved)
+        basis = "saved" if not lcs else "learnt" if saved is None or _covered(lcs, now, cfg) >= 1 else "learnt+saved"
     return EngineState(now, pipeline.attributor.scheduler_config(tl), tuple(ordered), load,
-                       pipeline.attributor.frontend_offsets()[0], tl.engine)
+                       pipeline.attributor.frontend_offsets()[0], tl.engine, basis)
 
 
 class ScaledCost:
@@ -117,15 +120,18 @@ class ScaledCost:
     through it; `cost` and `factor` say what it was made from. `gap_s`, when given, is the gap between steps in
     place of the scaled model's (`forecast_cost`: measured, not fitted)."""
 
-    __slots__ = ("cost", "factor", "gap_s", "step_seconds", "step_seconds_with_prefill")
+    __slots__ = ("cost", "factor", "gap_s", "prefill", "step_seconds", "step_seconds_with_prefill")
     step_seconds: Callable[[int, int, int], float]
     step_seconds_with_prefill: Callable[..., float]
 
-    def __init__(self, cost: StepCostModel, factor: float, gap_s: float | None = None) -> None:
+    def __init__(self, cost: StepCostModel, factor: float, gap_s: float | None = None,
+                 prefill: float = 1.0) -> None:
         prices = FrozenCost.of(cost, factor)
         if gap_s is not None:
             prices = replace(prices, gap_s=gap_s)
-        self.cost, self.factor, self.gap_s = cost, factor, prices.gap_s
+        if prefill != 1.0:
+            prices = replace(prices, b=prices.b * prefill, e=prices.e * prefill, f=prices.f * prefill)
+        self.cost, self.factor, self.gap_s, self.prefill = cost, factor, prices.gap_s, prefill
         self.step_seconds, self.step_seconds_with_prefill = prices.step_seconds, prices.step_seconds_with_prefill
 
 
@@ -154,11 +160,38 @@ def forecast_cost(pipeline: PipelineParts, max_steps: int = 64, gap_steps: int =
         observed += out.record.elapsed_s
     factor = observed / predicted if observed > 0 and predicted > 0 else None
     measured = last_gap(pipeline, gap_steps)
-    if factor is None and measured is None:
+    # no step of this run to read the pace from (a restarted agent before its first step): the fit's own
+    # prefill evidence corrects its chunk price; once the pace is measured, the pace is the better figure
+    chunks = prefill_factor(cost) if factor is None and cost.fitted else None
+    if factor is None and measured is None and chunks is None:
         return cost
     k = 1.0 if factor is None else factor
     # the fit's gap is the prior's plus its residual mean (a compute figure, scaled): the prior's part measured
-    return ScaledCost(cost, k, None if measured is None else max(k * (gap - cost.prior.step_gap_s) + measured, 0.0))
+    return ScaledCost(cost, k, None if measured is None else max(k * (gap - cost.prior.step_gap_s) + measured, 0.0),
+                      1.0 if chunks is None else chunks)
+
+
+def prefill_factor(cost: StepCostModel) -> float | None:
+    """How much longer the prefill steps the fit reads took than it prices their prefill part: per step, its time
+    beyond the other terms over its prefill terms (tokens, pairs, requests); the median weighted by those terms'
+    price, so long chunks weigh what they cost and a few slow recordings do not decide. The fit is robust over
+    ~1,000 mostly-decode steps, so a whale's few long chunks are down-weighted as outliers and priced low
+    (preempt-midstream's second chunks 0.75-1.38 s, priced 0.64-0.95 s). None with no prefill step priced."""
+    a, b, c, d, e, f = cost.coefficients.as_tuple()
+    ratios: list[tuple[float, float]] = []
+    total = 0.0
+    for row, y in cost.prefill_steps():
+        priced = b * row[1] + e * row[4] + f * row[5]
+        if priced > 0:
+            ratios.append(((y - a - c * row[2] - d * row[3]) / priced, priced))
+            total += priced
+    ratios.sort()
+    acc = 0.0
+    for ratio, weight in ratios:
+        acc += weight
+        if acc >= total / 2:
+            return ratio if ratio > 0 else None
+    return None
 
 
 def last_gap(pipeline: PipelineParts, steps: int = 1024) -> float | None:
@@ -186,23 +219,59 @@ def step_gap(steps: Iterable[StepRecord], max_gap_s: float, min_gaps: int) -> fl
 
 
 def learnt_load(lcs: list[RequestLifecycle], now: float, cfg: StateConfig,
-                cached: Callable[[str], int] | None = None) -> ArrivalLoad | None:
+                cached: Callable[[str], int] | None = None, prior: ArrivalLoad | None = None) -> ArrivalLoad | None:
     """Recent arrivals as an evenly spaced stream of their median size, and the median of the prompt tokens they
     found in the prefix cache (`cached`, by request id: a shared system prompt or document) as the stream's
     shared prefix; None with fewer than two (one arrival says nothing of a rate). Their sizes in turn (a mix)
     were tried: with a few arrivals seen, one whale among them is then expected every few arrivals (whale2/w2's
-    learnt forecast went from 0.9 s to 46 s against 0.69 s); the median ignores a rare whale."""
+    learnt forecast went from 0.9 s to 46 s against 0.69 s); the median ignores a rare whale.
+
+    `prior`: the load the last agent on this engine saw (its saved state). The part of the window before this
+    agent's first arrival is filled with it, as `prior.rate_per_s` times that span arrivals of its sizes: a
+    restarted agent that has seen two whales in 0.1 s does not expect whales at 2/s (preempt/w3, whose learnt
+    forecast was 0.28 s against 10.77 s: the previous run's short stream is the better evidence until this
+    agent has watched a window of its own)."""
     since = now - cfg.load_window_s
     recent = [lc for lc in lcs if lc.arrival_ts is not None and since <= lc.arrival_ts <= now]
-    if len(recent) < 2:
+    weight = 0.0 if prior is None else prior.rate_per_s * cfg.load_window_s * (1.0 - _covered(lcs, now, cfg))
+    if weight <= 0.0 and len(recent) < 2:
         return None
-    first = min(lc.arrival_ts for lc in recent if lc.arrival_ts is not None)
-    span = max(now - first, cfg.min_load_span_s)
-    prompt = _median([lc.prompt_tokens for lc in recent if lc.prompt_tokens], cfg.default_prompt_tokens)
-    out = _median([lc.max_tokens or lc.completion_tokens or 0 for lc in recent
-                   if lc.max_tokens or lc.completion_tokens], cfg.default_output_tokens)
-    shared = _median([cached(lc.request_id) for lc in recent], 0) if cached is not None else 0
-    return ArrivalLoad(len(recent) / span, prompt, out, cached_prefix_tokens=shared)
+    prompts = [(float(lc.prompt_tokens), 1.0) for lc in recent if lc.prompt_tokens]
+    outs = [(float(lc.max_tokens or lc.completion_tokens or 0), 1.0) for lc in recent
+            if lc.max_tokens or lc.completion_tokens]
+    shares = [(float(cached(lc.request_id)), 1.0) for lc in recent] if cached is not None else []
+    if weight > 0.0 and prior is not None:
+        prompts.append((float(prior.prompt_tokens), weight))
+        outs.append((float(prior.max_tokens), weight))
+        shares.append((float(prior.cached_prefix_tokens), weight))
+        rate = (len(recent) + weight) / cfg.load_window_s
+    else:
+        first = min(lc.arrival_ts for lc in recent if lc.arrival_ts is not None)
+        rate = len(recent) / max(now - first, cfg.min_load_span_s)
+    return ArrivalLoad(rate, _weighted_median(prompts, cfg.default_prompt_tokens),
+                       _weighted_median(outs, cfg.default_output_tokens),
+                       cached_prefix_tokens=_weighted_median(shares, 0))
+
+
+def _covered(lcs: list[RequestLifecycle], now: float, cfg: StateConfig) -> float:
+    """The share of the load window this agent has watched: from its first arrival on (1: all of it)."""
+    first = min((lc.arrival_ts for lc in lcs if lc.arrival_ts is not None), default=None)
+    return 0.0 if first is None else min(max(now - first, 0.0) / cfg.load_window_s, 1.0)
+
+
+def _weighted_median(xs: list[tuple[float, float]], default: int) -> int:
+    """The median of values with weights (equal weights: `statistics.median`, the mean of the middle two)."""
+    if not xs:
+        return default
+    if all(w == 1.0 for _, w in xs):
+        return int(statistics.median(v for v, _ in xs))
+    xs = sorted(xs)
+    half, acc = sum(w for _, w in xs) / 2, 0.0
+    for v, w in xs:
+        acc += w
+        if acc >= half:
+            return int(v)
+    return int(xs[-1][0])
 
 
 def last_load(pipeline: PipelineParts, config: StateConfig | None = None) -> ArrivalLoad | None:
@@ -213,8 +282,9 @@ def last_load(pipeline: PipelineParts, config: StateConfig | None = None) -> Arr
     tl = pipeline.timeline
     lcs = [lc for lc in tl.lifecycles() if lc.arrival_ts is not None]
     last = max((lc.arrival_ts for lc in lcs if lc.arrival_ts is not None), default=None)
-    seen = learnt_load(lcs, last, cfg, tl.cached_tokens) if last is not None else None
-    return seen if seen is not None else pipeline.engine_watch.arrivals
+    saved = pipeline.engine_watch.arrivals
+    seen = learnt_load(lcs, last, cfg, tl.cached_tokens, saved) if last is not None else None
+    return seen if seen is not None else saved
 
 
 def _remaining(lc: RequestLifecycle, outputs: int, guess: int) -> int:

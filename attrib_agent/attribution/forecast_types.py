@@ -72,3 +72,5 @@ class EngineState:
     load: ArrivalLoad | None = None
     ttft_offset_s: float = 0.0  # the frontend's own part of TTFT (outside engine steps), learnt by attribution
     engine: int = 0  # the vLLM engine (data-parallel rank) it is the state of
+    load_basis: str = "declared"  # where `load` came from: declared (the caller's), learnt, saved (the last
+    # agent's); with no load the forecast runs a probe arrival instead (forecast.expected_arrivals)

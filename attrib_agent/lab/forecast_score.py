@@ -63,6 +63,7 @@ class WhaleCase:
     done_before_s: float = 0.0  # ... and what the truth's with/without difference gave them (run-to-run noise)
     true_se_s: float = 0.0  # standard error of true_harm_s: reps and shorts independent, as tests' truth_spread
     forecast_s: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in LOADS})
+    harmless: dict[str, list[bool]] = field(default_factory=lambda: {k: [] for k in LOADS})  # the verdicts
     fits: Counter[str] = field(default_factory=Counter)  # persisted: what became of each recording's saved fit
 
     @property
@@ -161,7 +162,7 @@ def forecast_at_arrival(recording: Path, whale: str, candidate: Candidate, loads
                 fits["pending"] += 1
             out = {}
             for name, (load, cfg) in loads.items():
-                s = learnt if load is None else replace(told, load=load)
+                s = learnt if load is None else replace(told, load=load, load_basis="declared")
                 out[name] = forecast(s, [candidate], forecast_cost(p), cfg)[0]
             return out
         p.feed(ev)
@@ -243,6 +244,7 @@ def score_dirs(truth_dirs: Iterable[Path], config: ForecastConfig | None = None,
                 spec = spec_ids(Recording(rec))
                 for name, f in got.items():
                     case.forecast_s[name].append(shorts_harm(f, spec, truth["whales"]))
+                    case.harmless[name].append(f.harmless(cfg))
             out.append(case)
     return out
 
@@ -272,14 +274,14 @@ def spearman(xs: list[float], ys: list[float]) -> float | None:
     return None if sxx == 0 or syy == 0 else sxy / (sxx * syy) ** 0.5
 
 
-def summary(cases: list[WhaleCase], load: str, config: ForecastConfig | None = None) -> dict[str, Any]:
+def summary(cases: list[WhaleCase], load: str) -> dict[str, Any]:
     """Median relative error of the summed harm (over all whales, and over those whose truth is resolved), rank
-    correlation, and the never-harmless-when-2x rule."""
-    cfg = config or ForecastConfig()
+    correlation, and the never-harmless-when-2x rule: a whale is called harmless when the forecast's own verdict
+    (`Forecast.harmless`, what the endpoint answers) says so from any of its recordings."""
     pairs = [(c, m) for c in cases if (m := c.mean(load)) is not None]
     errors = [(abs(m - c.true_harm_s) / c.true_harm_s, c.resolved) for c, m in pairs if c.true_harm_s > 0]
     resolved = [e for e, ok in errors if ok]
-    missed = [f"{c.truth}/{c.whale}" for c, m in pairs if c.true_slowed_2x and m < cfg.harmless_s]
+    missed = [f"{c.truth}/{c.whale}" for c, _ in pairs if c.true_slowed_2x and any(c.harmless[load])]
     return {"load": load, "whales": len(pairs),
             "median_rel_error": statistics.median(e for e, _ in errors) if errors else None,
             "resolved_whales": len(resolved),
@@ -293,7 +295,8 @@ def _summary_line(cases: list[WhaleCase], load: str, label: str) -> str:
     err, res = ("-" if (e := s[k]) is None else f"{100 * e:.0f} %"
                 for k in ("median_rel_error", "median_rel_error_resolved"))
     rho = "-" if s["rank_correlation"] is None else f"{s['rank_correlation']:.2f}"
-    missed = ", ".join(s["called_harmless_but_2x"]) or "none"
+    by = {f"{c.truth}/{c.whale}": c.harmless[load] for c in cases}
+    missed = ", ".join(f"{k} ({sum(by[k])} of {len(by[k])} recordings)" for k in s["called_harmless_but_2x"]) or "none"
     return (f"{label}: median |error| {err} ({res} over the {s['resolved_whales']} whose truth is resolved, "
             f"harm >= {RESOLVED_SE:g} standard errors), rank correlation {rho} over {s['whales']} whales; "
             f"called harmless though a short slowed >= 2x: {missed}")
@@ -340,7 +343,8 @@ def report_command(truth_dirs: list[Path], *, warm: bool, as_json: bool, self_fi
         doc["persisted_summaries"] = [summary(kept, k) for k in LOADS]
     doc["whales"] = [{"truth": c.truth, "whale": c.whale, "context": list(c.context),
                       "true_harm_s": c.true_harm_s, "true_se_s": c.true_se_s, "resolved": c.resolved,
-                      "true_slowed_2x": c.true_slowed_2x, "forecast_s": c.forecast_s}
-                     | ({"persisted_forecast_s": kept[i].forecast_s} if kept is not None else {})
+                      "true_slowed_2x": c.true_slowed_2x, "forecast_s": c.forecast_s, "harmless": c.harmless}
+                     | ({"persisted_forecast_s": kept[i].forecast_s, "persisted_harmless": kept[i].harmless}
+                        if kept is not None else {})
                      for i, c in enumerate(cases)]
     return json.dumps(doc, indent=1)

@@ -17,6 +17,7 @@ from attrib_agent.agent.fit_store import FitStore, state_file
 from attrib_agent.agent.replay import replay_into
 from attrib_agent.attribution.cost_model import StepCostModel
 from attrib_agent.attribution.fit_snapshot import MAX_BYTES
+from attrib_agent.attribution.forecast_state import ScaledCost, forecast_cost, prefill_factor
 from attrib_agent.config.load import AgentConfig
 from attrib_agent.events import Event, RequestReceived
 from attrib_agent.lab.score import spec_ids
@@ -75,8 +76,11 @@ def test_a_restarted_agent_forecasts_from_the_fit_the_last_one_saved(tmp_path: P
     assert restarted.state.health["fit_state"].ok_total == 1  # loaded
     assert cost.fitted and not cold.pipeline.attributor.cost.fitted  # the whale arrives before the first fit
     assert tuple(cost.coefficients.as_tuple()) == before  # priced as the last agent had learnt, until it refits
-    assert warm_answer["own_ttft_s"] != pytest.approx(cold_answer["own_ttft_s"], rel=0.05)
-    assert warm_answer != cold_answer
+    # the forecast prices with the adopted fit (its prefill part re-priced by its own prefill steps: no step of
+    # this run yet to read the pace from), not the prior the cold agent has
+    priced = forecast_cost(restarted.pipeline)
+    assert isinstance(priced, ScaledCost) and priced.cost is cost and priced.prefill == prefill_factor(cost)
+    assert warm_answer["own_ttft_s"] != cold_answer["own_ttft_s"] and warm_answer != cold_answer
 
 
 def test_the_restarted_agent_keeps_learning_and_saves_both_runs(tmp_path: Path) -> None:
@@ -188,8 +192,9 @@ def test_the_fit_is_saved_every_interval_while_it_changes(tmp_path: Path) -> Non
 
 
 def test_a_restarted_agent_expects_the_traffic_the_last_one_saw_until_it_sees_its_own(tmp_path: Path) -> None:
-    """preempt's whales come 0.2 s into a run, before any short: a fresh agent expects nobody and calls the whale
-    harmless; one restarted on the last run's state expects that run's short stream until two arrivals are seen."""
+    """preempt's whales come 0.2 s into a run, before any short: a fresh agent knows nobody to expect (it runs the
+    probe); one restarted on the last run's state expects that run's short stream, then its own arrivals with
+    the saved stream filling the part of the window it has not watched."""
     path = saved(tmp_path)
     load = json.loads(path.read_bytes())["load"]
     earlier = [ev for ev in ReplaySource(EARLIER).events() if isinstance(ev, RequestReceived)]
@@ -200,13 +205,17 @@ def test_a_restarted_agent_expects_the_traffic_the_last_one_saw_until_it_sees_it
     events = until_whale(LATER)
     restarted, cold = agent(tmp_path), agent(None)
     warm_answer, cold_answer = forecast(restarted, events), forecast(cold, events)
-    assert cold_answer["expected_load"] is None and cold_answer["expected_arrivals"]["requests"] == 0
+    # cold: nobody known to come, so one probe arrival (it says what the next request waits), said so
+    assert cold_answer["expected_load"] is None and cold_answer["expected_arrivals"]["requests"] == 1
+    assert cold_answer["load_basis"] == "probe" and cold_answer["expected_arrivals"]["ttft_extra_sum_s"] > 0.05
     assert warm_answer["expected_load"]["rate_per_s"] == pytest.approx(load["rate_per_s"])
+    assert warm_answer["load_basis"] == "saved"
     assert warm_answer["expected_arrivals"]["ttft_extra_sum_s"] > 0  # harm to those the stream brings
 
-    # once this run's own arrivals are seen, they are the load (the saved one was only a prior)
+    # once this run's own arrivals are seen, they count, the saved load filling the window's unwatched part
     rest = list(ReplaySource(LATER).events())[len(events):]
     own = [i for i, ev in enumerate(rest) if isinstance(ev, RequestReceived)]
     later = forecast(restarted, rest[: own[3] + 1])
     assert later["expected_load"]["rate_per_s"] != pytest.approx(load["rate_per_s"])
+    assert later["load_basis"] == "learnt+saved"  # ... blended until it has watched a window of its own
 

@@ -35,13 +35,30 @@ def waiting(rid: str, prompt: int, max_tokens: int) -> InFlight:
 
 
 def test_an_idle_engine_admits_now_at_the_solo_ttft_and_harms_nobody() -> None:
-    state = EngineState(NOW, SCHED, (), ttft_offset_s=0.01)
+    state = EngineState(NOW, SCHED, (), ArrivalLoad(0.0, 32, 32), ttft_offset_s=0.01)  # declared: nobody comes
     [f] = forecast(state, [Candidate(5000, 100)], COST)
     assert f.admitted_now and f.wait_reason is None and not f.refused
     assert f.own_ttft_s is not None
     assert math.isclose(f.own_ttft_s, COST.solo_ttft_s(5000, 2048) + 0.01, rel_tol=1e-9)
     assert f.ttft_extra_sum_s == 0 and f.in_flight.requests == 0 and f.expected.requests == 0
-    assert f.harmless(ForecastConfig())
+    assert f.harmless(ForecastConfig()) and f.load_basis == "declared"
+
+
+def test_with_no_load_known_a_probe_arrival_says_what_the_next_request_waits_never_a_confident_zero() -> None:
+    """A fresh agent (no arrival seen, none saved, none declared) used to expect nobody and call every whale
+    harmless; the truths' whales that came first slowed shorts 2x. Now one probe arrives behind the candidate."""
+    idle = EngineState(NOW, SCHED, ())
+    [whale] = forecast(idle, [Candidate(5000, 100)], COST)
+    assert whale.load_basis == "probe" and whale.expected.requests == 1 and whale.expected_load is None
+    # the probe waits for the whale's first two 2,048-token chunks: head-of-line, priced by the prior
+    assert whale.expected.ttft_extra_sum_s > COST.solo_ttft_s(4096, 2048) * 0.9
+    assert not whale.harmless(ForecastConfig()) and whale.as_dict()["load_basis"] == "probe"
+    # a decode-heavy candidate delays the probe by little, but stays on the engine for seconds: not harmless
+    [decoy] = forecast(idle, [Candidate(32, 1500)], COST)
+    assert decoy.ttft_extra_sum_s < ForecastConfig().harmless_s and not decoy.harmless(ForecastConfig())
+    # ... while one that is gone within the threshold is
+    [tiny] = forecast(idle, [Candidate(16, 2)], COST)
+    assert tiny.load_basis == "probe" and tiny.harmless(ForecastConfig())
 
 
 def test_a_full_pool_makes_it_wait_for_kv_and_a_too_big_one_is_refused() -> None:

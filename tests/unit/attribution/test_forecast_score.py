@@ -34,11 +34,14 @@ def test_declared_load_figures_hold() -> None:
     assert s["called_harmless_but_2x"] == []  # every whale with a short slowed >= 2x is forecast harmful
 
 
-def test_learnt_load_misses_only_whales_that_arrive_before_any_load_was_seen() -> None:
+def test_learnt_load_calls_no_whale_harmless_even_before_any_load_was_seen() -> None:
     s = summary(cases(), "learnt")
-    # at their arrival the agent had seen fewer than two arrivals: no rate to expect anyone after them
-    assert s["called_harmless_but_2x"] == ["preempt/w1", "preempt/w2", "whale2/w1"]
+    # preempt/w1, w2 and whale2/w1 come before two arrivals were seen: no rate to expect anyone after them. They
+    # were called harmless (nobody expected) until the probe: the next arrival waits behind the whale's prefill
+    assert s["called_harmless_but_2x"] == []
     by = {f"{c.truth}/{c.whale}": c for c in cases()}
+    for k in ("preempt/w1", "preempt/w2", "whale2/w1"):
+        assert min(by[k].forecast_s["learnt"]) >= 0.05 and not any(by[k].harmless["learnt"]), k
     assert by["whale2/w2"].mean("learnt") > 0.5 * by["whale2/w2"].true_harm_s  # with shorts seen, it sees harm
 
 

@@ -5,14 +5,25 @@ prompt hints, and the bound on requests kept."""
 from __future__ import annotations
 
 import copy
+import json
+import math
 from functools import cache
 from pathlib import Path
 
 import pytest
 
+from attrib_agent.attribution.cost_model import StepFeatures
+from attrib_agent.attribution.fit_snapshot import decode
 from attrib_agent.attribution.forecast import ArrivalLoad
-from attrib_agent.attribution.forecast_state import ScaledCost, StateConfig, engine_state, forecast_cost
+from attrib_agent.attribution.forecast_state import (
+    ScaledCost,
+    StateConfig,
+    engine_state,
+    forecast_cost,
+    prefill_factor,
+)
 from attrib_agent.events import Event, RequestReceived
+from attrib_agent.lab.forecast_score import persisted_states
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.sources.replay import ReplaySource
 
@@ -181,6 +192,30 @@ def test_the_learnt_load_takes_the_prefix_its_arrivals_found_cached() -> None:
     assert plain is not None and plain.cached_prefix_tokens == 0 and plain.rate_per_s == load.rate_per_s
 
 
+def test_until_it_has_watched_a_window_a_restarted_agent_fills_the_rest_with_the_load_the_last_one_saw() -> None:
+    """preempt/w3's restarted agent had seen two whales in 0.1 s: its own load alone was whales at 2/s. The part
+    of the 30 s window before its first arrival is now the saved stream (4.3/s of 32-token shorts); once it has
+    watched a whole window of its own, its arrivals alone are the load, as without a saved one."""
+    from attrib_agent.attribution.forecast_state import learnt_load
+    from attrib_agent.timeline.model import RequestLifecycle
+
+    cfg = StateConfig()
+    saved = ArrivalLoad(4.3, 32, 32)
+    whales = [RequestLifecycle(f"w{i}", arrival_ts=100.0 + 0.05 * i, prompt_tokens=3900, max_tokens=800)
+              for i in range(2)]
+    alone = learnt_load(whales, 100.1, cfg)
+    assert alone is not None and alone.prompt_tokens == 3900 and alone.rate_per_s == pytest.approx(2.0)
+    blended = learnt_load(whales, 100.1, cfg, prior=saved)
+    assert blended is not None and (blended.prompt_tokens, blended.max_tokens) == (32, 32)
+    assert blended.rate_per_s == pytest.approx((2 + 4.3 * (30 - 0.1)) / 30)
+    assert learnt_load([], 100.1, cfg, prior=saved) == ArrivalLoad(4.3, 32, 32)  # nothing of its own: the saved
+    # a window of its own watched: the saved load no longer counts
+    stream = [RequestLifecycle(f"s{i}", arrival_ts=100.0 + i, prompt_tokens=500, max_tokens=64) for i in range(31)]
+    assert learnt_load(stream, 130.0, cfg, prior=saved) == learnt_load(stream, 130.0, cfg)
+    half = learnt_load(stream[:16], 115.0, cfg, prior=saved)  # half a window: the two weigh 16 against 64.5
+    assert half is not None and half.prompt_tokens == 32 and half.rate_per_s == pytest.approx((16 + 4.3 * 15) / 30)
+
+
 def _at_w3(rec: str) -> AttributionPipeline:
     p = AttributionPipeline()
     for ev in ReplaySource(RECORDINGS.parent / "truth" / "preempt" / "runs" / rec).events():
@@ -220,3 +255,40 @@ def forecast_cost_without_gap(p: AttributionPipeline) -> ScaledCost:
     cost = forecast_cost(p)
     assert isinstance(cost, ScaledCost)
     return ScaledCost(cost.cost, cost.factor)
+
+
+def test_before_any_step_of_its_run_a_kept_fit_prices_prefill_by_its_own_prefill_evidence() -> None:
+    """The robust fit reads ~1,000 mostly-decode steps and a whale's few long chunks, and down-weights the chunks
+    as outliers. A forecast made before this run's first step (a restarted agent: no pace to read) re-prices the
+    prefill part by the fit's prefill steps' weighted median of taken over priced; once steps are seen, the
+    pace scales instead. preempt-midstream's whale, from the state the agent of the run before it saved (what
+    `lab forecast-score --persisted` scores): its own long chunks come closer to what they took."""
+    truth_dir = RECORDINGS.parent / "truth" / "preempt-midstream"
+    truth = json.loads((truth_dir / "truth.json").read_text())
+    saved = persisted_states(truth, truth_dir)["runs/w1-r0"]
+    assert saved is not None
+    p = AttributionPipeline()
+    p.engine_watch.offer(decode(saved), lambda verdict, detail: None)
+    run = list(ReplaySource(truth_dir / "runs" / "w1-r0").events())
+    p.feed_all(run[:6])  # up to the whale: the saved fit adopted at the first scrape, no step yet
+    model = p.attributor.cost
+    factor = prefill_factor(model)
+    assert model.fitted and not p.timeline.outcomes() and factor is not None and factor > 1.05
+    cost = forecast_cost(p)  # no step in this run's timeline: the prefill evidence decides
+    assert isinstance(cost, ScaledCost) and cost.factor == 1.0 and cost.prefill == factor
+    done = AttributionPipeline()
+    done.feed_all(run)
+    gap = model.coefficients.step_gap_s
+    fit_err = new_err = 0.0
+    for _, out in done.timeline.outcomes():
+        f = StepFeatures.from_record(out.record)
+        if f.prefill_tokens < 1024:
+            continue
+        args = (f.prefill_tokens, f.decode_requests, f.decode_context_sum, f.prefill_pairs, f.prefill_requests)
+        fit_err += abs(math.log(out.record.elapsed_s / (model.step_seconds_with_prefill(*args) - gap)))
+        new_err += abs(math.log(out.record.elapsed_s / (cost.step_seconds_with_prefill(*args) - cost.gap_s)))
+    assert new_err < fit_err
+    for ev in run[1:]:
+        p.feed(ev)
+    after = forecast_cost(p)  # steps seen: their pace scales the fit, the prefill evidence is not used
+    assert isinstance(after, ScaledCost) and after.prefill == 1.0
