@@ -45,6 +45,7 @@ _Share = tuple[str, bool, float, float]  # a step member's id, decode, prefill o
 _StepKey = tuple[int, float]  # (iteration, end): iterations restart with vLLM
 _NOTHING_SHARED: tuple[Mapping[str, int], int] = ({}, 0)
 _BY_ARRIVAL = attrgetter("arrival_ts", "request_id")  # of lifecycles with an arrival
+_POSITIVE = (0.0).__lt__  # `v > 0` as a C predicate (False for NaN too)
 
 
 @dataclass(eq=False)
@@ -211,14 +212,15 @@ class VictimCauses:
 
     def add(self, phase: str, cause: Cause, by: Mapping[str, float], seconds: float, evidence: Evidence) -> None:
         """`seconds` shared out by the weights `by` (any scale); nothing when either is empty."""
-        total = sum(v for v in by.values() if v > 0)
+        total = sum(filter(_POSITIVE, by.values()))  # the positive weights, in order
         if seconds <= 0 or total <= 0:
             return
+        weights, name = self.weights[phase], cause.value
         for rid, w in by.items():
             if w > 0:
-                self.weights[phase][rid][cause.value] += seconds * w / total
-        if cause.value not in self.evidence or evidence is Evidence.NVML_BANDWIDTH:
-            self.evidence[cause.value] = evidence.value
+                weights[rid][name] += seconds * w / total
+        if name not in self.evidence or evidence is Evidence.NVML_BANDWIDTH:
+            self.evidence[name] = evidence.value
 
     def split(self, culprit: str, phase: str, seconds: float) -> Mapping[str, float]:
         """`seconds` of `culprit`'s blame in `phase`, by its own causes there (else the victim's overall; `other`

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from attrib_agent.attribution.sim_cache import FrozenCost
 from attrib_agent.attribution.sim_types import StepCost, WaitCause
 
 # prefill tokens, decode requests, decode context sum, prefill pairs, prefilling requests
@@ -52,6 +53,9 @@ class Pricer:
         price = aware if aware is not None else self._blind
         self.price5: Callable[[int, int, int, int, int], float] = price
         self.price4: Callable[[int, int, int, int], float] = price  # nothing prefilling: decode stretches
+        # a frozen fit's prices (the re-simulation's): a decode-only step's marginals are then worked out in one
+        # loop, the formula's operations in its order (the same floats), not two calls per member
+        self.frozen: FrozenCost | None = cost if type(cost) is FrozenCost else None
 
     def _blind(self, t: int, r: int, c: int, p: int, n: int = 0) -> float:
         return self._cost.step_seconds(t, r, c)
@@ -107,8 +111,35 @@ class StepPrices:
         """`marginal` of every member, in member order (computed once, for every tracer of the step)."""
         if self._all is None:
             price, total, full = self._pricer.price5, self.total, self.full
-            self._all = [_marginal(m, price, total, full) for m in self.members]
+            frozen = self._pricer.frozen
+            if frozen is not None and total[4] == 0:  # nothing prefilling: every member decodes
+                self._all = _decode_marginals(frozen, self.members, total, full)
+            else:
+                self._all = [_marginal(m, price, total, full) for m in self.members]
         return self._all
+
+
+def _decode_marginals(cost: FrozenCost, members: list[Member], total: Features,
+                      full: float) -> list[tuple[float, float]]:
+    """`_marginal` of each member of a decode-only step priced by `cost`: `FrozenCost.step_seconds_with_prefill`
+    written out, its sum's leading terms (the same for every member) added once, in the formula's order."""
+    t, r, c, p, q = total
+    a, floor, gap = cost.a, cost.floor_s, cost.gap_s
+    head_t = a + cost.b * t
+    without = head_t + cost.c * (r - 1)  # ... the member left out
+    kept = head_t + cost.c * r  # ... its requests counted, its context not
+    d, ep, fq = cost.d, cost.e * p, cost.f * q
+    out = []
+    for m in members:
+        rest = c - (m.prior + 1)
+        x = without + d * rest + ep + fq
+        marginal = full - ((floor if floor > x else x) + gap)
+        if marginal < 0.0:
+            marginal = 0.0
+        y = kept + d * rest + ep + fq
+        bandwidth = full - ((floor if floor > y else y) + gap)
+        out.append((marginal, 0.0 if bandwidth < 0.0 else marginal if bandwidth > marginal else bandwidth))
+    return out
 
 
 def _marginal(m: Member, price: Callable[[int, int, int, int, int], float], total: Features,

@@ -1,0 +1,39 @@
+"""A decode-only step priced by a frozen fit takes `_decode_marginals`: the same floats as the general path."""
+
+from __future__ import annotations
+
+import random
+
+from attrib_agent.attribution.sim_cache import FrozenCost
+from attrib_agent.attribution.sim_trace import Member, Pricer, StepPrices, _marginal
+
+
+def _frozen(rng: random.Random) -> FrozenCost:
+    # signs and scales vary: a negative term can push a step under the floor, where the max() branch matters
+    a, b, c, d, e, f = (rng.choice((1, -1)) * rng.uniform(0, s) for s in (5e-3, 1e-6, 2e-4, 2e-8, 1e-9, 1e-4))
+    return FrozenCost(a, b, c, d, e, rng.uniform(0, 2e-3), f, rng.choice((1e-12, 1e-3)))
+
+
+def test_decode_marginals_are_the_general_paths_bit_for_bit() -> None:
+    rng = random.Random(7)
+    fast = 0
+    for _ in range(2000):
+        cost = _frozen(rng)
+        members = [Member(f"r{i}", 1, rng.randrange(0, 9000), True) for i in range(rng.randrange(1, 40))]
+        if rng.random() < 0.2:  # a prefill among them: the general path
+            members.insert(rng.randrange(len(members) + 1), Member("p", rng.randrange(1, 512), 0, False))
+        pricer = Pricer(cost)
+        prices = StepPrices(pricer, members)
+        general = [_marginal(m, pricer.price5, prices.total, prices.full) for m in members]
+        assert prices.marginals() == general
+        fast += prices.total[4] == 0
+    assert fast > 1000  # most took the fast path
+
+
+def test_only_a_frozen_fit_takes_the_fast_path() -> None:
+    class Subclass(FrozenCost):
+        pass
+
+    cost = FrozenCost(1e-3, 0.0, 1e-4, 1e-8, 0.0, 0.0)
+    assert Pricer(cost).frozen is cost
+    assert Pricer(Subclass(1e-3, 0.0, 1e-4, 1e-8, 0.0, 0.0)).frozen is None
