@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import statistics
 import time
 import tracemalloc
@@ -28,7 +29,11 @@ from typing import Any
 
 from attrib_agent.agent.core import AgentCore
 from attrib_agent.agent.shedding import MIN_SHARE, Shedder
+from attrib_agent.attribution.result import AttributionResult
+from attrib_agent.attribution.result_codec import from_dict, to_dict
+from attrib_agent.attribution.store import ResultStore
 from attrib_agent.config.load import AgentConfig
+from attrib_agent.pipeline import PipelineConfig
 from attrib_agent.recording import LOG
 from attrib_agent.sources.log.source import LogRecordParser
 from attrib_agent.sources.replay import ReplaySource
@@ -54,6 +59,28 @@ def sizes(core: AgentCore, source: ReplaySource) -> dict[str, int]:
     return {"log_ids": len(ids) if ids is not None else -1, "spans": len(p._spans), "results": len(p.store),
             "received": len(core._received), "skipped": len(p._skipped),
             "requests": p.timeline.sizes()["requests"]}
+
+
+def result_cost(results: list[AttributionResult]) -> tuple[float, float]:
+    """(bytes a stored result costs, mean culprits a result): copies of `results` decoded afresh through the result
+    codec (each owns its objects, as the pipeline's do) put into a new ResultStore under tracemalloc: the result,
+    the store's entry and the culprit index's share."""
+    if not results:
+        return float("nan"), float("nan")
+    dicts = [json.loads(json.dumps(to_dict(r))) for r in results]
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
+        tracemalloc.start(1)
+    gc.collect()
+    before = tracemalloc.get_traced_memory()[0]
+    store = ResultStore(max_results=len(dicts) + 1)
+    for d in dicts:
+        store.put(from_dict(d))
+    gc.collect()
+    cost = (tracemalloc.get_traced_memory()[0] - before) / len(dicts)
+    if not tracing:
+        tracemalloc.stop()
+    return cost, sum(len(r.culprits) for r in results) / len(results)
 
 
 def _hook(core: AgentCore, source: ReplaySource) -> Callable[[Any], None]:
@@ -112,7 +139,9 @@ def run(duration_s: float, share: float, warmup_min: float, trace: bool) -> dict
         end = tracemalloc.take_snapshot()
         top = [str(s) for s in end.compare_to(mark, "lineno")[:12]]
         tracemalloc.stop()
-    return {"rows": rows, "top": top, "cpu_s": time.process_time() - cpu0, "events": n,
+    cost, culprits = result_cost(list(p.store))
+    return {"rows": rows, "top": top, "result_bytes": cost, "culprits": culprits,
+            "cpu_s": time.process_time() - cpu0, "events": n,
             "end_rss_mb": rss_mb(), "end": sizes(core, source), "results": len(p.store),
             "skipped": p.victims_skipped}
 
@@ -147,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
         if "traced_mb" in after[0]:
             print(f"traced heap after minute {args.warmup:g}: {after[0]['traced_mb']:.1f} -> "
                   f"{after[-1]['traced_mb']:.1f} MB")
+    per_h = len(rows) > 1 and out["results"] / ((len(rows) - 1) / 60)
+    print(f"a stored result costs {out['result_bytes']:,.0f} bytes (store entry and culprit index included; "
+          f"{out['culprits']:.1f} culprits a result): {out['results']:,} results now, ~{per_h:,.0f} an hour at this "
+          f"share (kept an hour: {per_h * out['result_bytes'] / 2**20:,.1f} MB); the count bound "
+          f"{PipelineConfig().max_results:,}: {PipelineConfig().max_results * out['result_bytes'] / 2**20:,.0f} MB")
     for line in out["top"]:
         print("  grew: " + line)
     return 0
