@@ -165,7 +165,8 @@ class AgentCore:
     # ---- intake ------------------------------------------------------------------------------------------
     def submit(self, event: Event) -> None:
         """Enqueue from a source callback (on the loop); never blocks, never raises."""
-        self.saw(event)
+        if type(event) is RequestSpan:
+            self.saw(event)
         if len(self._queue) >= self._max_queued:
             self._health.skip("queue_full")
             return
