@@ -35,7 +35,9 @@ logger = logging.getLogger(__name__)
 LogEvent = RequestReceived | RequestAdded | RequestAborted | RequestFailed | EngineStep | StatsLine
 """The events a vLLM log yields (a subset of attrib_agent.events.Event)."""
 
-MAX_TRACKED_IDS: Final = 65_536  # hard bound on the requests in flight whose ids are remembered (oldest first)
+MAX_TRACKED_IDS: Final = 16_384
+"""Requests in flight whose ids are remembered, at most (oldest first): the timeline holds 10,000 requests, so no
+more in flight can be attributed. Reached only when spans never come (no OTLP, a restarted vLLM's lost ones)."""
 MAX_JSON_LINE: Final = 1_048_576  # longer "JSON" lines are not decoded (the tailer cuts at 64 KiB anyway)
 ADMIT_WINDOW_S: Final = 30.0
 """A received id whose `Added` line has not come this long after (event time) is forgotten (/tokenize ids never
