@@ -192,6 +192,7 @@ class AttributionPipeline:
             if r is not None and not r.final:
                 r = replace(r, final=True)
                 self.store.put(r)
+                self._spans.pop(rid, None)
                 self.tally.add(r)
                 out.append(r)
         self._partial.clear()
@@ -214,8 +215,8 @@ class AttributionPipeline:
             return  # the same span again (an exporter retrying an export): attributed and counted already
         self._spans[span.request_id] = (span.trace_id, span.span_id)
         self._spans.move_to_end(span.request_id)
-        # Only spans still waiting for a result need keeping here: a stored result carries its span's ids.
-        # (Bounded by max_results, these entries cost ~150 bytes a result: 15 MB at 100,000.)
+        # Only spans still waiting for a final result are kept here (popped when it is stored: it carries its
+        # span's ids), or skipped (popped then) or evicted past max_pending.
         while len(self._spans) > self.config.max_pending:
             self._spans.popitem(last=False)
         self._due[span.request_id] = None
@@ -268,6 +269,7 @@ class AttributionPipeline:
             self.store.put(r)
             if final:
                 self._partial.pop(r.request_id, None)
+                self._spans.pop(r.request_id, None)  # the stored result carries its span's ids (`span_of`)
                 self.tally.add(r)
             else:
                 self._partial[r.request_id] = r.finished_ts
@@ -275,6 +277,7 @@ class AttributionPipeline:
         attributed = {r.request_id for r in out}
         for rid in wanted - attributed:  # forgotten by the timeline before it could be attributed
             self._partial.pop(rid, None)
+            self._spans.pop(rid, None)
         while len(self._partial) > self.config.max_pending:
             self._partial.popitem(last=False)
             self.dropped_pending += 1

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -64,6 +65,7 @@ LATE_GATE_S = 0.5  # the player's worst lateness beyond which the run says nothi
 PLAY_GRACE_S = 60.0  # how long past the stream's end OTLP exports may still be waiting on a busy agent
 POLL_S, MAX_WAIT_S = 0.05, 30.0  # the follower sees a final result up to POLL_S late (half that on average)
 SCRAPE_S = 5.0  # the backlog series are scraped this often during the run
+RSS_WARMUP_S = 60.0  # the window and the fits fill in the first minute: RSS's slope is taken after it
 BY_S = 10.0  # freshness is also shown by this much of the stream (the share starts at 1 and falls: a transient)
 NO_TAG = "\x00"  # the GPU-rate ids are unique already: CopyRewrite only moves the times
 
@@ -254,6 +256,7 @@ def summary(out: dict[str, Any]) -> dict[str, Any]:
     (t0, c0, _), (t1, c1, _) = samples[0], samples[-1]
     rss = [s[2] for s in samples]
     q = max(1, len(rss) // 4)
+    warm = [(s[0] - t0, s[2]) for s in samples if s[0] - t0 >= RSS_WARMUP_S]  # after the first minute's fill
     finals = [s for s in out["sampled"] if s.final is not None]
     waits = sorted(s.final - s.landed for s in finals)
     floor = [s for s in out["sampled"] if s.floor]
@@ -268,6 +271,8 @@ def summary(out: dict[str, Any]) -> dict[str, Any]:
         "thread_cores": [c for tid, c in per_thread if tid != out["pid"] and c > 0.005],
         "cores_mean": (c1 - c0) / (t1 - t0), "rss_first_mb": rss[0], "rss_last_mb": rss[-1], "rss_peak_mb": max(rss),
         "rss_growth_mb": sum(rss[-q:]) / q - sum(rss[q:2 * q]) / q if len(rss) >= 4 else 0.0,  # last vs 2nd quarter
+        "rss_slope_mb_min": statistics.linear_regression([t for t, _ in warm], [m for _, m in warm]).slope * 60
+        if len(warm) >= 2 else float("nan"),
         "sampled": len(out["sampled"]), "polls": out["polls"], "final": len(waits),
         "skipped": sum(s.skipped for s in out["sampled"]),
         "floor": len(floor), "floor_final": sum(s.final is not None for s in floor),
@@ -335,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  agent cores by thread: loop {s['loop_cores']:.3f}, others "
           + ", ".join(f"{c:.3f}" for c in s["thread_cores"]) + " (the largest other: the pipeline thread); "
           f"the follower's own load: {s['polls']:,} API GETs")
-    print("  RSS every 30 s while the stream played (MB): " + " ".join(str(x) for x in s["rss_every_30s"]))
+    print("  RSS every 30 s while the stream played (MB): " + " ".join(str(x) for x in s["rss_every_30s"])
+          + f"; slope after the first {RSS_WARMUP_S:.0f} s {s['rss_slope_mb_min']:+.2f} MB/min")
     print("  at the end: " + ", ".join(f"{k} {v:g}" for k, v in s["end_series"].items()))
     short = {"attrib_pipeline_backlog_events": "backlog", "attrib_pipeline_backlog_seconds": "waited_s",
              "attrib_attributed_share_ratio": "share", "attrib_victims_skipped_total": "skipped"}

@@ -96,6 +96,9 @@ class AgentCore:
             pipeline.floor_share = MIN_SHARE  # victims chosen at the floor are never held back by that bound
             self._bound_passes()
         self._received: dict[str, float] = {}  # span -> monotonic time received, until its final result (bounded)
+        # Told each span's (request id, receipt time) as it arrives, on the thread the sources run on: the log
+        # parser forgets a finished request's ids by it (vLLM logs no line for a normal finish).
+        self.span_seen: list[Callable[[str, float], None]] = []
         self.results_out = 0
         self._forecast_settle = -1  # the settle the forecast's snapshot was last built for
         self._forecast_ts = float("-inf")  # ... and the event time then
@@ -162,12 +165,20 @@ class AgentCore:
     # ---- intake ------------------------------------------------------------------------------------------
     def submit(self, event: Event) -> None:
         """Enqueue from a source callback (on the loop); never blocks, never raises."""
+        if type(event) is RequestSpan:
+            self.saw(event)
         if len(self._queue) >= self._max_queued:
             self._health.skip("queue_full")
             return
         self._queue.append((time.monotonic(), event))
         if self._arrived is not None:
             self._arrived.set()
+
+    def saw(self, event: Event) -> None:
+        """What a source emitted, seen as it arrives (before the queue): a span tells `span_seen`."""
+        if self.span_seen and type(event) is RequestSpan:
+            for tell in self.span_seen:
+                tell(event.request_id, event.ts)
 
     def submit_many(self, events: Iterable[Event]) -> None:
         for ev in events:

@@ -10,11 +10,20 @@ from typing import Final
 from attrib_agent.agent.core import AgentCore
 from attrib_agent.events import Event
 from attrib_agent.health import SourceHealth
+from attrib_agent.recording import LOG
 from attrib_agent.sources import registry as source_registry
+from attrib_agent.sources.log.source import LogRecordParser
 from attrib_agent.sources.replay import ReplaySource
 
 # Each recorded stream reports under its live source's name, so dashboards read a replay alike.
 REPLAY_SOURCE_NAMES: Final = {spec.stream: spec.name for spec in source_registry.SOURCES if spec.stream is not None}
+
+
+def tell_spans_to_log(core: AgentCore, source: ReplaySource) -> None:
+    """The recording's log parser learns of each span as the live one does (it forgets a finished request's ids)."""
+    log = source.parsers.get(LOG)
+    if isinstance(log, LogRecordParser):
+        core.span_seen.append(log.line_parser.span_landed)
 
 
 async def replay_into(core: AgentCore, path: str | os.PathLike[str], *, speed: float | None = None,
@@ -28,10 +37,12 @@ async def replay_into(core: AgentCore, path: str | os.PathLike[str], *, speed: f
     core.state.replay_done = False
     core.settle_when_idle = False  # event time only: the same results however busy the machine is
     core.threaded = False  # fed here, on the loop: the API reads it here too
+    tell_spans_to_log(core, source)
     n = 0
 
     def emit(ev: Event) -> None:
         nonlocal n
+        core.saw(ev)
         core.process(ev)
         n += 1
         if progress is not None and n % 1000 == 0:

@@ -32,6 +32,20 @@ def test_span_ids_are_held_for_pending_victims_only_and_still_answered() -> None
     assert p.span_of("cmpl-nobody-0") is None
 
 
+def test_a_final_results_span_ids_leave_the_span_map_and_are_answered_from_the_store() -> None:
+    p = AttributionPipeline()  # max_pending 10,000: only the pop at the final result empties the map
+    spans = {}
+    for ev in ReplaySource(RECORDINGS / "preempt").events():
+        p.feed(ev)
+        if isinstance(ev, RequestSpan):
+            spans[ev.request_id] = (ev.trace_id, ev.span_id)
+        assert not any((r := p.store.get(rid)) is not None and r.final for rid in p._spans)
+    p.settle()
+    assert all(r.final for r in p.store) and len(p.store) == len(spans)
+    assert not p._spans
+    assert all(p.span_of(rid) == ids for rid, ids in spans.items())
+
+
 def test_culprits_without_causes_share_one_empty_mapping_that_serialises() -> None:
     p = AttributionPipeline()
     for ev in ReplaySource(RECORDINGS / "preempt").events():

@@ -35,51 +35,103 @@ logger = logging.getLogger(__name__)
 LogEvent = RequestReceived | RequestAdded | RequestAborted | RequestFailed | EngineStep | StatsLine
 """The events a vLLM log yields (a subset of attrib_agent.events.Event)."""
 
-MAX_TRACKED_IDS: Final = 65_536  # ids remembered to map internal ids back to external ones (per map)
+MAX_TRACKED_IDS: Final = 16_384
+"""Requests in flight whose ids are remembered, at most (oldest first): the timeline holds 10,000 requests, so no
+more in flight can be attributed. Reached only when spans never come (no OTLP, a restarted vLLM's lost ones)."""
 MAX_JSON_LINE: Final = 1_048_576  # longer "JSON" lines are not decoded (the tailer cuts at 64 KiB anyway)
+ADMIT_WINDOW_S: Final = 30.0
+"""A received id whose `Added` line has not come this long after (event time) is forgotten (/tokenize ids never
+reach the engine; vLLM logs the two lines within milliseconds). The same window as the timeline's book."""
+MAX_RECEIVED: Final = 8_192  # received ids waiting for their `Added` line, at most (a /tokenize flood)
+ENDED_GRACE_S: Final = 30.0
+"""An ended request's ids stay mapped this long after its end (event time): a line read after its span (the log
+tailer behind the OTLP receiver) still names the right request."""
+MAX_ENDED: Final = 8_192  # ended requests kept for that grace, at most
 
 
 class RequestIds:
-    """Bounded memory of recent external ids and internal -> external ids, oldest forgotten first."""
+    """Which external request an id vLLM logs names, remembered while a line can still name it: a received id
+    until its `Added` line (or ADMIT_WINDOW_S), a request in flight from `Added` to its end (an abort or failure
+    line, or its span via `ended`), and an ended one ENDED_GRACE_S more (late lines). An internal id
+    (`<external>-<8 hex>`, `<i>_<external>-<8 hex>`) is resolved from the external ids held, never stored: the
+    memory is sized by the requests in flight, not by how many went by. Each map has a hard bound, oldest first."""
 
-    def __init__(self, limit: int = MAX_TRACKED_IDS) -> None:
+    def __init__(self, limit: int = MAX_TRACKED_IDS, *, max_received: int = MAX_RECEIVED,
+                 max_ended: int = MAX_ENDED, admit_window_s: float = ADMIT_WINDOW_S,
+                 grace_s: float = ENDED_GRACE_S) -> None:
         self.limit = limit
-        self._received: OrderedDict[str, None] = OrderedDict()
-        self._external: OrderedDict[str, str] = OrderedDict()
+        self.max_received, self.max_ended = max_received, max_ended
+        self.admit_window_s, self.grace_s = admit_window_s, grace_s
+        self._received: OrderedDict[str, float] = OrderedDict()  # external id -> receipt time, not added yet
+        self._live: OrderedDict[str, None] = OrderedDict()  # external ids in flight (added, not ended)
+        self._ended: OrderedDict[str, float] = OrderedDict()  # external id -> when it ended, for the grace
 
     def __len__(self) -> int:
-        return len(self._received) + len(self._external)
+        return len(self._received) + len(self._live) + len(self._ended)
 
-    def received(self, request_id: str) -> None:
-        self._received[request_id] = None
+    def sizes(self) -> dict[str, int]:
+        """Ids held by state: `received` (waiting for `Added`), `in_flight`, `ended` (in their grace)."""
+        return {"received": len(self._received), "in_flight": len(self._live), "ended": len(self._ended)}
+
+    def received(self, request_id: str, ts: float) -> None:
+        self._expire(ts)
+        if request_id in self._live or request_id in self._ended:
+            return
+        self._received[request_id] = ts
         self._received.move_to_end(request_id)
-        while len(self._received) > self.limit:
+        while len(self._received) > self.max_received:
             self._received.popitem(last=False)
 
     def added(self, internal_id: str) -> str:
-        """The external id behind `internal_id` (remembered for later aborts)."""
-        external = internal_id
-        m = p.INTERNAL_SUFFIX.fullmatch(internal_id)
-        if m:
-            base = m.group("base")
-            child = p.CHILD_PREFIX.fullmatch(base)
-            if base not in self._received and child and child.group("parent") in self._received:
-                base = child.group("parent")
-            external = base
-        self._external[internal_id] = external
-        while len(self._external) > self.limit:
-            self._external.popitem(last=False)
+        """The external id behind `internal_id`, now in flight (remembered for later aborts)."""
+        external = self._resolve(internal_id, strip_unknown=True)
+        self._received.pop(external, None)
+        if external not in self._ended:  # its span came first (the log read late): in its grace already
+            self._live[external] = None
+            self._live.move_to_end(external)
+            while len(self._live) > self.limit:
+                self._live.popitem(last=False)
         return external
+
+    def ended(self, request_id: str, ts: float) -> None:
+        """`request_id` (external) ended: aborted, failed, or its span landed. Its ids stay mapped `grace_s` more."""
+        self._received.pop(request_id, None)
+        self._live.pop(request_id, None)
+        self._ended[request_id] = ts
+        self._ended.move_to_end(request_id)
+        self._expire(ts)
+        while len(self._ended) > self.max_ended:
+            self._ended.popitem(last=False)
 
     def external(self, request_id: str) -> str:
         """The external id for an id vLLM logged (aborts may name the internal one)."""
-        known = self._external.get(request_id)
-        if known is not None:
-            return known
+        return self._resolve(request_id, strip_unknown=False)
+
+    def _known(self, request_id: str) -> bool:
+        return request_id in self._live or request_id in self._received or request_id in self._ended
+
+    def _resolve(self, request_id: str, *, strip_unknown: bool) -> str:
+        """A held external id as is; else `<base>-<8 hex>` -> base (or a child's parent) when that is held; else,
+        with `strip_unknown` (an `Added` line: its id is internal), the base; else the id itself."""
+        if self._known(request_id):
+            return request_id
         m = p.INTERNAL_SUFFIX.fullmatch(request_id)
-        if m and m.group("base") in self._received:
-            return m.group("base")
-        return request_id
+        if m is None:
+            return request_id
+        base = m.group("base")
+        if self._known(base):
+            return base
+        child = p.CHILD_PREFIX.fullmatch(base)
+        if child and self._known(child.group("parent")):
+            return child.group("parent")
+        return base if strip_unknown else request_id
+
+    def _expire(self, now: float) -> None:
+        received, ended = self._received, self._ended
+        while received and now - next(iter(received.values())) > self.admit_window_s:
+            received.popitem(last=False)
+        while ended and now - next(iter(ended.values())) > self.grace_s:
+            ended.popitem(last=False)
 
 
 Builder = Callable[[re.Match[str], float, float | None, RequestIds], list[LogEvent]]
@@ -140,7 +192,7 @@ def _stats_line(m: re.Match[str], ts: float, log_ts: float | None, ids: RequestI
 
 
 def _received(m: re.Match[str], ts: float, log_ts: float | None, ids: RequestIds) -> list[LogEvent]:
-    ids.received(m["id"])
+    ids.received(m["id"], ts)
     return [RequestReceived(ts=ts, log_ts=log_ts, request_id=m["id"],
                             max_tokens=p.top_level_int(m["params"], "max_tokens"))]
 
@@ -150,16 +202,24 @@ def _added(m: re.Match[str], ts: float, log_ts: float | None, ids: RequestIds) -
     return [RequestAdded(ts=ts, log_ts=log_ts, request_id=ids.added(internal), internal_id=internal)]
 
 
+def _ended(ids: RequestIds, request_id: str, ts: float) -> str:
+    """The external id of a request that ended with this line (its ids stay mapped for the grace)."""
+    external = ids.external(request_id)
+    ids.ended(external, ts)
+    return external
+
+
 def _aborted_many(m: re.Match[str], ts: float, log_ts: float | None, ids: RequestIds) -> list[LogEvent]:
-    return [RequestAborted(ts=ts, log_ts=log_ts, request_id=ids.external(i)) for i in m["ids"].split(",") if i]
+    return [RequestAborted(ts=ts, log_ts=log_ts, request_id=_ended(ids, i, ts)) for i in m["ids"].split(",") if i]
 
 
 def _aborted_one(m: re.Match[str], ts: float, log_ts: float | None, ids: RequestIds) -> list[LogEvent]:
-    return [RequestAborted(ts=ts, log_ts=log_ts, request_id=ids.external(m["id"]))]
+    return [RequestAborted(ts=ts, log_ts=log_ts, request_id=_ended(ids, m["id"], ts))]
 
 
 def _failed(m: re.Match[str], ts: float, log_ts: float | None, ids: RequestIds) -> list[LogEvent]:
-    return [RequestFailed(ts=ts, log_ts=log_ts, request_id=ids.external(m["id"]), reason=p.failure_reason(m["tail"]))]
+    return [RequestFailed(ts=ts, log_ts=log_ts, request_id=_ended(ids, m["id"], ts),
+                          reason=p.failure_reason(m["tail"]))]
 
 
 # First match wins. Each row's lead says "this message was meant to be that kind": a line with the lead
@@ -247,6 +307,11 @@ class LogLineParser:
         # A message meets only the rows its first character allows (one regex for a step line, not the table).
         self._rows = _by_first_char(ROWS, lambda row: row.pattern)
         self._leads = _by_first_char(LEADS, lambda lead: lead[1])
+
+    def span_landed(self, request_id: str, ts: float) -> None:
+        """`request_id`'s span was received at `ts`: it finished, so its ids are kept only for the grace after
+        (the agent tells the parser; the log has no line for a normal finish)."""
+        self.ids.ended(request_id, ts)
 
     def parse(self, line: str, ts: float) -> LogEvent | None:
         """The line's event, or None. Only `Aborted request(s) a,b` yields several: use parse_all for those."""
