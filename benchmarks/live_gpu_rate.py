@@ -285,8 +285,19 @@ def summary(out: dict[str, Any]) -> dict[str, Any]:
         "fresh_p99_s": pct(waits, 0.99), "lag_s": out["lag_s"], "otlp_unplayed": out["otlp_unplayed"],
         "player_late_s": lateness_s(d for d in out["deliveries"] if d.stream in (LOG, METRICS)),
         "otlp_late_s": lateness_s(d for d in out["deliveries"] if d.stream == OTLP),
+        "player_late_worst": late_worst(out["deliveries"]),
         "span_s": out["span_s"], "alive": out["alive"],
     }
+
+
+def late_worst(deliveries: list[Delivery], n: int = 5) -> list[tuple[str, float, float]]:
+    """The player's latest deliveries (stream, seconds into the stream, lateness), and above all when: a rejected
+    run says whether the player fell behind once (a pause of its own process) or drifted."""
+    if not deliveries:
+        return []
+    start = min(d.due_ts for d in deliveries)
+    worst = sorted((d for d in deliveries if d.stream in (LOG, METRICS)), key=lambda d: d.due_ts - d.sent_ts)[:n]
+    return [(d.stream, round(d.due_ts - start, 1), round(d.sent_ts - d.due_ts, 3)) for d in worst]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -329,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"agent run with --attribution-budget-cores {args.budget_cores:g}")
     print(f"{s['span_s']:.0f} s of the GPU-rate stream, player late {s['player_late_s'] * 1000:.0f} ms at most "
           f"(gate {LATE_GATE_S * 1000:.0f} ms){' REJECTED' if rejected else ''}; agent alive: {s['alive']}")
+    if rejected:
+        print("  the player's latest deliveries (stream, s into the stream, late s): "
+              + "; ".join(f"{st} {at:g} {late:g}" for st, at, late in s["player_late_worst"]))
     for name, got, goal, ok in rows:
         print(f"  {name:30s} {got:60s} goal {goal:18s} {'met' if ok else 'MISSED'}")
     print(f"  followed: {s['floor']} requests the agent attributes whatever its share (chosen at the floor "
