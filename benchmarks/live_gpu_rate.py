@@ -46,6 +46,7 @@ from attrib_agent.lab.playback import (
     Due,
     LivePlayback,
     MetricsStandIn,
+    Schedule,
     WallClock,
     lateness_s,
     process_cpu_s,
@@ -194,7 +195,15 @@ async def run(path: Path, workdir: Path, every: int, agent_cpu: int | None, budg
     threads: list[tuple[float, dict[int, float]]] = []
     stop = asyncio.Event()
     try:
-        sched = schedule(records, clock.now() + 1.0, lambda shift: CopyRewrite(NO_TAG, 0, shift, NO_TAG).record)
+        def moved(lead_s: float) -> Schedule:
+            return schedule(records, clock.now() + lead_s, lambda shift: CopyRewrite(NO_TAG, 0, shift, NO_TAG).record)
+
+        t0 = clock.now()
+        sched = moved(1.0)
+        if sched.start_ts - clock.now() < 0.5:
+            # Moving a long stream to now takes seconds (the 600 s one, ~800k records): its first deliveries were
+            # due before it was built, and every 600 s run was rejected for a player ~2 s late at second 0.
+            sched = moved(2.0 * (clock.now() - t0) + 1.0)
         print(f"playing {len(sched.due):,} records over {sched.end_ts - sched.start_ts:.0f} s", file=sys.stderr)
         sampler = asyncio.create_task(sample_process(proc.pid, samples, stop, threads))
         scrapes: list[tuple[float, dict[str, float] | str]] = []
