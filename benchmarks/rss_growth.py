@@ -24,7 +24,6 @@ import statistics
 import time
 import tracemalloc
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from attrib_agent.agent.core import AgentCore
@@ -33,22 +32,16 @@ from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.attribution.result_codec import from_dict, to_dict
 from attrib_agent.attribution.store import ResultStore
 from attrib_agent.config.load import AgentConfig
+from attrib_agent.events import RequestSpan
 from attrib_agent.pipeline import PipelineConfig
 from attrib_agent.recording import LOG
 from attrib_agent.sources.log.source import LogRecordParser
 from attrib_agent.sources.replay import ReplaySource
 from benchmarks._gpu_rate import cached_gpu_rate
-from benchmarks._measure import machine
+from benchmarks._measure import machine, rss_mb
 
 GOAL_GROWTH_MB = 10.0  # after the warm-up, over the rest of the run (the live benchmark's flatness rule)
 BATCH = 512
-
-
-def rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def sizes(core: AgentCore, source: ReplaySource) -> dict[str, int]:
@@ -90,7 +83,11 @@ def _hook(core: AgentCore, source: ReplaySource) -> Callable[[Any], None]:
     except ImportError:
         return lambda ev: None
     tell_spans_to_log(core, source)
-    return core.saw  # type: ignore[attr-defined,no-any-return,unused-ignore]
+
+    def saw(ev: Any) -> None:
+        if type(ev) is RequestSpan:
+            core.span_arrived(ev)  # type: ignore[attr-defined,unused-ignore]
+    return saw
 
 
 def run(duration_s: float, share: float, warmup_min: float, trace: bool) -> dict[str, Any]:

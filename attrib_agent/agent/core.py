@@ -165,8 +165,8 @@ class AgentCore:
     # ---- intake ------------------------------------------------------------------------------------------
     def submit(self, event: Event) -> None:
         """Enqueue from a source callback (on the loop); never blocks, never raises."""
-        if type(event) is RequestSpan:
-            self.saw(event)
+        if type(event) is RequestSpan and self.span_seen:
+            self.span_arrived(event)
         if len(self._queue) >= self._max_queued:
             self._health.skip("queue_full")
             return
@@ -174,11 +174,10 @@ class AgentCore:
         if self._arrived is not None:
             self._arrived.set()
 
-    def saw(self, event: Event) -> None:
-        """What a source emitted, seen as it arrives (before the queue): a span tells `span_seen`."""
-        if self.span_seen and type(event) is RequestSpan:
-            for tell in self.span_seen:
-                tell(event.request_id, event.ts)
+    def span_arrived(self, span: RequestSpan) -> None:
+        """A span as it arrives (before the queue): `span_seen` is told (the log parser ends its request's ids)."""
+        for tell in self.span_seen:
+            tell(span.request_id, span.ts)
 
     def submit_many(self, events: Iterable[Event]) -> None:
         for ev in events:

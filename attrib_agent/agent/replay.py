@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Final
 
 from attrib_agent.agent.core import AgentCore
-from attrib_agent.events import Event
+from attrib_agent.events import Event, RequestSpan
 from attrib_agent.health import SourceHealth
 from attrib_agent.recording import LOG
 from attrib_agent.sources import registry as source_registry
@@ -42,7 +42,8 @@ async def replay_into(core: AgentCore, path: str | os.PathLike[str], *, speed: f
 
     def emit(ev: Event) -> None:
         nonlocal n
-        core.saw(ev)
+        if type(ev) is RequestSpan:
+            core.span_arrived(ev)
         core.process(ev)
         n += 1
         if progress is not None and n % 1000 == 0:
