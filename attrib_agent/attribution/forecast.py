@@ -38,13 +38,14 @@ class ForecastConfig:
     horizon_s: float = 10.0  # expected arrivals are run over this much of the future
     max_expected: int = 64  # ... at most this many (bounds the forecast's cost)
     max_steps: int = 20_000  # per simulated run
-    harmless_s: float = 0.05  # summed extra TTFT below this calls a candidate harmless
+    harmless_s: float = 0.05  # summed extra TTFT below this calls a candidate harmless ...
+    slowed_ratio: float = 2.0  # ... and so does no request's TTFT or mean ITL made this many times longer
 
     def __post_init__(self) -> None:
         if min(self.ttft_slo_s, self.itl_p95_slo_s, self.horizon_s) <= 0 or self.max_expected < 0:
             raise ValueError("SLOs and horizon_s must be > 0, max_expected >= 0")
-        if self.max_steps < 1 or self.harmless_s < 0:
-            raise ValueError("max_steps must be >= 1 and harmless_s >= 0")
+        if self.max_steps < 1 or self.harmless_s < 0 or not self.slowed_ratio > 1:
+            raise ValueError("max_steps must be >= 1, harmless_s >= 0 and slowed_ratio > 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,12 +60,14 @@ class Harm:
     ttft_slo_pushed: int  # within the TTFT SLO without the candidate, beyond it with
     itl_slo_pushed: int  # likewise the ITL p95 SLO
     ttft_extra_by_request: tuple[tuple[str, float], ...] = ()  # those with extra TTFT > 0 (not exported)
+    slowed: int = 0  # whose TTFT (arrival to first token) or mean ITL the candidate makes `slowed_ratio` times
+    # longer or more, the time without it taken as at least one step's (`forecast._harm`)
 
     def as_dict(self) -> dict[str, float | int]:
         return {"requests": self.requests, "ttft_extra_sum_s": self.ttft_extra_sum_s,
                 "ttft_extra_max_s": self.ttft_extra_max_s, "itl_extra_sum_s": self.itl_extra_sum_s,
                 "itl_extra_max_s": self.itl_extra_max_s, "ttft_slo_pushed": self.ttft_slo_pushed,
-                "itl_slo_pushed": self.itl_slo_pushed}
+                "itl_slo_pushed": self.itl_slo_pushed, "slowed": self.slowed}
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,13 +89,16 @@ class Forecast:
         return self.in_flight.ttft_extra_sum_s + self.expected.ttft_extra_sum_s
 
     def harmless(self, config: ForecastConfig) -> bool:
-        """Summed extra TTFT under `harmless_s` and nobody in flight pushed past the ITL SLO. With no load known
-        (the probe) that says only what the next arrival would wait: a candidate that stays on the engine
-        longer than `harmless_s` (a 32-token prompt decoding 1,500 tokens) can still slow a stream the agent has
-        not seen, so it is not called harmless; `load_basis` says why."""
+        """Summed extra TTFT under `harmless_s`, nobody in flight pushed past the ITL SLO, and nobody slowed
+        `slowed_ratio` times (`Harm.slowed`): a sum under 50 ms can still be one short's 4 ms TTFT made 40 ms,
+        the 2x slowdown a router routes away from. With no load known (the probe) that says only what the next
+        arrival would wait: a candidate that stays on the engine longer than `harmless_s` (a 32-token prompt
+        decoding 1,500 tokens) can still slow a stream the agent has not seen, so it is not called harmless;
+        `load_basis` says why."""
         if self.load_basis == "probe" and (self.stay_s is None or self.stay_s >= config.harmless_s):
             return False
-        return self.ttft_extra_sum_s < config.harmless_s and not self.in_flight.itl_slo_pushed
+        return (self.ttft_extra_sum_s < config.harmless_s and not self.in_flight.itl_slo_pushed
+                and not self.in_flight.slowed and not self.expected.slowed)
 
     def as_dict(self) -> dict[str, object]:
         c = self.candidate
@@ -165,6 +171,7 @@ def forecast(state: EngineState, candidates: Sequence[Candidate], cost: StepCost
     watch.add(cid)
     queued = [(r, 0) for r in base.expected]
     usable = state.sched.num_blocks - 1
+    step_s = cost.step_seconds(0, 1, 1)  # one step's time: the least a TTFT or a token gap can be
     out = []
     for c in candidates:
         cand = SimRequest(cid, state.now, c.prompt_tokens, c.max_tokens)
@@ -182,8 +189,8 @@ def forecast(state: EngineState, candidates: Sequence[Candidate], cost: StepCost
         out.append(Forecast(
             c, refused, admitted, reason,
             None if first is None else first - state.now + state.ttft_offset_s,
-            _harm(base.run, run, base.awaiting, base.in_flight, state.ttft_offset_s, cfg),
-            _harm(base.run, run, base.arrivals, base.arriving, state.ttft_offset_s, cfg),
+            _harm(base.run, run, base.awaiting, base.in_flight, state.ttft_offset_s, cfg, step_s),
+            _harm(base.run, run, base.arrivals, base.arriving, state.ttft_offset_s, cfg, step_s),
             state.load, max(run.preemptions - base.run.preemptions, 0),
             "probe" if state.load is None else state.load_basis, stay))
     return out
@@ -197,13 +204,16 @@ def window_end(state: EngineState, cfg: ForecastConfig) -> float:
 
 
 def _harm(base: Run, run: Run, awaiting: dict[str, float], ids: tuple[str, ...], offset_s: float,
-          cfg: ForecastConfig) -> Harm:
+          cfg: ForecastConfig, step_s: float = 0.0) -> Harm:
     """Compare the two runs over `ids` (sorted: the order the sums are taken in); `awaiting` holds the arrival
     of those still without a first token. Token gaps are compared over the window both runs cover, from their
     sums (`Run.window`: count, first, last, gaps past the ITL SLO), which give the mean and whether the p95 is
-    past the SLO without a pass over the times."""
+    past the SLO without a pass over the times. A request is slowed when its TTFT or mean gap with the
+    candidate is `slowed_ratio` times the one without, taken as at least `step_s` (one step: 1 ms made 2 ms
+    is a rounding of the clock, not harm)."""
     ttft_sum = ttft_max = itl_sum = itl_max = 0.0
-    ttft_pushed = itl_pushed = 0
+    ttft_pushed = itl_pushed = slowed = 0
+    ratio = cfg.slowed_ratio
     by_request: list[tuple[str, float]] = []
     for rid in ids:
         arrival = awaiting.get(rid)
@@ -215,14 +225,21 @@ def _harm(base: Run, run: Run, awaiting: dict[str, float], ids: tuple[str, ...],
             ttft_sum += extra
             ttft_max = max(ttft_max, extra)
             ttft_pushed += before - arrival + offset_s < cfg.ttft_slo_s <= after - arrival + offset_s
+            hit = extra > 0 and after - arrival + offset_s >= ratio * max(before - arrival + offset_s, step_s)
+        else:
+            hit = False
         was, now = base.window.get(rid), run.window.get(rid)
         if was is not None and now is not None and was[0] >= 2 and now[0] >= 2 and was != now:  # equal: no harm
-            extra = max(_mean_gap(now) - _mean_gap(was), 0.0)
+            gap = _mean_gap(now)
+            extra = max(gap - _mean_gap(was), 0.0)
             itl_sum += extra
             itl_max = max(itl_max, extra)
+            hit = hit or (extra > 0 and gap >= ratio * max(_mean_gap(was), step_s))
             if not _p95_over(was) and _p95_over(now):  # one already past the SLO is not pushed
                 itl_pushed += 1
-    return Harm(len(ids), ttft_sum, ttft_max, itl_sum, itl_max, ttft_pushed, itl_pushed, tuple(by_request))
+        slowed += hit
+    return Harm(len(ids), ttft_sum, ttft_max, itl_sum, itl_max, ttft_pushed, itl_pushed, tuple(by_request),
+                slowed)
 
 
 def _mean_gap(w: Window) -> float:

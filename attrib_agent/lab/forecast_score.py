@@ -59,12 +59,18 @@ class WhaleCase:
     context: tuple[str, ...]  # whales present before it
     true_harm_s: float
     true_slowed_2x: bool  # some short's TTFT at least doubled
+    true_resolved_2x: bool = False  # ... and that short's with-minus-without is >= RESOLVED_SE standard errors
     done_before: int = 0  # shorts left out: their first token came before the whale was sent, in every rep
     done_before_s: float = 0.0  # ... and what the truth's with/without difference gave them (run-to-run noise)
     true_se_s: float = 0.0  # standard error of true_harm_s: reps and shorts independent, as tests' truth_spread
     forecast_s: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in LOADS})
     harmless: dict[str, list[bool]] = field(default_factory=lambda: {k: [] for k in LOADS})  # the verdicts
     fits: Counter[str] = field(default_factory=Counter)  # persisted: what became of each recording's saved fit
+
+    @property
+    def truly_harmless(self) -> bool:
+        """No short slowed 2x and a harm the truth cannot tell from none: what a forecast should call harmless."""
+        return not self.true_slowed_2x and not self.resolved
 
     @property
     def resolved(self) -> bool:
@@ -111,7 +117,9 @@ def whale_cases(truth_dir: Path) -> tuple[dict[str, Any], list[WhaleCase]]:
                 continue
             case.true_harm_s += max(a - b, 0.0)
             case.true_slowed_2x |= a >= SLOWED_RATIO * b
-            var += sum(c["ttft_s"]["std"] ** 2 / c["ttft_s"]["n"] for c in (cond[with_], cond[without]))
+            v = sum(c["ttft_s"]["std"] ** 2 / c["ttft_s"]["n"] for c in (cond[with_], cond[without]))
+            case.true_resolved_2x |= a >= SLOWED_RATIO * b and a - b >= RESOLVED_SE * math.sqrt(v)
+            var += v
         case.true_se_s = math.sqrt(var)
         cases.append(case)
     return truth, cases
@@ -277,17 +285,26 @@ def spearman(xs: list[float], ys: list[float]) -> float | None:
 def summary(cases: list[WhaleCase], load: str) -> dict[str, Any]:
     """Median relative error of the summed harm (over all whales, and over those whose truth is resolved), rank
     correlation, and the never-harmless-when-2x rule: a whale is called harmless when the forecast's own verdict
-    (`Forecast.harmless`, what the endpoint answers) says so from any of its recordings."""
+    (`Forecast.harmless`, what the endpoint answers) says so from any of its recordings; the same over the 2x
+    slowdowns the truth resolves (>= RESOLVED_SE standard errors: a single rep's stall is not), and the other
+    side, specificity: of the truly harmless whales (no short 2x, harm unresolved), those called harmless in
+    every recording. A verdict that is never "harmless" passes the first rule and fails this one."""
     pairs = [(c, m) for c in cases if (m := c.mean(load)) is not None]
     errors = [(abs(m - c.true_harm_s) / c.true_harm_s, c.resolved) for c, m in pairs if c.true_harm_s > 0]
     resolved = [e for e, ok in errors if ok]
     missed = [f"{c.truth}/{c.whale}" for c, _ in pairs if c.true_slowed_2x and any(c.harmless[load])]
+    harmless = [c for c, _ in pairs if c.truly_harmless]
     return {"load": load, "whales": len(pairs),
             "median_rel_error": statistics.median(e for e, _ in errors) if errors else None,
             "resolved_whales": len(resolved),
             "median_rel_error_resolved": statistics.median(resolved) if resolved else None,
             "rank_correlation": spearman([m for _, m in pairs], [c.true_harm_s for c, _ in pairs]),
-            "called_harmless_but_2x": missed}
+            "called_harmless_but_2x": missed,
+            "called_harmless_but_resolved_2x": [k for c, _ in pairs if c.true_resolved_2x and any(c.harmless[load])
+                                                for k in [f"{c.truth}/{c.whale}"]],
+            "truly_harmless": [f"{c.truth}/{c.whale}" for c in harmless],
+            "truly_harmless_called_harmless": [f"{c.truth}/{c.whale}" for c in harmless
+                                               if c.harmless[load] and all(c.harmless[load])]}
 
 
 def _summary_line(cases: list[WhaleCase], load: str, label: str) -> str:
@@ -299,7 +316,10 @@ def _summary_line(cases: list[WhaleCase], load: str, label: str) -> str:
     missed = ", ".join(f"{k} ({sum(by[k])} of {len(by[k])} recordings)" for k in s["called_harmless_but_2x"]) or "none"
     return (f"{label}: median |error| {err} ({res} over the {s['resolved_whales']} whose truth is resolved, "
             f"harm >= {RESOLVED_SE:g} standard errors), rank correlation {rho} over {s['whales']} whales; "
-            f"called harmless though a short slowed >= 2x: {missed}")
+            f"called harmless though a short slowed >= 2x: {missed} (resolved 2x: "
+            f"{', '.join(s['called_harmless_but_resolved_2x']) or 'none'}); truly harmless called harmless: "
+            f"{len(s['truly_harmless_called_harmless'])} of {len(s['truly_harmless'])} "
+            f"({', '.join(s['truly_harmless']) or 'none'})")
 
 
 def format_report(cases: list[WhaleCase]) -> str:
@@ -343,7 +363,8 @@ def report_command(truth_dirs: list[Path], *, warm: bool, as_json: bool, self_fi
         doc["persisted_summaries"] = [summary(kept, k) for k in LOADS]
     doc["whales"] = [{"truth": c.truth, "whale": c.whale, "context": list(c.context),
                       "true_harm_s": c.true_harm_s, "true_se_s": c.true_se_s, "resolved": c.resolved,
-                      "true_slowed_2x": c.true_slowed_2x, "forecast_s": c.forecast_s, "harmless": c.harmless}
+                      "true_slowed_2x": c.true_slowed_2x, "true_resolved_2x": c.true_resolved_2x,
+                      "forecast_s": c.forecast_s, "harmless": c.harmless}
                      | ({"persisted_forecast_s": kept[i].forecast_s, "persisted_harmless": kept[i].harmless}
                         if kept is not None else {})
                      for i, c in enumerate(cases)]

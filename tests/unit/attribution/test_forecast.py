@@ -211,3 +211,38 @@ def test_a_mixed_stream_is_forecast_size_by_size_and_a_shared_prefix_is_computed
     assert shared.expected.ttft_extra_sum_s < 0.8 * alone.expected.ttft_extra_sum_s
     with pytest.raises(ValueError):
         ArrivalLoad(1.0, 32, 32, mix=((0, 5),))
+
+
+def test_a_short_made_twice_as_slow_is_harm_though_the_summed_extra_is_under_the_threshold() -> None:
+    """The issue's rule is about any short slowed 2x, not the sum: a 600-token prompt sent with a short makes
+    the short's 8.5 ms TTFT ~50 ms (41 ms summed, under `harmless_s`): called harmless before, not now."""
+    cfg = ForecastConfig(horizon_s=0.5)
+    state = EngineState(NOW, SCHED, (), ArrivalLoad(1.0, 32, 8, first_in_s=0.0))  # one short, arriving with it
+    [f] = forecast(state, [Candidate(600, 4)], COST, cfg)
+    assert f.ttft_extra_sum_s < cfg.harmless_s and f.expected.slowed == 1 and not f.harmless(cfg)
+    assert f.as_dict()["expected_arrivals"]["slowed"] == 1  # type: ignore[index]
+    # a tiny one delays the short by less than its own TTFT: harmless, nobody slowed
+    [tiny] = forecast(state, [Candidate(16, 2)], COST, cfg)
+    assert tiny.expected.slowed == 0 and tiny.harmless(cfg)
+    # the ratio is a setting: at 10x the 600-token prompt slows nobody that much
+    assert forecast(state, [Candidate(600, 4)], COST, replace(cfg, slowed_ratio=10.0))[0].harmless(cfg)
+    with pytest.raises(ValueError):
+        ForecastConfig(slowed_ratio=1.0)
+
+
+def test_a_time_without_the_candidate_counts_as_at_least_one_step_so_1_ms_made_2_ms_is_not_a_slowdown() -> None:
+    from attrib_agent.attribution.forecast import _harm
+    from attrib_agent.attribution.forecast_sim import Run
+
+    def run(first: float) -> Run:
+        return Run({"r": NOW + first}, {}, 0, "", frozenset(), None, {})
+
+    cfg = ForecastConfig()
+    assert _harm(run(0.001), run(0.002), {"r": NOW}, ("r",), 0.0, cfg, step_s=0.0).slowed == 1
+    assert _harm(run(0.001), run(0.002), {"r": NOW}, ("r",), 0.0, cfg, step_s=0.0015).slowed == 0
+    assert _harm(run(0.001), run(0.003), {"r": NOW}, ("r",), 0.0, cfg, step_s=0.0015).slowed == 1
+    # a mean token gap doubled counts too (window: count, first, last, gaps over the ITL limit)
+    was, now = Run({}, {}, 0, "", frozenset(), None, {"r": [11, 0.0, 0.1, 0]}), \
+        Run({}, {}, 0, "", frozenset(), None, {"r": [11, 0.0, 0.2, 0]})
+    assert _harm(was, now, {}, ("r",), 0.0, cfg, step_s=0.005).slowed == 1
+    assert _harm(was, now, {}, ("r",), 0.0, cfg, step_s=0.011).slowed == 0

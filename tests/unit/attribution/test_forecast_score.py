@@ -68,6 +68,25 @@ def test_the_median_over_resolved_truths_leaves_out_harms_the_truth_cannot_tell_
     assert "whose truth is resolved" in format_report(cases())
 
 
+def test_a_2x_is_resolved_only_when_that_shorts_difference_is_and_specificity_counts_the_truly_harmless() -> None:
+    """preempt/w1's 2x is two shorts' single-rep stalls (1.0 and 1.5 standard errors): slowed 2x, not resolved;
+    preempt/w3 slows shorts 2x far past their noise. Specificity: a whale with no short 2x and an unresolved harm
+    is truly harmless, and counts as called harmless only when every recording's verdict says so."""
+    by = {f"{c.truth}/{c.whale}": c for c in cases()}
+    assert by["preempt/w1"].true_slowed_2x and not by["preempt/w1"].true_resolved_2x
+    assert by["preempt/w3"].true_resolved_2x and not by["preempt/w3"].truly_harmless
+    quiet = WhaleCase("t", "q", (), 0.01, False, true_se_s=0.02)  # no short 2x, harm within its noise
+    stall = WhaleCase("t", "s", (), 0.3, True, true_se_s=0.2)  # 2x, but not resolved
+    sure = WhaleCase("t", "w", (), 5.0, True, True, true_se_s=0.5)  # 2x, resolved
+    for c, verdicts in ((quiet, [True, True]), (stall, [True, False]), (sure, [False, True])):
+        c.forecast_s["declared"], c.harmless["declared"] = [0.01, 0.02], verdicts
+    s = summary([quiet, stall, sure], "declared")
+    assert s["called_harmless_but_2x"] == ["t/s", "t/w"] and s["called_harmless_but_resolved_2x"] == ["t/w"]
+    assert s["truly_harmless"] == ["t/q"] and s["truly_harmless_called_harmless"] == ["t/q"]
+    quiet.harmless["declared"] = [True, False]  # harmful in one recording: not called harmless
+    assert summary([quiet], "declared")["truly_harmless_called_harmless"] == []
+
+
 def test_spearman() -> None:
     assert spearman([1, 2, 3], [10, 20, 30]) == 1.0
     assert spearman([1, 2, 3], [3, 2, 1]) == -1.0

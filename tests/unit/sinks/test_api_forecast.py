@@ -87,6 +87,17 @@ def test_a_batch_a_declared_load_and_known_prompts() -> None:
         )["forecasts"][0]["own_ttft_s"]
 
 
+def test_a_short_slowed_2x_makes_the_answer_harmful_though_the_summed_extra_is_small() -> None:
+    """`harmless` also needs nobody slowed 2x: a 200-token prompt sent with a short (declared to arrive with it)
+    costs it ~16 ms, under the 50 ms threshold, but that is twice its TTFT; a 100-token one is harmless."""
+    app = api_app(state_of(at_second_whale()))
+    load = {"rate_per_s": 0.1, "prompt_tokens": 32, "max_tokens": 8, "first_in_s": 0}
+    small, mid = post(app, {"candidates": [{"prompt_tokens": 100, "max_tokens": 4},
+                                           {"prompt_tokens": 200, "max_tokens": 4}], "load": load}).json()["forecasts"]
+    assert mid["ttft_extra_sum_s"] < 0.05 and mid["expected_arrivals"]["slowed"] == 1 and not mid["harmless"]
+    assert small["expected_arrivals"]["slowed"] == 0 and small["in_flight"]["slowed"] == 0 and small["harmless"]
+
+
 @pytest.mark.parametrize(("body", "message"), [
     (b"{not json", "not valid JSON"),
     ([1, 2], "JSON object"),
