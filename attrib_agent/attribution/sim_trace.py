@@ -208,18 +208,18 @@ class VictimTracer:
             solo = self._pricer.seconds([mine])
             redo = max(min(mine.prior + mine.tokens, mine.redo_until) - mine.prior, 0)
             if redo:
-                self._add("preemption", solo * redo / mine.tokens, victim.forced_by, start, itl)
+                self.add("preemption", solo * redo / mine.tokens, victim.forced_by, start, itl)
             self._contention(members, mine, prices, duration - solo, start, itl)
         elif victim.preempted_now:
-            self._add("preemption", duration, victim.forced_by, start, itl)
+            self.add("preemption", duration, victim.forced_by, start, itl)
         elif victim.running or stop == "budget":
             self._contention(members, None, prices, duration, start, itl)
         elif stop in ("kv", "preemption") and (blocked is None or blocked == self.request_id):
-            self._add("kv_pressure", duration, holders, start, itl)
+            self.add("kv_pressure", duration, holders, start, itl)
         elif stop == "kv" and blocked is not None:
-            self._add("head_of_line", duration, ((blocked, 1.0),), start, itl)
+            self.add("head_of_line", duration, ((blocked, 1.0),), start, itl)
         elif stop == "seats" and running_ids:
-            self._add("decode_batching", duration, tuple((r, 1 / len(running_ids)) for r in running_ids), start,
+            self.add("decode_batching", duration, tuple((r, 1 / len(running_ids)) for r in running_ids), start,
                       itl)
 
     def _sum(self, cause: str, itl: bool, ts: float) -> dict[str, float]:
@@ -250,9 +250,9 @@ class VictimTracer:
         if spent <= 0:  # a cost model blind to these members: split evenly by what they computed
             others = [m for m in members if m is not skip]
             total = float(sum(m.tokens for m in others))
-            self._add("prefill_contention", seconds, tuple((m.request_id, m.tokens / total) for m in others
+            self.add("prefill_contention", seconds, tuple((m.request_id, m.tokens / total) for m in others
                                                            if not m.decode), ts, itl)
-            self._add("decode_batching", seconds, tuple((m.request_id, m.tokens / total) for m in others
+            self.add("decode_batching", seconds, tuple((m.request_id, m.tokens / total) for m in others
                                                         if m.decode), ts, itl)
             return
         k = seconds / spent
@@ -272,7 +272,26 @@ class VictimTracer:
                 pre = pre if pre is not None else self._sum("prefill_contention", itl, ts)
                 pre[rid] = pre.get(rid, 0.0) + k * marginal
 
-    def _add(self, cause: str, seconds: float, blame: Blame, ts: float, itl: bool) -> None:
+    def decode_stretch(self, contexts: list[tuple[str, int]], skip: str | None, k0: float, k1: float, c: float,
+                       d: float, ts: float, itl: bool) -> None:
+        """A stretch of alike decode steps' contention at once (`StretchTracer`): priced by a frozen fit above its
+        floor, member o's marginal in step j is c + d x (its context then: `contexts` at step 0, plus j), of which
+        d x context is bandwidth; the victim's wait in step j over the others' marginals summed is k_j, and
+        `k0`, `k1` are sum(k_j) and sum(k_j x j). Adds sum_j k_j x (c, d x context) to each member but `skip`."""
+        if k0 <= 0:
+            return
+        batching = self._sum("decode_batching", itl, ts) if c > 0 else None
+        bandwidth = self._sum("kv_bandwidth", itl, ts) if d > 0 else None
+        per = c * k0
+        for rid, context in contexts:
+            if rid == skip:
+                continue
+            if batching is not None:
+                batching[rid] = batching.get(rid, 0.0) + per
+            if bandwidth is not None:
+                bandwidth[rid] = bandwidth.get(rid, 0.0) + d * (context * k0 + k1)
+
+    def add(self, cause: str, seconds: float, blame: Blame, ts: float, itl: bool) -> None:
         """`blame` weights are fractions of `seconds` (they sum to 1 except for one cause of a split step)."""
         if seconds <= 0 or not any(w > 0 for _, w in blame):
             return
