@@ -176,8 +176,7 @@ class EngineView:
         if got is None:
             prices, measured = self.prices(step)
             parts = []
-            for m in prices.members:
-                marginal, bw = prices.marginal(m)
+            for m, (marginal, bw) in zip(prices.members, prices.marginals(), strict=True):
                 if not m.decode:
                     parts.append((m.request_id, False, marginal, 0.0))
                     continue

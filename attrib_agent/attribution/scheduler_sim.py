@@ -189,9 +189,17 @@ class StretchTracer:
 
     def __init__(self, tracers: list[tuple[LiveRequest, VictimTracer]], pricer: Pricer, running: list[LiveRequest],
                  waiting: deque[LiveRequest], config: SchedulerConfig, now: float) -> None:
-        """`now`: the engine clock at the stretch's start (its first step begins no earlier)."""
+        """`now`: the engine clock at the stretch's start (its first step begins no earlier). Nothing is worked
+        out until a first step is seen: most calls of `decode_stretch` find no stretch."""
+        self._args = (tracers, waiting, config, now)
+        self._pricer, self._running = pricer, running
+        self._ready = False
+
+    def _setup(self) -> None:
+        tracers, waiting, config, now = self._args
+        pricer, running = self._pricer, self._running
         n, bs = len(running), config.block_size
-        self._n, self._bs, self._pricer, self._running = n, bs, pricer, running
+        self._n, self._bs = n, bs
         self._blocked = blocked = waiting[0] if waiting and n < config.token_budget and n < config.max_num_seqs \
             else None
         self._stop = stop = "empty" if not waiting else "budget" if n >= config.token_budget else \
@@ -217,6 +225,7 @@ class StretchTracer:
         else:
             above = False
         on = set(map(id, running))
+        queued = set(map(id, waiting))
         for victim, tracer in tracers:
             if victim.finish_ts is not None or victim.refused:
                 continue
@@ -224,7 +233,7 @@ class StretchTracer:
                 self._slow.append((victim, tracer))
             elif above and id(victim) in on and victim.redo_until <= victim.computed and n > 1:
                 self._fast.append((tracer, victim.computed + 1, True, [0.0, 0.0, 0.0]))
-            elif victim not in waiting:
+            elif id(victim) not in queued:
                 self._slow.append((victim, tracer))
             elif above and stop == "budget":
                 self._fast.append((tracer, None, victim.first_token_ts is not None, [0.0, 0.0, 0.0]))
@@ -234,6 +243,9 @@ class StretchTracer:
                 self._slow.append((victim, tracer))
 
     def __call__(self, j: int, begin: float, end: float, seconds: float) -> None:
+        if not self._ready:
+            self._setup()
+            self._ready = True
         if self._stop == "kv":
             self._held(j)
         if self._queued:
@@ -264,6 +276,8 @@ class StretchTracer:
 
     def flush(self) -> None:
         """Spread the fast tracers' sums over the members (once the stretch has run)."""
+        if not self._ready:
+            return
         contexts = [(rid, computed + 1) for rid, computed, _, _ in self._base]
         for tracer, own, itl, (k0, k1, ts) in self._fast:
             tracer.decode_stretch(contexts, tracer.request_id if own is not None else None, k0, k1, self._c,
