@@ -212,6 +212,7 @@ class StretchTracer:
         self._fast: list[tuple[VictimTracer, int | None, bool, list[float]]] = []
         self._slow: list[tuple[LiveRequest, VictimTracer]] = []
         self._queued: list[tuple[VictimTracer, bool]] = []  # waiting for KV or a seat, first token seen
+        self._waited = [0.0, 0.0]  # the queued tracers' steps: seconds summed, first begin
         self._segments: list[tuple[Blame, list[float]]] = []  # (holders, [seconds summed, first begin]) by boundary
         frozen = pricer.frozen
         self._c = self._d = 0.0
@@ -224,6 +225,7 @@ class StretchTracer:
             above = least > frozen.floor_s * (1 + 1e-9) + 1e-12
         else:
             above = False
+        self._head_traced = False  # the queue's head, waiting for KV, is traced: it blames the holders
         on = set(map(id, running))
         queued = set(map(id, waiting))
         for victim, tracer in tracers:
@@ -239,6 +241,7 @@ class StretchTracer:
                 self._fast.append((tracer, None, victim.first_token_ts is not None, [0.0, 0.0, 0.0]))
             elif stop in ("kv", "seats"):
                 self._queued.append((tracer, victim.first_token_ts is not None))
+                self._head_traced = self._head_traced or victim is blocked
             else:
                 self._slow.append((victim, tracer))
 
@@ -246,13 +249,16 @@ class StretchTracer:
         if not self._ready:
             self._setup()
             self._ready = True
-        if self._stop == "kv":
-            self._held(j)
         if self._queued:
-            hold = self._hold if self._hold is not None else ()
-            if not self._segments or self._segments[-1][0] is not hold:
-                self._segments.append((hold, [0.0, begin]))
-            self._segments[-1][1][0] += end - begin
+            if not self._waited[0]:
+                self._waited[1] = begin
+            self._waited[0] += end - begin
+            if self._head_traced:  # the holders by blocks, per block boundary
+                self._held(j)
+                hold = self._hold if self._hold is not None else ()
+                if not self._segments or self._segments[-1][0] is not hold:
+                    self._segments.append((hold, [0.0, begin]))
+                self._segments[-1][1][0] += end - begin
         n, c, d = self._n, self._c, self._d
         context = self._context + j * n
         duration = end - begin
@@ -282,11 +288,10 @@ class StretchTracer:
         for tracer, own, itl, (k0, k1, ts) in self._fast:
             tracer.decode_stretch(contexts, tracer.request_id if own is not None else None, k0, k1, self._c,
                                   self._d, ts, itl)
-        if not self._queued or not self._segments:
+        if not self._queued or not self._waited[0]:
             return
         blocked = self._blocked.req.request_id if self._blocked is not None else None
-        first = self._segments[0][1][1]
-        waited = sum(acc[0] for _, acc in self._segments)
+        waited, first = self._waited
         for tracer, itl in self._queued:
             if self._stop == "seats":
                 tracer.add("decode_batching", waited, tuple((r, 1 / self._n) for r, _, _, _ in self._base), first,
@@ -310,6 +315,8 @@ class StretchTracer:
     def _step(self, tracers: list[tuple[LiveRequest, VictimTracer]], j: int, begin: float, end: float,
               seconds: float) -> None:
         n, stop = self._n, self._stop
+        if stop == "kv":
+            self._held(j)
         members = [Member(rid, 1, computed + j, True, redo) for rid, computed, redo, _ in self._base]
         _trace_step(tracers, self._pricer, StepPlan(members, [], stop, self._blocked), begin, end, self._running,
                     ((0, n, self._context + j * n, 0, 0), seconds), self._hold if stop == "kv" else None)
