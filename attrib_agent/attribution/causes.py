@@ -470,7 +470,7 @@ def _contention(out: VictimCauses, phase: str, step: StepRecord, seconds: float,
     if seconds <= 0 or not index or (len(index) == 1 and rid in index):
         return
     if mine is not None:  # the step's elapsed time, so the victim's own part in the same terms
-        seconds = min(seconds, step.elapsed_s) - (view.own or view.pricer).seconds([_member(mine)])
+        seconds = min(seconds, step.elapsed_s) - (view.own or view.pricer).solo(_member(mine))
     (pf, bt, bw), (pf_pos, bt_pos, bw_pos) = shares.sums, shares.positive
     own = index.get(rid)
     if own is not None:  # the sums less the victim's own part (0 where it was the only one)

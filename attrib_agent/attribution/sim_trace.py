@@ -81,6 +81,10 @@ class Pricer:
     def seconds(self, members: list[Member]) -> float:
         return self.price(self.features(members))
 
+    def solo(self, member: Member) -> float:
+        """`seconds([member])`: the member's own features are the step's (the same integers, the same price)."""
+        return self.price5(*member.features())
+
 
 class StepPrices:
     """One step's prices, shared by every tracer shown the step: the step's total and, per member, what
@@ -205,7 +209,7 @@ class VictimTracer:
                 mine = m
                 break
         if mine is not None:
-            solo = self._pricer.seconds([mine])
+            solo = self._pricer.solo(mine)
             redo = max(min(mine.prior + mine.tokens, mine.redo_until) - mine.prior, 0)
             if redo:
                 self.add("preemption", solo * redo / mine.tokens, victim.forced_by, start, itl)
