@@ -41,7 +41,6 @@ PHASES = ("ttft", "itl")
 _STEP_EPS_S = 0.0005  # log times are stamped to the millisecond
 _HELD_LOOKBACK = 64  # steps scanned back from a preemption for the victim's last step (it ran in the one before)
 _Weights = dict[str, dict[str, dict[str, float]]]  # phase -> culprit -> cause -> seconds
-_Share = tuple[str, bool, float, float]  # a step member's id, decode, prefill or batching seconds, bandwidth seconds
 _StepKey = tuple[int, float]  # (iteration, end): iterations restart with vLLM
 _NOTHING_SHARED: tuple[Mapping[str, int], int] = ({}, 0)
 _BY_ARRIVAL = attrgetter("arrival_ts", "request_id")  # of lifecycles with an arrival
@@ -70,7 +69,6 @@ class EngineView:
     # by step (iteration, end: iterations restart with vLLM), shared by the pass's victims
     _heads: dict[tuple[int, float], tuple[RequestLifecycle, int | None] | None] = field(default_factory=dict)
     _prices: dict[tuple[int, float], tuple[StepPrices, float | None]] = field(default_factory=dict)
-    _shares: dict[tuple[int, float], tuple[_Share, ...]] = field(default_factory=dict)
     _contention: dict[tuple[int, float], StepShares] = field(default_factory=dict)
     _kv: dict[tuple[int, float], tuple[dict[str, float], int]] = field(default_factory=dict)
     _max_wait: float = 0.0
@@ -168,30 +166,22 @@ class EngineView:
             got = self._prices[key] = (StepPrices(self.pricer, [_member(m) for m in step.members]), bw)
         return got
 
-    def shares(self, step: StepRecord) -> tuple[_Share, ...]:
-        """Each member's marginal cost by cause (request id, decode, prefill or batching seconds, bandwidth
-        seconds), in member order: the same for every victim in the step but for leaving out its own."""
-        key = (step.iteration, step.end_ts)
-        got = self._shares.get(key)
-        if got is None:
-            prices, measured = self.prices(step)
-            parts = []
-            for m, (marginal, bw) in zip(prices.members, prices.marginals(), strict=True):
-                if not m.decode:
-                    parts.append((m.request_id, False, marginal, 0.0))
-                    continue
-                if measured is not None and bw > 0:  # the GPU's own figure: the share of the step its DRAM was busy
-                    bw = marginal * measured
-                parts.append((m.request_id, True, marginal - bw, bw))
-            got = self._shares[key] = tuple(parts)
-        return got
-
     def contention(self, step: StepRecord) -> StepShares:
-        """`shares(step)` by member id, with each cause's sums over them (shared by every victim in the step)."""
+        """Each member's marginal cost by cause (decode, prefill or batching seconds, bandwidth seconds) by its id,
+        with each cause's sums: the same for every victim in the step but for leaving out its own."""
         key = (step.iteration, step.end_ts)
         got = self._contention.get(key)
         if got is None:
-            got = self._contention[key] = StepShares({r: (d, part, bw) for r, d, part, bw in self.shares(step)})
+            prices, measured = self.prices(step)
+            index: dict[str, tuple[bool, float, float]] = {}
+            for m, (marginal, bw) in zip(prices.members, prices.marginals(), strict=True):
+                if not m.decode:
+                    index[m.request_id] = (False, marginal, 0.0)
+                    continue
+                if measured is not None and bw > 0:  # the GPU's own figure: the share of the step its DRAM was busy
+                    bw = marginal * measured
+                index[m.request_id] = (True, marginal - bw, bw)
+            got = self._contention[key] = StepShares(index)
         return got
 
     def _head(self, t: float) -> tuple[RequestLifecycle, int | None] | None:
