@@ -30,7 +30,7 @@ from attrib_agent.attribution.period_cost import PeriodCost
 from attrib_agent.attribution.result import NO_CAUSES, NO_EVIDENCE, AttributionResult, Culprit, itl_gaps
 from attrib_agent.attribution.scheduler_sim import shapley, simulate
 from attrib_agent.attribution.shapley import largest_effects, with_shortfall
-from attrib_agent.attribution.sim_cache import CostVersions, RunCache
+from attrib_agent.attribution.sim_cache import CostVersions, FrozenCost, RunCache
 from attrib_agent.attribution.sim_start import StepIndex, observed_start, without
 from attrib_agent.attribution.sim_trace import Pricer
 from attrib_agent.attribution.sim_types import SchedulerConfig, SimOutcome, SimRequest, SimResult, SimStart, StepCost
@@ -289,7 +289,10 @@ class Attributor:
             lcs[lc.request_id] = lc
             end = lc.end_ts if lc.end_ts is not None else req.arrival_ts + self.config.unfinished_end_s
             known.append((req, end))
-        view = engine_view(timeline, cfg, Pricer(self.period.cost(self.cost)), own=Pricer(self.cost))
+        # the fits frozen for the pass (the same formula on the same coefficients: the same prices), so a
+        # decode-only step's members are priced in one loop (`StepPrices.marginals`)
+        view = engine_view(timeline, cfg, Pricer(FrozenCost.of(self.period.cost(self.cost))),
+                           own=Pricer(FrozenCost.of(self.cost)))
         prices = self.prices.current(self.cost)
         plans = []
         for period, start, mine in self._periods(known, lcs, wanted, timeline):

@@ -41,7 +41,6 @@ PHASES = ("ttft", "itl")
 _STEP_EPS_S = 0.0005  # log times are stamped to the millisecond
 _HELD_LOOKBACK = 64  # steps scanned back from a preemption for the victim's last step (it ran in the one before)
 _Weights = dict[str, dict[str, dict[str, float]]]  # phase -> culprit -> cause -> seconds
-_Share = tuple[str, bool, float, float]  # a step member's id, decode, prefill or batching seconds, bandwidth seconds
 _StepKey = tuple[int, float]  # (iteration, end): iterations restart with vLLM
 _NOTHING_SHARED: tuple[Mapping[str, int], int] = ({}, 0)
 _BY_ARRIVAL = attrgetter("arrival_ts", "request_id")  # of lifecycles with an arrival
@@ -70,7 +69,7 @@ class EngineView:
     # by step (iteration, end: iterations restart with vLLM), shared by the pass's victims
     _heads: dict[tuple[int, float], tuple[RequestLifecycle, int | None] | None] = field(default_factory=dict)
     _prices: dict[tuple[int, float], tuple[StepPrices, float | None]] = field(default_factory=dict)
-    _shares: dict[tuple[int, float], tuple[_Share, ...]] = field(default_factory=dict)
+    _contention: dict[tuple[int, float], StepShares] = field(default_factory=dict)
     _kv: dict[tuple[int, float], tuple[dict[str, float], int]] = field(default_factory=dict)
     _max_wait: float = 0.0
 
@@ -167,23 +166,22 @@ class EngineView:
             got = self._prices[key] = (StepPrices(self.pricer, [_member(m) for m in step.members]), bw)
         return got
 
-    def shares(self, step: StepRecord) -> tuple[_Share, ...]:
-        """Each member's marginal cost by cause (request id, decode, prefill or batching seconds, bandwidth
-        seconds), in member order: the same for every victim in the step but for leaving out its own."""
+    def contention(self, step: StepRecord) -> StepShares:
+        """Each member's marginal cost by cause (decode, prefill or batching seconds, bandwidth seconds) by its id,
+        with each cause's sums: the same for every victim in the step but for leaving out its own."""
         key = (step.iteration, step.end_ts)
-        got = self._shares.get(key)
+        got = self._contention.get(key)
         if got is None:
             prices, measured = self.prices(step)
-            parts = []
-            for m in prices.members:
-                marginal, bw = prices.marginal(m)
+            index: dict[str, tuple[bool, float, float]] = {}
+            for m, (marginal, bw) in zip(prices.members, prices.marginals(), strict=True):
                 if not m.decode:
-                    parts.append((m.request_id, False, marginal, 0.0))
+                    index[m.request_id] = (False, marginal, 0.0)
                     continue
                 if measured is not None and bw > 0:  # the GPU's own figure: the share of the step its DRAM was busy
                     bw = marginal * measured
-                parts.append((m.request_id, True, marginal - bw, bw))
-            got = self._shares[key] = tuple(parts)
+                index[m.request_id] = (True, marginal - bw, bw)
+            got = self._contention[key] = StepShares(index)
         return got
 
     def _head(self, t: float) -> tuple[RequestLifecycle, int | None] | None:
@@ -202,32 +200,120 @@ class EngineView:
         return None
 
 
+class StepShares:
+    """One step's members by id (decode, prefill or batching seconds, bandwidth seconds) and, per cause (prefill
+    contention, decode batching, kv bandwidth), the sum of all members' parts and of the positive ones: a victim's
+    split of the step is those less its own part, so it is worked out per step, not per member (`_contention`)."""
+
+    __slots__ = ("index", "sums", "positive", "counts")
+
+    def __init__(self, index: dict[str, tuple[bool, float, float]]) -> None:
+        self.index = index
+        pf = bt = bw = pf_pos = bt_pos = bw_pos = 0.0
+        n_pf = n_bt = n_bw = 0  # members with a positive part: a sum less the only one is 0, not a rounding
+        for decode, part, band in index.values():
+            if decode:
+                bt += part
+                bw += band
+                if part > 0:
+                    bt_pos += part
+                    n_bt += 1
+                if band > 0:
+                    bw_pos += band
+                    n_bw += 1
+            else:
+                pf += part
+                if part > 0:
+                    pf_pos += part
+                    n_pf += 1
+        self.sums = (pf, bt, bw)
+        self.positive = (pf_pos, bt_pos, bw_pos)
+        self.counts = (n_pf, n_bt, n_bw)
+
+
+_CONTENTION = (Cause.PREFILL_CONTENTION.value, Cause.DECODE_BATCHING.value, Cause.KV_BANDWIDTH.value)
+_Lazy = tuple[StepShares, str, float, float, float]  # a step's shares, the victim, seconds per unit of each cause
+
+
 @dataclass
 class VictimCauses:
-    """One victim's mechanism weights, the evidence behind each cause, and the seconds it lost to preemption."""
+    """One victim's mechanism weights, the evidence behind each cause, and the seconds it lost to preemption.
 
-    weights: _Weights = field(default_factory=lambda: {p: defaultdict(lambda: defaultdict(float)) for p in PHASES})
+    A step's contention is kept as (the step's shares, one factor per cause) and expanded into a culprit's
+    weights only when its blame is split (`split`): a result names a few of the requests its steps held, and the
+    victim's overall weights per cause are summed as the steps come (`weights` expands every culprit)."""
+
+    _eager: _Weights = field(default_factory=lambda: {p: defaultdict(lambda: defaultdict(float)) for p in PHASES})
     evidence: dict[str, str] = field(default_factory=dict)
     preempted_s: float = 0.0
+    _lazy: dict[str, list[_Lazy]] = field(default_factory=lambda: {p: [] for p in PHASES})
+    _lazy_overall: dict[str, dict[str, float]] = field(default_factory=lambda: {p: {} for p in PHASES})
 
     def add(self, phase: str, cause: Cause, by: Mapping[str, float], seconds: float, evidence: Evidence) -> None:
         """`seconds` shared out by the weights `by` (any scale); nothing when either is empty."""
         total = sum(filter(_POSITIVE, by.values()))  # the positive weights, in order
         if seconds <= 0 or total <= 0:
             return
-        weights, name = self.weights[phase], cause.value
+        weights, name = self._eager[phase], cause.value
         for rid, w in by.items():
             if w > 0:
                 weights[rid][name] += seconds * w / total
+        self._saw(name, evidence)
+
+    def _saw(self, name: str, evidence: Evidence) -> None:
         if name not in self.evidence or evidence is Evidence.NVML_BANDWIDTH:
             self.evidence[name] = evidence.value
+
+    def contended(self, phase: str, shares: StepShares, victim: str, seconds: tuple[float, float, float],
+                  positive: tuple[float, float, float], evidence: tuple[Evidence, Evidence, Evidence]) -> None:
+        """A contention step: `seconds[i]` shared out among the step's members but `victim` by their positive
+        parts of cause i (`_CONTENTION`), whose sum without the victim's is `positive[i]`."""
+        factors = [0.0, 0.0, 0.0]
+        overall = self._lazy_overall[phase]
+        for i in range(3):
+            if seconds[i] > 0 and positive[i] > 0:
+                factors[i] = seconds[i] / positive[i]
+                name = _CONTENTION[i]
+                overall[name] = overall.get(name, 0.0) + seconds[i]
+                self._saw(name, evidence[i])
+        if factors[0] or factors[1] or factors[2]:
+            self._lazy[phase].append((shares, victim, factors[0], factors[1], factors[2]))
+
+    def culprit(self, phase: str, culprit: str) -> dict[str, float]:
+        """`culprit`'s seconds by cause in `phase`."""
+        acc = dict(self._eager[phase].get(culprit, {}))
+        pc, db, kb = _CONTENTION
+        for shares, victim, fp, fb, fw in self._lazy[phase]:
+            e = shares.index.get(culprit)
+            if e is None or culprit == victim:
+                continue
+            decode, part, bw = e
+            if decode:
+                if part > 0 and fb:
+                    acc[db] = acc.get(db, 0.0) + fb * part
+                if bw > 0 and fw:
+                    acc[kb] = acc.get(kb, 0.0) + fw * bw
+            elif part > 0 and fp:
+                acc[pc] = acc.get(pc, 0.0) + fp * part
+        return acc
+
+    @property
+    def weights(self) -> _Weights:
+        """Every culprit's seconds by cause, per phase (each expanded: for reading the whole, e.g. in tests)."""
+        out: _Weights = {}
+        for phase in PHASES:
+            named = dict.fromkeys(self._eager[phase])
+            for shares, victim, *_ in self._lazy[phase]:
+                named.update((r, None) for r in shares.index if r != victim)
+            out[phase] = {r: by for r in named if (by := {c: s for c, s in self.culprit(phase, r).items() if s > 0})}
+        return out
 
     def split(self, culprit: str, phase: str, seconds: float) -> Mapping[str, float]:
         """`seconds` of `culprit`'s blame in `phase`, by its own causes there (else the victim's overall; `other`
         when no step of the phase shows a wait: blame from the counterfactual runs alone)."""
         if seconds <= 0:
             return NO_CAUSES
-        fractions = _normalised(self.weights[phase].get(culprit, {})) or _normalised(self._overall(phase))
+        fractions = _normalised(self.culprit(phase, culprit)) or _normalised(self._overall(phase))
         return {c: seconds * f for c, f in sorted(fractions.items())} if fractions else {Cause.OTHER.value: seconds}
 
     def evidence_for(self, *causes: Mapping[str, float]) -> Mapping[str, str]:
@@ -236,9 +322,11 @@ class VictimCauses:
 
     def _overall(self, phase: str) -> dict[str, float]:
         acc: dict[str, float] = defaultdict(float)
-        for by_cause in self.weights[phase].values():
+        for by_cause in self._eager[phase].values():
             for cause, secs in by_cause.items():
                 acc[cause] += secs
+        for cause, secs in self._lazy_overall[phase].items():
+            acc[cause] += secs
         return acc
 
 
@@ -364,34 +452,36 @@ def _generated(lc: RequestLifecycle, step: StepRecord) -> int:
 
 def _contention(out: VictimCauses, phase: str, step: StepRecord, seconds: float, mine: StepMember | None,
                 rid: str, view: EngineView) -> None:
-    """The step's time beyond the victim's own cost, by the other members' marginal costs."""
+    """The step's time beyond the victim's own, by the other members' marginal costs."""
     if not step.members:
         return
-    shares = view.shares(step)
-    if seconds <= 0 or all(r == rid for r, _, _, _ in shares):
+    shares = view.contention(step)
+    index = shares.index
+    if seconds <= 0 or not index or (len(index) == 1 and rid in index):
         return
     if mine is not None:  # the step's elapsed time, so the victim's own part in the same terms
-        seconds = min(seconds, step.elapsed_s) - (view.own or view.pricer).seconds([_member(mine)])
-    prefill: dict[str, float] = {}
-    batching: dict[str, float] = {}
-    bandwidth: dict[str, float] = {}
-    for other, decode, part, bw in shares:
-        if other == rid:
-            continue
-        if not decode:
-            prefill[other] = part
-            continue
-        batching[other] = part
-        bandwidth[other] = bw
-    spent = sum(prefill.values()) + sum(batching.values()) + sum(bandwidth.values())
+        seconds = min(seconds, step.elapsed_s) - (view.own or view.pricer).solo(_member(mine))
+    (pf, bt, bw), (pf_pos, bt_pos, bw_pos) = shares.sums, shares.positive
+    own = index.get(rid)
+    if own is not None:  # the sums less the victim's own part (0 where it was the only one)
+        decode, part, band = own
+        n_pf, n_bt, n_bw = shares.counts
+        if decode:
+            bt, bw = bt - part, bw - band
+            if part > 0:
+                bt_pos = bt_pos - part if n_bt > 1 else 0.0
+            if band > 0:
+                bw_pos = bw_pos - band if n_bw > 1 else 0.0
+        else:
+            pf -= part
+            if part > 0:
+                pf_pos = pf_pos - part if n_pf > 1 else 0.0
+    spent = pf + bt + bw
     if spent <= 0:
         return
     bw_evidence = Evidence.NVML_BANDWIDTH if view.prices(step)[1] is not None else Evidence.COST_MODEL
-    for cause, by, ev in ((Cause.PREFILL_CONTENTION, prefill, Evidence.COST_MODEL),
-                          (Cause.DECODE_BATCHING, batching, Evidence.COST_MODEL),
-                          (Cause.KV_BANDWIDTH, bandwidth, bw_evidence)):
-        part = sum(by.values())
-        out.add(phase, cause, by, seconds * part / spent, ev)
+    out.contended(phase, shares, rid, (seconds * pf / spent, seconds * bt / spent, seconds * bw / spent),
+                  (pf_pos, bt_pos, bw_pos), (Evidence.COST_MODEL, Evidence.COST_MODEL, bw_evidence))
 
 
 def _member(m: StepMember) -> Member:

@@ -96,9 +96,11 @@ def simulate(requests: Sequence[SimRequest], config: SchedulerConfig, cost: Step
                 waiting.append(lv)
         if stretches and running:
             width = len(running)  # the stretch's step size in tokens (its last step may finish some)
+            seen = StretchTracer(tracers, pricer, running, waiting, config, now) if tracers else None
             run = decode_stretch(running, waiting, pool, config, pricer, now, model_free,
-                                 pending[0].req.arrival_ts if pending else None, max_steps - steps,
-                                 _stretch_tracing(tracers, pricer, running, waiting, config) if tracers else None)
+                                 pending[0].req.arrival_ts if pending else None, max_steps - steps, seen)
+            if seen is not None:
+                seen.flush()
             if run is not None:
                 awaited.difference_update(run.finished)
                 steps += len(run.ends)
@@ -175,32 +177,149 @@ def _place(start: SimStart, by_id: Mapping[str, LiveRequest], running: list[Live
     return placed
 
 
-def _stretch_tracing(tracers: list[tuple[LiveRequest, VictimTracer]], pricer: Pricer, running: list[LiveRequest],
-                     waiting: deque[LiveRequest], config: SchedulerConfig
-                     ) -> Callable[[int, float, float, float], None]:
-    """What the tracers see of a stretch's step j: every running request decoding its `computed + j`-th token,
-    admission stopped where `schedule_step` would stop it, the blocks held as allocated by then."""
-    n, bs = len(running), config.block_size
-    blocked = waiting[0] if waiting and n < config.token_budget and n < config.max_num_seqs else None
-    stop = "empty" if not waiting else "budget" if n >= config.token_budget else "seats" if blocked is None else "kv"
-    base = [(r.req.request_id, r.computed, r.redo_until, r.blocks) for r in running]
-    hold: Blame | None = None
-    changes = 0  # the step from which the blocks held change again (each request's next block boundary)
+class StretchTracer:
+    """What the tracers see of a decode stretch (`sim_stretch`), step j: every running request decoding its
+    `computed + j`-th token, admission stopped where `schedule_step` would stop it, the blocks held as allocated
+    by then. A tracer whose victim runs, or waits behind a full budget, only splits each step's time by the others'
+    marginal costs: priced by a frozen fit above its floor those are c + d x context, so its steps are summed as two
+    numbers and spread over the members once, at `flush`. One that waits for KV or a seat blames the same requests
+    all stretch long (the holders by blocks between block boundaries, the queue's head, the running alike), so its
+    steps' seconds are summed and shared out at `flush` (both: the same parts up to float rounding). The others
+    (a victim with recompute left, a fit at its floor) are shown each step's members (`_trace_step`)."""
 
-    context = sum(computed + 1 for _, computed, _, _ in base)
+    def __init__(self, tracers: list[tuple[LiveRequest, VictimTracer]], pricer: Pricer, running: list[LiveRequest],
+                 waiting: deque[LiveRequest], config: SchedulerConfig, now: float) -> None:
+        """`now`: the engine clock at the stretch's start (its first step begins no earlier). Nothing is worked
+        out until a first step is seen: most calls of `decode_stretch` find no stretch."""
+        self._args = (tracers, waiting, config, now)
+        self._pricer, self._running = pricer, running
+        self._ready = False
 
-    def observe(j: int, begin: float, end: float, seconds: float) -> None:
-        nonlocal hold, changes
-        members = [Member(rid, 1, computed + j, True, redo) for rid, computed, redo, _ in base]
-        if stop == "kv" and (hold is None or j >= changes):
-            held = [(rid, max(blocks, -(-(computed + j + 1) // bs)), computed) for rid, computed, _, blocks in base]
+    def _setup(self) -> None:
+        tracers, waiting, config, now = self._args
+        pricer, running = self._pricer, self._running
+        n, bs = len(running), config.block_size
+        self._n, self._bs = n, bs
+        self._blocked = blocked = waiting[0] if waiting and n < config.token_budget and n < config.max_num_seqs \
+            else None
+        self._stop = stop = "empty" if not waiting else "budget" if n >= config.token_budget else \
+            "seats" if blocked is None else "kv"
+        self._base = [(r.req.request_id, r.computed, r.redo_until, r.blocks) for r in running]
+        self._context = sum(computed + 1 for _, computed, _, _ in self._base)
+        self._hold: Blame | None = None
+        self._changes = 0  # the step from which the blocks held change again (each request's next block boundary)
+        # (tracer, its victim's context at step 0 or None when it waits, its first token seen, [k0, k1, first ts])
+        self._fast: list[tuple[VictimTracer, int | None, bool, list[float]]] = []
+        self._slow: list[tuple[LiveRequest, VictimTracer]] = []
+        self._queued: list[tuple[VictimTracer, bool]] = []  # waiting for KV or a seat, first token seen
+        self._waited = [0.0, 0.0]  # the queued tracers' steps: seconds summed, first begin
+        self._segments: list[tuple[Blame, list[float]]] = []  # (holders, [seconds summed, first begin]) by boundary
+        frozen = pricer.frozen
+        self._c = self._d = 0.0
+        if frozen is not None and frozen.c >= 0 and frozen.d >= 0 and (frozen.c > 0 or frozen.d > 0):
+            self._c, self._d = frozen.c, frozen.d
+            # the least a step costs without one member (the longest context left out) at step 0: above the
+            # floor, every marginal is c + d x context, and it only grows with j
+            top = max((computed + 1 for _, computed, _, _ in self._base), default=0)
+            least = frozen.a + frozen.b * 0 + frozen.c * (n - 1) + frozen.d * (self._context - top)
+            above = least > frozen.floor_s * (1 + 1e-9) + 1e-12
+        else:
+            above = False
+        self._head_traced = False  # the queue's head, waiting for KV, is traced: it blames the holders
+        on = set(map(id, running))
+        queued = set(map(id, waiting))
+        for victim, tracer in tracers:
+            if victim.finish_ts is not None or victim.refused:
+                continue
+            if victim.req.arrival_ts > now:  # not yet arrived (or placed early by a start): steps to see it come
+                self._slow.append((victim, tracer))
+            elif above and id(victim) in on and victim.redo_until <= victim.computed and n > 1:
+                self._fast.append((tracer, victim.computed + 1, True, [0.0, 0.0, 0.0]))
+            elif id(victim) not in queued:
+                self._slow.append((victim, tracer))
+            elif above and stop == "budget":
+                self._fast.append((tracer, None, victim.first_token_ts is not None, [0.0, 0.0, 0.0]))
+            elif stop in ("kv", "seats"):
+                self._queued.append((tracer, victim.first_token_ts is not None))
+                self._head_traced = self._head_traced or victim is blocked
+            else:
+                self._slow.append((victim, tracer))
+
+    def __call__(self, j: int, begin: float, end: float, seconds: float) -> None:
+        if not self._ready:
+            self._setup()
+            self._ready = True
+        if self._queued:
+            if not self._waited[0]:
+                self._waited[1] = begin
+            self._waited[0] += end - begin
+            if self._head_traced:  # the holders by blocks, per block boundary
+                self._held(j)
+                hold = self._hold if self._hold is not None else ()
+                if not self._segments or self._segments[-1][0] is not hold:
+                    self._segments.append((hold, [0.0, begin]))
+                self._segments[-1][1][0] += end - begin
+        n, c, d = self._n, self._c, self._d
+        context = self._context + j * n
+        duration = end - begin
+        for _, own, _, acc in self._fast:
+            if own is None:  # waiting behind the full budget: the whole step
+                wait, spent = duration, n * c + d * context
+            else:
+                mine = own + j
+                wait = duration - self._pricer.price5(0, 1, mine, 0, 0)
+                spent = (n - 1) * c + d * (context - mine)
+            if wait > 0 and spent > 0:
+                k = wait / spent
+                if not acc[0]:
+                    acc[2] = begin
+                acc[0] += k
+                acc[1] += k * j
+        if self._slow:
+            shown = [t for t in self._slow if t[0].req.arrival_ts <= end]  # not yet arrived: nothing to see
+            if shown:
+                self._step(shown, j, begin, end, seconds)
+
+    def flush(self) -> None:
+        """Spread the fast tracers' sums over the members (once the stretch has run)."""
+        if not self._ready:
+            return
+        contexts = [(rid, computed + 1) for rid, computed, _, _ in self._base]
+        for tracer, own, itl, (k0, k1, ts) in self._fast:
+            tracer.decode_stretch(contexts, tracer.request_id if own is not None else None, k0, k1, self._c,
+                                  self._d, ts, itl)
+        if not self._queued or not self._waited[0]:
+            return
+        blocked = self._blocked.req.request_id if self._blocked is not None else None
+        waited, first = self._waited
+        for tracer, itl in self._queued:
+            if self._stop == "seats":
+                tracer.add("decode_batching", waited, tuple((r, 1 / self._n) for r, _, _, _ in self._base), first,
+                           itl)
+            elif blocked == tracer.request_id:  # the queue's head: the holders, segment by segment
+                for hold, (secs, ts) in self._segments:
+                    tracer.add("kv_pressure", secs, hold, ts, itl)
+            elif blocked is not None:
+                tracer.add("head_of_line", waited, ((blocked, 1.0),), first, itl)
+
+    def _held(self, j: int) -> None:
+        """The block holders' blame at step j (recomputed at each block boundary)."""
+        if self._hold is None or j >= self._changes:
+            bs = self._bs
+            held = [(rid, max(blocks, -(-(computed + j + 1) // bs)), computed)
+                    for rid, computed, _, blocks in self._base]
             total = sum(b for _, b, _ in held)
-            hold = tuple((rid, b / total) for rid, b, _ in held if b > 0) if total > 0 else ()
-            changes = min(b * bs - computed for _, b, computed in held)
-        _trace_step(tracers, pricer, StepPlan(members, [], stop, blocked), begin, end, running,
-                    ((0, n, context + j * n, 0, 0), seconds), hold if stop == "kv" else None)
+            self._hold = tuple((rid, b / total) for rid, b, _ in held if b > 0) if total > 0 else ()
+            self._changes = min(b * bs - computed for _, b, computed in held)
 
-    return observe
+    def _step(self, tracers: list[tuple[LiveRequest, VictimTracer]], j: int, begin: float, end: float,
+              seconds: float) -> None:
+        n, stop = self._n, self._stop
+        if stop == "kv":
+            self._held(j)
+        members = [Member(rid, 1, computed + j, True, redo) for rid, computed, redo, _ in self._base]
+        _trace_step(tracers, self._pricer, StepPlan(members, [], stop, self._blocked), begin, end, self._running,
+                    ((0, n, self._context + j * n, 0, 0), seconds), self._hold if stop == "kv" else None)
 
 
 def _trace_step(tracers: list[tuple[LiveRequest, VictimTracer]], pricer: Pricer, plan: StepPlan, now: float,

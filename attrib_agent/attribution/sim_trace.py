@@ -81,6 +81,10 @@ class Pricer:
     def seconds(self, members: list[Member]) -> float:
         return self.price(self.features(members))
 
+    def solo(self, member: Member) -> float:
+        """`seconds([member])`: the member's own features are the step's (the same integers, the same price)."""
+        return self.price5(*member.features())
+
 
 class StepPrices:
     """One step's prices, shared by every tracer shown the step: the step's total and, per member, what
@@ -171,20 +175,21 @@ class VictimView:
 
 
 class VictimTracer:
-    """Collects WaitCause entries. A step's wait merges into the latest entry of the same cause and phase when
-    it blames the same requests, and into it regardless once `max_entries` are kept: a long-lived victim's list
-    stays within `max_entries` + one per (cause, phase)."""
+    """Sums the traced request's waits per (cause, phase) and blaming request, step by step, into one map each: its
+    readers (the light split, `simulated_causes`) only ever sum them so. Bounded by causes x phases entries, each
+    by the requests of the run."""
 
-    def __init__(self, request_id: str, pricer: Pricer, max_entries: int = 2048) -> None:
+    def __init__(self, request_id: str, pricer: Pricer) -> None:
         self.request_id = request_id
         self._pricer = pricer
-        self._max = max_entries
-        self._entries: list[tuple[str, bool, float, dict[str, float]]] = []  # cause, itl phase, ts, by request
-        self._last: dict[tuple[str, bool], int] = {}
+        self._sums: dict[tuple[str, bool], dict[str, float]] = {}  # (cause, itl phase) -> request -> seconds
+        self._ts: dict[tuple[str, bool], float] = {}  # ... the start of the first step that added to it
 
     def waits(self) -> tuple[WaitCause, ...]:
-        return tuple(WaitCause(cause, sum(by.values()), tuple(sorted(by.items())), ts)
-                     for cause, _, ts, by in self._entries if by)
+        """One entry per (cause, phase), stamped with its first step's start: a TTFT entry's precedes the first
+        token, an ITL entry's follows it (the phase a step is traced in is its start's side of the first token)."""
+        return tuple(WaitCause(cause, sum(by.values()), tuple(sorted(by.items())), self._ts[(cause, itl)])
+                     for (cause, itl), by in self._sums.items() if by)
 
     def step(self, start: float, end: float, members: list[Member], stop: str, blocked: str | None,
              holders: Blame, running_ids: list[str], victim: VictimView, prices: StepPrices | None = None) -> None:
@@ -204,69 +209,97 @@ class VictimTracer:
                 mine = m
                 break
         if mine is not None:
-            solo = self._pricer.seconds([mine])
+            solo = self._pricer.solo(mine)
             redo = max(min(mine.prior + mine.tokens, mine.redo_until) - mine.prior, 0)
             if redo:
-                self._add("preemption", solo * redo / mine.tokens, victim.forced_by, start, itl)
+                self.add("preemption", solo * redo / mine.tokens, victim.forced_by, start, itl)
             self._contention(members, mine, prices, duration - solo, start, itl)
         elif victim.preempted_now:
-            self._add("preemption", duration, victim.forced_by, start, itl)
+            self.add("preemption", duration, victim.forced_by, start, itl)
         elif victim.running or stop == "budget":
             self._contention(members, None, prices, duration, start, itl)
         elif stop in ("kv", "preemption") and (blocked is None or blocked == self.request_id):
-            self._add("kv_pressure", duration, holders, start, itl)
+            self.add("kv_pressure", duration, holders, start, itl)
         elif stop == "kv" and blocked is not None:
-            self._add("head_of_line", duration, ((blocked, 1.0),), start, itl)
+            self.add("head_of_line", duration, ((blocked, 1.0),), start, itl)
         elif stop == "seats" and running_ids:
-            self._add("decode_batching", duration, tuple((r, 1 / len(running_ids)) for r in running_ids), start,
+            self.add("decode_batching", duration, tuple((r, 1 / len(running_ids)) for r in running_ids), start,
                       itl)
+
+    def _sum(self, cause: str, itl: bool, ts: float) -> dict[str, float]:
+        key = (cause, itl)
+        got = self._sums.get(key)
+        if got is None:
+            got = self._sums[key] = {}
+            self._ts[key] = ts
+        return got
 
     def _contention(self, members: list[Member], skip: Member | None, prices: StepPrices, seconds: float, ts: float,
                     itl: bool) -> None:
-        """The wait split by the marginal cost of the step's members other than `skip` (the victim's own)."""
+        """The wait split by the marginal cost of the step's members other than `skip` (the victim's own): each
+        member's part is `seconds` x its marginal over the others' summed marginals, added straight to its sums."""
         if seconds <= 0 or len(members) <= (skip is not None):
             return
-        prefill: list[str] = []  # ids, and their values in the list below
-        prefill_v: list[float] = []
-        decode: list[str] = []  # decode members: batching and bandwidth values
-        batching_v: list[float] = []
-        bandwidth_v: list[float] = []
-        for m, (marginal, bw) in zip(members, prices.marginals(), strict=True):
+        marginals = prices.marginals()
+        prefill = batching = bandwidth = 0.0  # the per-cause totals, each from 0 in member order
+        for m, (marginal, bw) in zip(members, marginals, strict=True):
             if m is skip:
                 continue
             if m.decode:
-                decode.append(m.request_id)
-                bandwidth_v.append(bw)
-                batching_v.append(marginal - bw)
+                batching += marginal - bw
+                bandwidth += bw
             else:
-                prefill.append(m.request_id)
-                prefill_v.append(marginal)
-        # summed as the per-cause totals one after the other, each from 0 in member order
-        spent = sum((sum(prefill_v), sum(batching_v), sum(bandwidth_v)))
+                prefill += marginal
+        spent = prefill + batching + bandwidth
         if spent <= 0:  # a cost model blind to these members: split evenly by what they computed
             others = [m for m in members if m is not skip]
-            prefill_v = [float(m.tokens) for m in others if not m.decode]
-            batching_v = [float(m.tokens) for m in others if m.decode]
-            spent = float(sum(m.tokens for m in others))
-        for cause, ids, values in (("prefill_contention", prefill, prefill_v), ("decode_batching", decode, batching_v),
-                                   ("kv_bandwidth", decode, bandwidth_v)):
-            share = {rid: seconds * w for rid, v in zip(ids, values, strict=True) if v > 0 and (w := v / spent) > 0}
-            self._merge(cause, seconds, share, ts, itl)
-
-    def _add(self, cause: str, seconds: float, blame: Blame, ts: float, itl: bool) -> None:
-        """`blame` weights are fractions of `seconds` (they sum to 1 except for one cause of a split step)."""
-        self._merge(cause, seconds, {rid: seconds * w for rid, w in blame if w > 0}, ts, itl)
-
-    def _merge(self, cause: str, seconds: float, share: dict[str, float], ts: float, itl: bool) -> None:
-        if seconds <= 0 or not share:
+            total = float(sum(m.tokens for m in others))
+            self.add("prefill_contention", seconds, tuple((m.request_id, m.tokens / total) for m in others
+                                                           if not m.decode), ts, itl)
+            self.add("decode_batching", seconds, tuple((m.request_id, m.tokens / total) for m in others
+                                                        if m.decode), ts, itl)
             return
-        key = (cause, itl)
-        last = self._last.get(key)
-        if last is not None:
-            entry = self._entries[last][3]
-            if len(self._entries) >= self._max or entry.keys() == share.keys():
-                for rid, s in share.items():
-                    entry[rid] = entry.get(rid, 0.0) + s
-                return
-        self._entries.append((cause, itl, ts, share))
-        self._last[key] = len(self._entries) - 1
+        k = seconds / spent
+        pre = bat = ban = None
+        for m, (marginal, bw) in zip(members, marginals, strict=True):
+            if m is skip:
+                continue
+            rid = m.request_id
+            if m.decode:
+                if marginal > bw:
+                    bat = bat if bat is not None else self._sum("decode_batching", itl, ts)
+                    bat[rid] = bat.get(rid, 0.0) + k * (marginal - bw)
+                if bw > 0.0:
+                    ban = ban if ban is not None else self._sum("kv_bandwidth", itl, ts)
+                    ban[rid] = ban.get(rid, 0.0) + k * bw
+            elif marginal > 0.0:
+                pre = pre if pre is not None else self._sum("prefill_contention", itl, ts)
+                pre[rid] = pre.get(rid, 0.0) + k * marginal
+
+    def decode_stretch(self, contexts: list[tuple[str, int]], skip: str | None, k0: float, k1: float, c: float,
+                       d: float, ts: float, itl: bool) -> None:
+        """A stretch of alike decode steps' contention at once (`StretchTracer`): priced by a frozen fit above its
+        floor, member o's marginal in step j is c + d x (its context then: `contexts` at step 0, plus j), of which
+        d x context is bandwidth; the victim's wait in step j over the others' marginals summed is k_j, and
+        `k0`, `k1` are sum(k_j) and sum(k_j x j). Adds sum_j k_j x (c, d x context) to each member but `skip`."""
+        if k0 <= 0:
+            return
+        batching = self._sum("decode_batching", itl, ts) if c > 0 else None
+        bandwidth = self._sum("kv_bandwidth", itl, ts) if d > 0 else None
+        per = c * k0
+        for rid, context in contexts:
+            if rid == skip:
+                continue
+            if batching is not None:
+                batching[rid] = batching.get(rid, 0.0) + per
+            if bandwidth is not None:
+                bandwidth[rid] = bandwidth.get(rid, 0.0) + d * (context * k0 + k1)
+
+    def add(self, cause: str, seconds: float, blame: Blame, ts: float, itl: bool) -> None:
+        """`blame` weights are fractions of `seconds` (they sum to 1 except for one cause of a split step)."""
+        if seconds <= 0 or not any(w > 0 for _, w in blame):
+            return
+        by = self._sum(cause, itl, ts)
+        for rid, w in blame:
+            if w > 0:
+                by[rid] = by.get(rid, 0.0) + seconds * w

@@ -181,11 +181,14 @@ def test_two_whales_that_only_hurt_together_share_the_blame() -> None:
 
 def test_traced_waits_stay_bounded_over_a_long_life() -> None:
     pricer = Pricer(COST)
-    tracer = VictimTracer("v", pricer, max_entries=4)
+    tracer = VictimTracer("v", pricer)
     view = VictimView(0.0, True, False, False, False, ())
-    for i in range(500):  # a different batch every step: nothing merges until the cap
+    for i in range(500):  # a different batch every step: one entry per (cause, phase) all the same
         others = [Member(f"o{i}", 1, 100, True), Member(f"p{i % 7}", 8, 0, False)]
         tracer.step(float(i), i + 0.5, others, "budget", None, (), [], view)
     waits = tracer.waits()
-    assert len(waits) <= 4 + 3  # the cap, plus one entry per contention cause
+    assert len(waits) <= 3  # one entry per contention cause (one phase here)
+    assert {"prefill_contention", "decode_batching"} <= {w.cause for w in waits}
+    assert {rid for w in waits if w.cause == "prefill_contention" for rid, _ in w.by_request} == {
+        f"p{k}" for k in range(7)}
     assert sum(w.seconds for w in waits) == pytest.approx(500 * 0.5)

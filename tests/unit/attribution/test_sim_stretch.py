@@ -1,11 +1,14 @@
 """Stretches of alike decode steps taken at once give exactly the step-by-step run (hypothesis).
 
 `simulate` steps one by one when it has an `on_step` observer (the oracle sees every plan), and takes alike
-decode stretches in one go otherwise: the two must agree to the last bit on every outcome, trace and total."""
+decode stretches in one go otherwise: the two must agree to the last bit on every outcome and total, and a traced
+victim's waits per (cause, phase, blamed request) to float rounding (a stretch's are summed in one go,
+`StretchTracer`)."""
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -16,17 +19,46 @@ import attrib_agent.attribution.scheduler_sim as scheduler_sim
 from attrib_agent.attribution.block_pool import FreeBlockQueue
 from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior
 from attrib_agent.attribution.scheduler_sim import simulate
+from attrib_agent.attribution.sim_cache import FrozenCost
 from attrib_agent.attribution.sim_step import LiveRequest, StepPlan
 from attrib_agent.attribution.sim_stretch import Stretch, decode_stretch
 from attrib_agent.attribution.sim_trace import Pricer
-from attrib_agent.attribution.sim_types import InProgress, SchedulerConfig, SimRequest, SimStart
+from attrib_agent.attribution.sim_types import InProgress, SchedulerConfig, SimRequest, SimResult, SimStart, StepCost
 
-COSTS = [
-    StepCostModel(StepCostPrior(intercept_s=0.01, per_prefill_token_s=0.001, per_decode_request_s=0.001,
-                                per_decode_context_token_s=0.0, per_prefill_pair_s=0.0, step_gap_s=0.0,
-        per_prefill_request_s=0.0)),
+_FLAT = StepCostModel(StepCostPrior(intercept_s=0.01, per_prefill_token_s=0.001, per_decode_request_s=0.001,
+                                    per_decode_context_token_s=0.0, per_prefill_pair_s=0.0, step_gap_s=0.0,
+                                    per_prefill_request_s=0.0))
+COSTS: list[StepCost] = [
+    _FLAT,
     StepCostModel(StepCostPrior()),  # context and attention terms too: every step of a stretch costs more
+    # frozen fits (the re-simulation's): a stretch's contention is then summed per step, not per member ...
+    FrozenCost.of(StepCostModel(StepCostPrior())),
+    FrozenCost.of(_FLAT),
+    # ... except where a step without one member would cost less than the floor
+    replace(FrozenCost.of(StepCostModel(StepCostPrior())), a=0.0, floor_s=0.02),
 ]
+
+
+def _same(fast: SimResult, slow: SimResult) -> None:
+    """Every outcome and total to the bit; the traced waits summed per (cause, phase, blamed request) to 1e-9."""
+    def bare(r: SimResult) -> str:
+        return repr(replace(r, outcomes={k: replace(o, waits=()) for k, o in r.outcomes.items()}))
+
+    def sums(r: SimResult, rid: str) -> dict[tuple[str, bool, str], float]:
+        o = r.outcomes[rid]
+        out: dict[tuple[str, bool, str], float] = {}
+        for w in o.waits:
+            itl = not (o.first_token_ts is None or w.ts is None or w.ts < o.first_token_ts)
+            for other, secs in w.by_request:
+                out[(w.cause, itl, other)] = out.get((w.cause, itl, other), 0.0) + secs
+        return out
+
+    assert bare(fast) == bare(slow)
+    for rid in fast.outcomes:
+        a, b = sums(fast, rid), sums(slow, rid)
+        scale = max([*a.values(), *b.values(), 1e-3])
+        for key in a.keys() | b.keys():
+            assert abs(a.get(key, 0.0) - b.get(key, 0.0)) <= 1e-9 * scale, (rid, key)
 
 
 def _stepwise(_plan: StepPlan, _running: list[LiveRequest], _start: float, _end: float) -> None:
@@ -66,7 +98,7 @@ def test_stretches_equal_the_step_by_step_run(case: tuple[list[SimRequest], Sche
           "start": start, "max_steps": max_steps}
     fast = simulate(requests, config, COSTS[which], **kw)  # type: ignore[arg-type]
     slow = simulate(requests, config, COSTS[which], on_step=_stepwise, **kw)  # type: ignore[arg-type]
-    assert repr(fast) == repr(slow)
+    _same(fast, slow)
 
 
 def test_a_decode_only_batch_runs_as_one_stretch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,9 +115,9 @@ def test_a_decode_only_batch_runs_as_one_stretch(monkeypatch: pytest.MonkeyPatch
         return got
 
     monkeypatch.setattr(scheduler_sim, "decode_stretch", counted)
-    fast = simulate(requests, config, COSTS[1])
-    slow = simulate(requests, config, COSTS[1], on_step=_stepwise)
-    assert repr(fast) == repr(slow)
+    fast = simulate(requests, config, COSTS[1], trace="r0")
+    slow = simulate(requests, config, COSTS[1], on_step=_stepwise, trace="r0")
+    _same(fast, slow)
     assert fast.steps == slow.steps >= 300 and sum(calls) >= 290 and len(calls) <= 3
 
 
@@ -108,3 +140,22 @@ def test_a_stretch_ends_with_the_step_that_finishes_a_request_or_that_an_arrival
     arrival = 1.1
     run = decode_stretch(running, deque(), pool, config, Pricer(cost), 1.06, 1.06, arrival, 1000)
     assert run is not None and run.ends[-1] >= arrival > run.ends[-2] and not run.finished
+
+
+@pytest.mark.parametrize("which", range(len(COSTS)))
+def test_victims_waiting_behind_a_full_budget_or_the_kv_trace_as_step_by_step(which: int) -> None:
+    """Stretches with traced victims queued: behind a full token budget (each step's time split by the running
+    decodes' marginals), as the queue's head the pool cannot take (the holders by blocks, which change at block
+    boundaries within the stretch), and behind that head (head of line)."""
+    budget = SchedulerConfig(block_size=4, num_blocks=400, token_budget=4, max_num_seqs=8)
+    decodes = [SimRequest(f"d{i}", 0.0, 3 + 5 * i, 40 + 7 * i) for i in range(4)]
+    late = [SimRequest("v", 0.05, 8, 3)]
+    for config, requests, traced in (
+            (budget, decodes + late, ["v", "d1"]),
+            (SchedulerConfig(block_size=4, num_blocks=40, token_budget=64, max_num_seqs=8),
+             [*decodes[:3], SimRequest("big", 0.05, 100, 4), SimRequest("v", 0.06, 8, 3)], ["big", "v", "d0"])):
+        fast = simulate(requests, config, COSTS[which], trace=traced)
+        slow = simulate(requests, config, COSTS[which], on_step=_stepwise, trace=traced)
+        _same(fast, slow)
+        causes = {w.cause for rid in traced for w in fast.outcomes[rid].waits}
+        assert causes & {"kv_pressure", "head_of_line", "decode_batching"}

@@ -37,3 +37,12 @@ def test_only_a_frozen_fit_takes_the_fast_path() -> None:
     cost = FrozenCost(1e-3, 0.0, 1e-4, 1e-8, 0.0, 0.0)
     assert Pricer(cost).frozen is cost
     assert Pricer(Subclass(1e-3, 0.0, 1e-4, 1e-8, 0.0, 0.0)).frozen is None
+
+
+def test_a_members_solo_price_is_the_one_member_steps() -> None:
+    rng = random.Random(11)
+    for _ in range(2000):
+        pricer = Pricer(_frozen(rng))
+        decode = rng.random() < 0.5
+        m = Member("m", 1 if decode else rng.randrange(1, 2048), rng.randrange(0, 9000), decode)
+        assert pricer.solo(m) == pricer.seconds([m])
