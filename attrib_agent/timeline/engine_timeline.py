@@ -331,7 +331,8 @@ class EngineTimeline:
         outcomes = self.outcomes()
         if self._preempted is None or self._preempted[0] != self._version:
             found = infer_preemptions(outcomes, list(self._samples), self._book.by_id(), in_order=True,
-                                      eventful=None if len(self._exact) else self._window.eventful())
+                                      eventful=None if len(self._exact) else self._window.eventful(),
+                                      end_ms=self._window.ends_ms())
             found = certain(found, exact_iterations(outcomes, self._exact)) if len(self._exact) else found
             self._preempted = (self._version, found, [p for p in found if p.actionable])
         return list(self._preempted[1])
