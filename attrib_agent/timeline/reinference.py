@@ -129,7 +129,10 @@ class TimelineInference:
                     target = valid_to if upto >= valid_to else w.checkpoint_at_or_before(upto)
                     state = frontier if target == valid_to else w.slot(target).before
                     if target > seq and state is not None:
-                        self._departed.update({rid: v for rid, v in stale.items() if seq <= v[0] < target})
+                        for rid, v in stale.items():  # at the end, in step order, as if inferred again
+                            if seq <= v[0] < target:
+                                self._departed.pop(rid, None)
+                                self._departed[rid] = v
                         self.reinferred -= target - seq
                         self.state, w.computed_to, loaded = state, target, target
                         continue
