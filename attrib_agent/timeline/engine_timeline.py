@@ -141,7 +141,9 @@ class EngineTimeline:
 
     def _on_request(self, ev: RequestReceived | RequestAdded | RequestAborted | RequestFailed | RequestSpan) -> None:
         if not isinstance(ev, RequestSpan) and ev.log_ts is not None:
-            ev = replace(ev, log_ts=self._log_time(ev.log_ts, ev.ts))
+            log_ts = self._log_time(ev.log_ts, ev.ts)
+            if log_ts != ev.log_ts:  # a copy only when the stamp changes (1 s stamps: receipt time instead)
+                ev = replace(ev, log_ts=log_ts)
         change = self._book.feed(ev)
         entry = self._book.entry(ev.request_id)
         if entry is not None and (change.span_landed or change.new or change.aborted):
