@@ -141,7 +141,9 @@ class EngineTimeline:
 
     def _on_request(self, ev: RequestReceived | RequestAdded | RequestAborted | RequestFailed | RequestSpan) -> None:
         if not isinstance(ev, RequestSpan) and ev.log_ts is not None:
-            ev = replace(ev, log_ts=self._log_time(ev.log_ts, ev.ts))
+            log_ts = self._log_time(ev.log_ts, ev.ts)
+            if log_ts != ev.log_ts:  # a copy only when the stamp changes (1 s stamps: receipt time instead)
+                ev = replace(ev, log_ts=log_ts)
         change = self._book.feed(ev)
         entry = self._book.entry(ev.request_id)
         if entry is not None and (change.span_landed or change.new or change.aborted):
@@ -157,9 +159,15 @@ class EngineTimeline:
         self._book.expire_unadmitted(last - self._book.admit_window_s)
         self._infer_through(last - self._open_timeout_s)  # every departure a timeout can close is known
         horizon = last - self._keep_s
+        # an open request holds the window from its queueing, unless an inferred finish whose span never came
+        # (lost, or tracing off) is older than open_timeout_s: closed by timeout
+        departure, timeout = self._inference.departure, self._open_timeout_s
         for entry in self._book.entries():
-            if entry.lifecycle.end_ts is None and not self._closed_by_timeout(entry.lifecycle.request_id, last):
-                horizon = min(horizon, entry.queue_ts)
+            lc = entry.lifecycle
+            if entry.queue_ts < horizon and lc.finish_ts is None and lc.aborted_ts is None:
+                departed = departure(lc.request_id)
+                if departed is None or last - departed.end_ts <= timeout:
+                    horizon = entry.queue_ts
         self.forget_before(horizon)
         if self._window.over_capacity():
             self._inference.refresh()
@@ -172,11 +180,6 @@ class EngineTimeline:
         after = self._window.first_seq_ending_after(ts)
         self._inference.refresh(None if after is None else after + 1)
 
-    def _closed_by_timeout(self, rid: str, now: float) -> bool:
-        """An inferred finish whose span never came (lost, or tracing off) stops holding the window open."""
-        departed = self._inference.departure(rid)
-        return departed is not None and now - departed.end_ts > self._open_timeout_s
-
     def forget_before(self, ts: float) -> None:
         """Forget steps that ended before `ts` (in whole checkpoint chunks), the samples before it, and the
         requests that ended before the oldest step still held (re-inference from there may need the others)."""
@@ -187,14 +190,17 @@ class EngineTimeline:
         self.gpu.forget_before(ts)
         first = self._window.start_of(self._window.first_seq)
         cutoff = ts if first is None else min(ts, first)
+        departure, timeout = self._inference.departure, self._open_timeout_s
         for entry in self._book.entries():
-            end = entry.lifecycle.end_ts
-            departed = self._inference.departure(entry.lifecycle.request_id)
-            if departed is not None and end is None and self._closed_by_timeout(departed.request_id, cutoff):
-                end = departed.end_ts
+            lc = entry.lifecycle
+            end = lc.finish_ts if lc.finish_ts is not None else lc.aborted_ts  # lc.end_ts, read for every request
+            if end is None:  # an inferred finish whose span never came, closed by timeout
+                departed = departure(lc.request_id)
+                if departed is not None and cutoff - departed.end_ts > timeout:
+                    end = departed.end_ts
             if end is not None and end < cutoff:
-                self._book.forget(entry.lifecycle.request_id)
-                self._inference.forget(entry.lifecycle.request_id)
+                self._book.forget(lc.request_id)
+                self._inference.forget(lc.request_id)
 
     def _evict(self, upto_seq: int | None) -> None:
         if upto_seq is not None and upto_seq > self._window.first_seq:
@@ -331,7 +337,8 @@ class EngineTimeline:
         outcomes = self.outcomes()
         if self._preempted is None or self._preempted[0] != self._version:
             found = infer_preemptions(outcomes, list(self._samples), self._book.by_id(), in_order=True,
-                                      eventful=None if len(self._exact) else self._window.eventful())
+                                      eventful=None if len(self._exact) else self._window.eventful(),
+                                      end_ms=self._window.ends_ms())
             found = certain(found, exact_iterations(outcomes, self._exact)) if len(self._exact) else found
             self._preempted = (self._version, found, [p for p in found if p.actionable])
         return list(self._preempted[1])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -116,12 +116,15 @@ class LifecycleBook:
         """Every held lifecycle, in queue order."""
         return [self._entries[rid].lifecycle for _, _, rid in self._queue]
 
-    def queued_between(self, after: tuple[float, int] | None, before_ts: float) -> Iterator[BookEntry]:
-        """Entries whose (queue_ts, order) is past `after` and whose queue_ts is before `before_ts`, in order."""
-        i = 0 if after is None else bisect.bisect_right(self._queue, (after[0], after[1], "\uffff"))
-        while i < len(self._queue) and self._queue[i][0] < before_ts:
-            yield self._entries[self._queue[i][2]]
-            i += 1
+    def queued_between(self, after: tuple[float, int] | None, before_ts: float) -> list[BookEntry]:
+        """Entries whose (queue_ts, order) is past `after` and whose queue_ts is before `before_ts`, in order (a
+        list: asked at every step inferred, where it is mostly empty)."""
+        queue = self._queue
+        i = 0 if after is None else bisect.bisect_right(queue, (after[0], after[1], "\uffff"))
+        j, n = i, len(queue)
+        while j < n and queue[j][0] < before_ts:
+            j += 1
+        return [self._entries[rid] for _, _, rid in queue[i:j]] if j > i else []
 
     def feed(self, ev: RequestEvent) -> BookChange:
         """Apply one request event; returns what changed so the caller can re-infer."""

@@ -26,7 +26,9 @@ class TimelineInference:
         self.window = window
         self.geometry = geometry
         self.state = SchedState(budget=budget)  # after the last inferred step
-        self._departed: dict[str, tuple[int, Departure]] = {}  # request -> (step that inferred it, departure)
+        # request -> (step that inferred it, departure), in the order of those steps: a re-inference takes back
+        # the departures from its restart on, a suffix, and an eviction the ones before its cut, a prefix
+        self._departed: dict[str, tuple[int, Departure]] = {}
         self._dirty: int | None = None
         self._clock = 0  # counts changes of facts: a request's, or the pool geometry's (key None)
         self._changes: dict[str | None, Change] = {}  # the clock at each one's last change (and last non-span one)
@@ -111,8 +113,7 @@ class TimelineInference:
         stale: dict[str, tuple[int, Departure]] = {}
         if self._dirty is not None and self._dirty < w.computed_to:
             self.state = w.rewind(max(self._dirty, w.first_seq)).copy()
-            stale = {rid: v for rid, v in self._departed.items() if v[0] >= w.computed_to}
-            self._departed = {rid: v for rid, v in self._departed.items() if v[0] < w.computed_to}
+            stale = self._take_from(w.computed_to)
         restart = loaded = w.computed_to  # `loaded`: the checkpoint the state is an unchanged copy of
         stored = StoredPass(w, self.book, stale, frontier, valid_to)
         self.reinferred += max(valid_to - restart, 0)  # at most: a skip takes back what it skips
@@ -128,7 +129,10 @@ class TimelineInference:
                     target = valid_to if upto >= valid_to else w.checkpoint_at_or_before(upto)
                     state = frontier if target == valid_to else w.slot(target).before
                     if target > seq and state is not None:
-                        self._departed.update({rid: v for rid, v in stale.items() if seq <= v[0] < target})
+                        for rid, v in stale.items():  # at the end, in step order, as if inferred again
+                            if seq <= v[0] < target:
+                                self._departed.pop(rid, None)
+                                self._departed[rid] = v
                         self.reinferred -= target - seq
                         self.state, w.computed_to, loaded = state, target, target
                         continue
@@ -137,8 +141,22 @@ class TimelineInference:
             self.inferred += 1
             w.set_outcome(slot, outcome)
             for d in outcome.departures:
+                self._departed.pop(d.request_id, None)  # at the end: the order of the steps
                 self._departed[d.request_id] = (seq, d)
             w.computed_to += 1
+
+    def _take_from(self, seq: int) -> dict[str, tuple[int, Departure]]:
+        """Remove and return the departures inferred at `seq` or later (in step order): the suffix of
+        `_departed`, walked from its end, so the cost is what is taken back, not every departure held."""
+        departed = self._departed
+        taken: list[tuple[str, tuple[int, Departure]]] = []
+        for rid, found in reversed(departed.items()):
+            if found[0] < seq:
+                break
+            taken.append((rid, found))
+        for rid, _ in taken:
+            del departed[rid]
+        return dict(reversed(taken))
 
     def _span_prompt(self, request_id: str) -> bool:
         lc = self.book.get(request_id)
@@ -147,7 +165,13 @@ class TimelineInference:
     def drop_before(self, seq: int) -> None:
         """The window lost its steps before `seq`: forget what only they knew."""
         self.window.drop_before(seq)
-        self._departed = {rid: v for rid, v in self._departed.items() if v[0] >= seq}
+        gone = []  # the prefix of `_departed` inferred before `seq`
+        for rid, found in self._departed.items():
+            if found[0] >= seq:
+                break
+            gone.append(rid)
+        for rid in gone:
+            del self._departed[rid]
         oldest = self.window.oldest_clock()  # a change older than every checkpoint cannot stop a convergence
         self._changes = {k: c for k, c in self._changes.items() if oldest is None or c.clock > oldest}
 

@@ -42,12 +42,7 @@ def infer_step(st: SchedState, si: StepInput, book: LifecycleBook, geo: Geometry
     _leave_before(st, get, si, work)
     bs = geo.block_size
     if _decodes_only(st, si):
-        members: list[StepMember] = []
-        for t in st.running:
-            c = t.computed = t.computed + 1
-            t.outputs += 1
-            members.append(StepMember(t.rid, "decode", 1, c, blocks_for(c, bs) if bs else 0))
-        return _finish(st, si, get, geo, work, members, (0, 0, len(members), len(members)))
+        return _decode_step(st, si, get, geo, work)
     work.slots = [_slot(t) for t in st.running]
     preempted = _explain_running(st, si, book, geo, work)
     if not preempted:
@@ -82,6 +77,42 @@ def _decodes_only(st: SchedState, si: StepInput) -> bool:
         if not t.outputs or t.resuming:
             return False
     return True
+
+
+def _decode_step(st: SchedState, si: StepInput, get: Callable[[str], RequestLifecycle | None], geo: Geometry,
+                 work: StepWork) -> StepOutcome:
+    """A step that only decodes: each running request takes one token, then who finished leaves (as `_finish`
+    does, in the same loop: a request's member, its finish and its holdings read only the request itself)."""
+    bs = geo.block_size
+    until_ms = si.end_ms
+    departures = work.departures
+    members: list[StepMember] = []
+    kept: list[Track] = []
+    held: list[tuple[str, int]] = []
+    blocks = 0
+    cached = False
+    running = st.running
+    for t in running:
+        c = t.computed = t.computed + 1
+        outputs = t.outputs = t.outputs + 1
+        b = -(-c // bs) if bs else 0  # blocks_for(c, bs), c > 0
+        rid = t.rid
+        members.append(StepMember(rid, "decode", 1, c, b))
+        lc = get(rid)
+        if lc is not None and (_finished_by(lc, t, until_ms) if lc.complete
+                               else lc.max_tokens is not None and outputs >= lc.max_tokens):
+            departures.append(_departure(t, si, "finished", st))
+            continue
+        kept.append(t)
+        if bs:
+            held.append((rid, b))
+            blocks += b
+            if t.cached:
+                cached = True
+    if len(kept) != len(running):
+        running[:] = kept
+    n = len(members)
+    return _close(st, si, geo, work, members, (0, 0, n, n), held, blocks, cached)
 
 
 def _slot(t: Track) -> Slot:
@@ -122,6 +153,8 @@ def _leave_before(st: SchedState, get: Callable[[str], RequestLifecycle | None],
     """
     start, last_ms = si.start_ts, st.last_end_ms
     for running, queue in ((True, st.running), (False, st.waiting)):
+        if not queue:
+            continue
         kept: list[Track] = []
         for t in queue:
             lc = get(t.rid)
@@ -129,11 +162,13 @@ def _leave_before(st: SchedState, get: Callable[[str], RequestLifecycle | None],
                 if running:
                     kept.append(t)
                 continue
-            known = _span_prompt(t, lc)
+            # _span_prompt and _finished_by, their span-less cases inlined (asked for every request of every step)
+            known = lc.complete and _span_prompt(t, lc)
             if lc.aborted_ts is not None and lc.aborted_ts < start:
                 work.departures.append(_departure(t, si, "aborted", st, before=True))
                 continue
-            if _finished_by(lc, t, last_ms):
+            if _finished_by(lc, t, last_ms) if lc.complete \
+                    else lc.max_tokens is not None and t.outputs >= lc.max_tokens:
                 work.departures.append(_departure(t, si, "finished", st, before=True))
                 continue
             kept.append(t)
@@ -272,7 +307,6 @@ def _finish(st: SchedState, si: StepInput, get: Callable[[str], RequestLifecycle
     """The step's record from its `members` and their (context requests, tokens, generation requests, tokens);
     who finished in it leaves, and what the rest hold after it."""
     bs = geo.block_size
-    cr, ct, gr, gt = counts
     running = st.running
     until_ms = si.end_ms
     kept: list[Track] = []
@@ -293,6 +327,18 @@ def _finish(st: SchedState, si: StepInput, get: Callable[[str], RequestLifecycle
                 cached = True
     if len(kept) != len(running):
         running[:] = kept
+    return _close(st, si, geo, work, members, counts, held, blocks, cached)
+
+
+def _close(st: SchedState, si: StepInput, geo: Geometry, work: StepWork, members: list[StepMember],
+           counts: tuple[int, int, int, int], held: list[tuple[str, int]], blocks: int,
+           cached: bool) -> StepOutcome:
+    """The step's record and outcome once who stays is known (`held`: their (request, blocks), `blocks` the
+    sum, `cached`: one has a prefix hit); the state moves past the step."""
+    bs = geo.block_size
+    cr, ct, gr, gt = counts
+    running = st.running
+    until_ms = si.end_ms
     holdings = tuple(held)
     error = (abs(cr - si.context_requests) + abs(ct - si.context_tokens)
              + abs(gr - si.generation_requests) + abs(gt - si.generation_tokens))

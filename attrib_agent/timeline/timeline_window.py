@@ -35,6 +35,7 @@ class StepWindow:
         self.checkpoint_every = checkpoint_every
         self._slots: list[StepSlot] = []
         self._ends: list[float] = []
+        self._end_ms: list[int] = []  # each step's `end_ms`, in order: the preemption inference bisects it
         # (input, outcome) of the slots inferred so far: always a prefix of the slots (outcomes are set at the
         # computed frontier, which only moves back to re-infer), kept so reading them is a list copy, not a walk
         self._pairs: list[tuple[StepInput, StepOutcome]] = []
@@ -61,6 +62,7 @@ class StepWindow:
         self._last_iteration = si.iteration
         self._slots.append(StepSlot(si))
         self._ends.append(si.end_ts)
+        self._end_ms.append(si.end_ms)
         self.next_seq += 1
         self._largest = max(self._largest, si.scheduled_tokens)
 
@@ -190,6 +192,11 @@ class StepWindow:
         """The end of each step in `outcomes()` (the records' `end_ts`), in order."""
         return self._ends[:len(self._pairs)]
 
+    def ends_ms(self) -> list[int]:
+        """Every step held's `end_ms`, in order (the outcomes' are its first `len(outcomes())`): the list kept,
+        not a copy, for a reader that only searches it."""
+        return self._end_ms
+
     def membership(self) -> tuple[int, int, int, int]:
         """(steps inferred, of which with no membership error, summed error, largest error), kept as outcomes
         change: what walking every record's `membership_error` gives."""
@@ -244,6 +251,7 @@ class StepWindow:
         n = seq - self.first_seq
         del self._slots[:n]
         del self._ends[:n]
+        del self._end_ms[:n]
         for record in self._records[:n]:
             self._count_error(record.membership_error, -1)
         del self._pairs[:n]

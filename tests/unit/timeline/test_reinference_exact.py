@@ -62,6 +62,8 @@ def fed_in_batches(evs: tuple[Event, ...], batch: int, check_every: int = 1) -> 
         departed = {d.request_id: d for out in want for d in out.departures}
         assert all(tl._inference.departure(rid) == d for rid, d in departed.items())
         assert tl._inference.departures() == len(departed)
+        seqs = [seq for seq, _ in tl._inference._departed.values()]  # in step order: a re-inference cuts a suffix
+        assert seqs == sorted(seqs)
     return tl
 
 

@@ -68,6 +68,9 @@ def test_step_ends_count_as_the_walk_does(ms: list[int], lo: int, hi: int, order
     assert _StepEnds(steps).between(lo, hi) == walk
     if ordered:
         assert _StepEnds(steps, in_order=True).between(lo, hi) == walk
+        # the timeline's kept list of end_ms: longer than the steps inferred (only their prefix counts)
+        kept = [si.end_ms for si, _ in steps] + [max(ends, default=0) + 1, 10**6]
+        assert _StepEnds(steps, in_order=True, end_ms=kept).between(lo, hi) == walk
 
 
 def test_a_checkpoint_copies_every_field_of_a_track() -> None:

@@ -1,7 +1,8 @@
 """What the timeline keeps as its window changes, checked against the walks over every step held they replace,
-after every batch of a live-like feed with eviction (small windows): the step records and their ends, the token
-budget's chunk cuts, the membership quality, and the block-seconds of a few requests over the steps that can
-hold them; and the attribution pass's shared-block lookup against a dict built over every step."""
+after every batch of a live-like feed with eviction (small windows): the step records and their ends (and the
+end_ms the preemption inference bisects), the token budget's chunk cuts, the membership quality, and the
+block-seconds of a few requests over the steps that can hold them; and the attribution pass's shared-block
+lookup against a dict built over every step."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ def walked(tl: EngineTimeline, rng: random.Random) -> None:
     records = [o.record for _, o in outcomes]
     assert tl.steps() == records and all(a is b for a, b in zip(tl.steps(), records, strict=True))
     assert tl.step_ends() == [r.end_ts for r in records]
+    assert tl._window.ends_ms()[:len(outcomes)] == [si.end_ms for si, _ in outcomes]
+    assert len(tl._window.ends_ms()) == len(tl._window)
     cut = max((_cut_size(a, b) for a, b in zip(records, records[1:], strict=False)), default=0)
     tl._budget = None  # asked again at this version: worked out from what the window kept
     assert tl.token_budget() == (cut or max(tl._window.largest_step(), DEFAULT_TOKEN_BUDGET))
