@@ -159,15 +159,10 @@ class EngineTimeline:
         self._book.expire_unadmitted(last - self._book.admit_window_s)
         self._infer_through(last - self._open_timeout_s)  # every departure a timeout can close is known
         horizon = last - self._keep_s
-        # an open request holds the window from its queueing, unless an inferred finish whose span never came
-        # (lost, or tracing off) is older than open_timeout_s: closed by timeout
-        departure, timeout = self._inference.departure, self._open_timeout_s
-        for entry in self._book.entries():
+        for entry in self._book.entries():  # an open request holds the window from its queueing
             lc = entry.lifecycle
-            if entry.queue_ts < horizon and lc.finish_ts is None and lc.aborted_ts is None:
-                departed = departure(lc.request_id)
-                if departed is None or last - departed.end_ts <= timeout:
-                    horizon = entry.queue_ts
+            if entry.queue_ts < horizon and lc.end_ts is None and not self._closed_by_timeout(lc.request_id, last):
+                horizon = entry.queue_ts
         self.forget_before(horizon)
         if self._window.over_capacity():
             self._inference.refresh()
@@ -180,6 +175,11 @@ class EngineTimeline:
         after = self._window.first_seq_ending_after(ts)
         self._inference.refresh(None if after is None else after + 1)
 
+    def _closed_by_timeout(self, rid: str, now: float) -> bool:
+        """An inferred finish whose span never came (lost, or tracing off) stops holding the window open."""
+        departed = self._inference.departure(rid)
+        return departed is not None and now - departed.end_ts > self._open_timeout_s
+
     def forget_before(self, ts: float) -> None:
         """Forget steps that ended before `ts` (in whole checkpoint chunks), the samples before it, and the
         requests that ended before the oldest step still held (re-inference from there may need the others)."""
@@ -190,14 +190,12 @@ class EngineTimeline:
         self.gpu.forget_before(ts)
         first = self._window.start_of(self._window.first_seq)
         cutoff = ts if first is None else min(ts, first)
-        departure, timeout = self._inference.departure, self._open_timeout_s
         for entry in self._book.entries():
             lc = entry.lifecycle
-            end = lc.finish_ts if lc.finish_ts is not None else lc.aborted_ts  # lc.end_ts, read for every request
-            if end is None:  # an inferred finish whose span never came, closed by timeout
-                departed = departure(lc.request_id)
-                if departed is not None and cutoff - departed.end_ts > timeout:
-                    end = departed.end_ts
+            end = lc.end_ts
+            if end is None and self._closed_by_timeout(lc.request_id, cutoff):
+                departed = self._inference.departure(lc.request_id)
+                end = None if departed is None else departed.end_ts
             if end is not None and end < cutoff:
                 self._book.forget(lc.request_id)
                 self._inference.forget(lc.request_id)

@@ -94,13 +94,12 @@ def _decode_step(st: SchedState, si: StepInput, get: Callable[[str], RequestLife
     running = st.running
     for t in running:
         c = t.computed = t.computed + 1
-        outputs = t.outputs = t.outputs + 1
+        t.outputs += 1
         b = -(-c // bs) if bs else 0  # blocks_for(c, bs), c > 0
         rid = t.rid
         members.append(StepMember(rid, "decode", 1, c, b))
         lc = get(rid)
-        if lc is not None and (_finished_by(lc, t, until_ms) if lc.complete
-                               else lc.max_tokens is not None and outputs >= lc.max_tokens):
+        if lc is not None and _finished_by(lc, t, until_ms):
             departures.append(_departure(t, si, "finished", st))
             continue
         kept.append(t)
@@ -162,13 +161,11 @@ def _leave_before(st: SchedState, get: Callable[[str], RequestLifecycle | None],
                 if running:
                     kept.append(t)
                 continue
-            # _span_prompt and _finished_by, their span-less cases inlined (asked for every request of every step)
-            known = lc.complete and _span_prompt(t, lc)
+            known = _span_prompt(t, lc)
             if lc.aborted_ts is not None and lc.aborted_ts < start:
                 work.departures.append(_departure(t, si, "aborted", st, before=True))
                 continue
-            if _finished_by(lc, t, last_ms) if lc.complete \
-                    else lc.max_tokens is not None and t.outputs >= lc.max_tokens:
+            if _finished_by(lc, t, last_ms):
                 work.departures.append(_departure(t, si, "finished", st, before=True))
                 continue
             kept.append(t)
