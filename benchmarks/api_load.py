@@ -78,7 +78,7 @@ def serve(n_results: int, cpu: int | None, max_s: float, profile: str | None = N
     starts the measured part (CPU per request and the loop's CPU count from then); stop on stdin EOF."""
     import attrib_agent.agent.core as app  # the agent's imports, as `attrib-agent run` has them
     from attrib_agent.events import RequestSpan
-    from attrib_agent.pipeline import AttributionPipeline
+    from attrib_agent.pipeline import AttributionPipeline, PipelineConfig
     from attrib_agent.sources.replay import ReplaySource
     from benchmarks._recordings import load_sources
     from benchmarks._results import base_results, fill_store
@@ -87,7 +87,7 @@ def serve(n_results: int, cpu: int | None, max_s: float, profile: str | None = N
     sources = load_sources()
     live = max(sources, key=lambda s: s.events)  # replayed into the timeline after the copies: its end is "now"
     t_end = live.last_ts
-    p = AttributionPipeline()
+    p = AttributionPipeline(PipelineConfig(max_result_bytes=2**40))  # n_results, whatever the byte bound keeps
     spread = p.config.max_result_age_s - live.last_ts + live.first_ts - 60.0
 
     def finish_in_the_hour(i: int, r: Any) -> Any:

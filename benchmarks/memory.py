@@ -55,7 +55,7 @@ def agent_imports() -> str:
 
 def part_results(n: int) -> dict[str, Any]:
     base = base_results()
-    p = AttributionPipeline()
+    p = AttributionPipeline(PipelineConfig(max_result_bytes=2**40))  # n results, whatever the byte bound would keep
     gc.collect()
     before = rss_mb()
     with timed() as fill:
@@ -64,7 +64,8 @@ def part_results(n: int) -> dict[str, Any]:
     after = rss_mb()
     culprits = sum(len(r.culprits) for r in p.store)
     return {"results": len(p.store), "culprits": culprits, "rss_before_mb": before, "rss_mb": after,
-            "kb_per_result": (after - before) * 1024 / len(p.store), "fill_s": fill.wall_s}
+            "kb_per_result": (after - before) * 1024 / len(p.store), "fill_s": fill.wall_s,
+            "counted_mb": getattr(p.store, "bytes", 0) / 2**20}  # (what the store counts: not on older commits)
 
 
 def _clone(ev: Event, k: int, tag: str, ts: float, log_ts: float | None) -> Event:
@@ -252,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     res_t = _child(args, "results", True)
     print(f"results: {res['results']:,} retained ({res['culprits']:,} culprits): RSS {res['rss_mb']:.0f} MB "
           f"(+{res['rss_mb'] - res['rss_before_mb']:.0f} MB, {res['kb_per_result']:.2f} KB each); tracemalloc "
-          f"peak {res_t['tracemalloc_peak_mb']:.0f} MB", flush=True)
+          f"peak {res_t['tracemalloc_peak_mb']:.0f} MB; the store counts {res['counted_mb']:.1f} MB of them "
+          f"(max_result_bytes {PipelineConfig().max_result_bytes / 2**20:g} MiB by default)", flush=True)
     act = _child(args, "active", False)
     act_t = _child(args, "active", True)
     print(f"active: {act['in_flight']:,} requests in flight: RSS {act['rss_mb']:.0f} MB "
