@@ -77,8 +77,11 @@ class Culprit:
 
     def _fill(self, request_id: str, is_whale: bool, blob: bytes | None,
               raw: tuple[float, float, float, float, Mapping[str, float], Mapping[str, float]] | None) -> None:
-        for name, value in (("request_id", request_id), ("is_whale", is_whale), ("_blob", blob), ("_raw", raw)):
-            object.__setattr__(self, name, value)
+        fill = object.__setattr__  # (frozen: past its own __setattr__; four calls, a stored result decodes many)
+        fill(self, "request_id", request_id)
+        fill(self, "is_whale", is_whale)
+        fill(self, "_blob", blob)
+        fill(self, "_raw", raw)
 
     @classmethod
     def packed(cls, request_id: str, is_whale: bool, blob: bytes) -> Culprit:
