@@ -11,7 +11,7 @@ from attrib_agent.attribution.culprit_windows import CulpritWindows
 from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.attribution.result_pack import Stored, decoded, finished_ts, pack, stored_bytes
 
-DEFAULT_MAX_BYTES: Final = 48 * 2**20
+DEFAULT_MAX_BYTES: Final = 40 * 2**20
 ENTRY_BYTES: Final = 160
 """What one result's entries cost besides its bytes and its id, in CPython 3.11's maps: the store's ordered map
 (a dict slot and index at 2/3 load, ~45 bytes, and a linked node with its fast-lookup slot, ~56) and the
