@@ -4,6 +4,7 @@ age, the oldest going first."""
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import struct
@@ -61,7 +62,10 @@ def test_every_result_of_a_replay_reads_back_as_it_was_put(name: str) -> None:
     store = ResultStore(max_results=len(results), max_bytes=2**40)
     for r in results:
         store.put(r)
-    assert all(type(v) is bytes for v in store._items.values())  # every real result packs
+    assert all(type(v) is bytes and not gc.is_tracked(v) for v in store._items.values())  # every real result
+    # packs, into one object the collector does not track; the culprit index files those same objects
+    filed = {rid: v for bucket in store.culprits._buckets.values() for rid, v in bucket.items()}
+    assert filed.keys() == store._items.keys() and all(filed[rid] is v for rid, v in store._items.items())
     for r in results:
         got = store.get(r.request_id)
         assert got is not None and got is not r
