@@ -172,3 +172,20 @@ def test_the_bytes_counted_are_the_bytes_held(culprits: int) -> None:
                          capture_output=True, text=True, check=True).stdout
     counted, used = map(int, out.split())
     assert 0.8 < counted / used < 1.25, (counted, used)
+
+
+@pytest.mark.parametrize("change", [
+    {"trace_id": "9501CD62DDFC08CD7EE3155428D438E0"},  # not lowercase hex: its text would not come back
+    {"evidence": {"kv_pressure": "a_newer_evidence"}},  # a journal from a newer agent
+    {"mode": "a_newer_mode"},
+    {"prompt_tokens": 2**32},
+    {"quality": 1},  # an int where a float goes: JSON `1`, not `1.0`
+    {"culprits": (Culprit("cmpl-w-0", 0.1, 0.0, 1.0, {"a_newer_cause": 1.0}),)},
+])
+def test_a_result_that_cannot_be_packed_exactly_is_kept_whole(change: dict[str, Any]) -> None:
+    r = replace(_result(1), **change)
+    assert pack(r) is None
+    store = ResultStore()
+    store.put(r)
+    assert store.get(r.request_id) is r and store.bytes == ResultStore.cost(r.request_id, r) > 1000
+    assert top_of(store, 3) == top_of([r], 3)
