@@ -20,7 +20,7 @@ from attrib_agent.attribution.cost_model import StepCostModel
 from attrib_agent.attribution.fit_snapshot import EngineWatch
 from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.attribution.slo import SloConfig, SloTally
-from attrib_agent.attribution.store import ResultStore
+from attrib_agent.attribution.store import DEFAULT_MAX_BYTES, ResultStore
 from attrib_agent.attribution.tally import SlowdownTally
 from attrib_agent.attribution.whales import KvUse, footprints, whales
 from attrib_agent.events import EngineStep, Event, GpuSample, MetricsSnapshot, RequestSpan
@@ -62,6 +62,7 @@ class PipelineConfig:
     final_horizon_s: float = 10.0  # a request in flight (no span) this long holds no other result any more
     max_results: int = 100_000
     max_result_age_s: float = 3600.0
+    max_result_bytes: int = DEFAULT_MAX_BYTES  # what the stored results may take (packed, as the store counts it)
     max_pending: int = 10_000  # victims waiting for attribution or refinement
     victim_threshold_s: float = 0.1  # slowdown that makes a request a "slowed" victim in the counters
     attribution: AttributionConfig = field(default_factory=AttributionConfig)
@@ -113,7 +114,7 @@ class AttributionPipeline:
         self.timeline = self._new_timeline()
         self.attributor = Attributor(cfg.attribution)
         self.engine_watch = EngineWatch(cfg.engine, lambda: self.timeline.geometry, cfg.token_budget)  # a saved fit's
-        self.store = ResultStore(cfg.max_results, cfg.max_result_age_s)
+        self.store = ResultStore(cfg.max_results, cfg.max_result_age_s, cfg.max_result_bytes)
         self.tally = SlowdownTally(victim_threshold_s=cfg.victim_threshold_s, slo=SloTally(cfg.slo))
         self.events: Counter[str] = Counter()
         self.vllm_restarts = 0

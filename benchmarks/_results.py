@@ -68,7 +68,7 @@ def fill_store(p: AttributionPipeline, base: list[tuple[str, AttributionResult]]
     `adjust(i, result)` may change the i-th copy before it is stored (e.g. its finish time)."""
     tags = {tag: i for i, tag in enumerate(dict.fromkeys(tag for tag, _ in base))}
     rnd = i = 0
-    while len(p.store) < n:
+    while len(p.store) < n and not p.store.evicted:  # (its byte bound, reached first, would stop it short)
         ids: dict[str, str] = {}
         for tag, r in base:
             r = copied_result(tag, r, rnd * len(tags) + tags[tag], ids)

@@ -66,14 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine()}\n{pinned}", flush=True)
 
     import attrib_agent.agent.core as core_mod
-    from attrib_agent.pipeline import AttributionPipeline
+    from attrib_agent.pipeline import AttributionPipeline, PipelineConfig
     from attrib_agent.sources.replay import ReplaySource
     from benchmarks._recordings import load_sources
     from benchmarks._results import base_results, fill_store
 
     sources = load_sources()
     live = max(sources, key=lambda s: s.events)
-    p = AttributionPipeline()
+    p = AttributionPipeline(PipelineConfig(max_result_bytes=2**40))  # args.results, whatever the byte bound keeps
     spread = p.config.max_result_age_s - live.last_ts + live.first_ts - 60.0
     fill_store(p, base_results(), args.results,
                lambda i, r: replace(r, finished_ts=live.first_ts - spread + i * spread / args.results))

@@ -78,7 +78,7 @@ def serve(n_results: int, cpu: int | None, max_s: float, profile: str | None = N
     starts the measured part (CPU per request and the loop's CPU count from then); stop on stdin EOF."""
     import attrib_agent.agent.core as app  # the agent's imports, as `attrib-agent run` has them
     from attrib_agent.events import RequestSpan
-    from attrib_agent.pipeline import AttributionPipeline
+    from attrib_agent.pipeline import AttributionPipeline, PipelineConfig
     from attrib_agent.sources.replay import ReplaySource
     from benchmarks._recordings import load_sources
     from benchmarks._results import base_results, fill_store
@@ -87,7 +87,7 @@ def serve(n_results: int, cpu: int | None, max_s: float, profile: str | None = N
     sources = load_sources()
     live = max(sources, key=lambda s: s.events)  # replayed into the timeline after the copies: its end is "now"
     t_end = live.last_ts
-    p = AttributionPipeline()
+    p = AttributionPipeline(PipelineConfig(max_result_bytes=2**40))  # n_results, whatever the byte bound keeps
     spread = p.config.max_result_age_s - live.last_ts + live.first_ts - 60.0
 
     def finish_in_the_hour(i: int, r: Any) -> Any:
@@ -100,9 +100,11 @@ def serve(n_results: int, cpu: int | None, max_s: float, profile: str | None = N
         p.feed(ev)
         spans += isinstance(ev, RequestSpan)
     p.settle()
-    stored = list(p.store)
-    ids = [r.request_id for r in stored]
-    window = sum(1 for r in stored if r.finished_ts >= t_end - 300)
+    ids, window, culprits = [], 0, 0  # read once (the store decodes each result read): none kept
+    for r in p.store:
+        ids.append(r.request_id)
+        window += r.finished_ts >= t_end - 300
+        culprits += len(r.culprits)
     ids_file = Path(tempfile.mkstemp(prefix="api-load-ids-", suffix=".json")[1])
     ids_file.write_text(json.dumps(ids))
     timers: list[CpuTimer] = []
@@ -144,7 +146,7 @@ def serve(n_results: int, cpu: int | None, max_s: float, profile: str | None = N
         def started(port: int) -> None:
             serving.append(True)
             print(json.dumps({"port": port, "ids_file": str(ids_file), "results": len(p.store),
-                              "culprits": sum(len(r.culprits) for r in stored), "in_5m": window,
+                              "culprits": culprits, "in_5m": window,
                               "steps": p.timeline.sizes().get("steps"), "built_s": built_s, "rss_mb": rss_mb(),
                               "pinned": pinned, "pid": os.getpid()}), flush=True)
 

@@ -3,6 +3,7 @@
     .venv/bin/python -m benchmarks.memory                   # all three, soak 60 s (~3 min in all)
     .venv/bin/python -m benchmarks.memory --duration 3600   # the hour-long soak
     .venv/bin/python -m benchmarks.memory --part soak       # one part: results | active | soak
+    .venv/bin/python -m benchmarks.memory --part cost       # what a stored result costs, in what (~2 min)
 
 Each part runs in a fresh process (so one's garbage does not count against the next), pinned to one core:
   results  real results (every recording replayed) copied with new ids through the result codec, so each
@@ -11,6 +12,8 @@ Each part runs in a fresh process (so one's garbage does not count against the n
            with new ids and times (50 arrivals/s, no spans, so none finishes) into a fresh pipeline
   soak     replayed traffic (the live parsers on endless time-shifted copies) paced at 50 requests/s
            of wall time; RSS sampled every few seconds, its slope fitted after a warm-up
+  cost     (on its own) 10,000 results of the GPU-rate input replayed and the recordings' results: bytes a
+           result takes as objects, by part, against the store's packed form; JSON read back identical
 RSS is VmRSS of /proc/self/status; the tracemalloc peak comes from a second run of the part under
 tracemalloc (which slows it and adds its own overhead to RSS). Goal: <= 200 MB and no growth.
 """
@@ -25,16 +28,21 @@ import subprocess
 import sys
 import time
 import tracemalloc
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
+from attrib_agent.attribution.result import AttributionResult, Culprit
 from attrib_agent.attribution.result_codec import to_dict
+from attrib_agent.attribution.store import ResultStore
 from attrib_agent.events import EngineStep, Event, MetricsSnapshot, RequestAdded, RequestReceived
 from attrib_agent.pipeline import AttributionPipeline, PipelineConfig
 from attrib_agent.recording import LOG
+from attrib_agent.sinks.api.plumbing import dumps
 from attrib_agent.sources.log.source import LogRecordParser
 from attrib_agent.sources.replay import ReplaySource
+from benchmarks._gpu_rate import cached_gpu_rate
 from benchmarks._measure import machine, peak_rss_mb, pin_one_core, pipeline_sizes, rss_mb, timed
 from benchmarks._recordings import SourceRecording, copy_tag, endless_replay, load_sources, round_rate
 from benchmarks._results import base_results, copied_result, fill_store, real_results
@@ -55,7 +63,7 @@ def agent_imports() -> str:
 
 def part_results(n: int) -> dict[str, Any]:
     base = base_results()
-    p = AttributionPipeline()
+    p = AttributionPipeline(PipelineConfig(max_result_bytes=2**40))  # n results, whatever the byte bound would keep
     gc.collect()
     before = rss_mb()
     with timed() as fill:
@@ -64,7 +72,72 @@ def part_results(n: int) -> dict[str, Any]:
     after = rss_mb()
     culprits = sum(len(r.culprits) for r in p.store)
     return {"results": len(p.store), "culprits": culprits, "rss_before_mb": before, "rss_mb": after,
-            "kb_per_result": (after - before) * 1024 / len(p.store), "fill_s": fill.wall_s}
+            "kb_per_result": (after - before) * 1024 / len(p.store), "fill_s": fill.wall_s,
+            "counted_mb": getattr(p.store, "bytes", 0) / 2**20}  # (what the store counts: not on older commits)
+
+
+def gpu_rate_results(n: int) -> list[AttributionResult]:
+    """The first `n` results of the GPU-rate input replayed with every request attributed (as emitted: the last
+    version of each)."""
+    p = AttributionPipeline(PipelineConfig(max_results=10 * n, max_result_bytes=2**40))
+    out: dict[str, AttributionResult] = {}
+    for ev in ReplaySource(cached_gpu_rate(600.0).path).events():
+        out.update((r.request_id, r) for r in p.feed(ev))
+        if len(out) >= n:
+            break
+    return list(out.values())[:n]
+
+
+def _walk(o: object, part: str, parts: Counter[str], seen: set[int]) -> None:
+    """sys.getsizeof of `o` and what it holds, each object once, under `part` (or a part named by its field)."""
+    if id(o) in seen:
+        return
+    seen.add(id(o))
+    parts[part] += sys.getsizeof(o)
+    if isinstance(o, AttributionResult):
+        for f in fields(o):
+            v = getattr(o, f.name)
+            name = {"culprits": "culprits tuple", "evidence": "evidence map", "request_id": "request ids",
+                    "trace_id": "span ids (text)", "span_id": "span ids (text)"}.get(f.name, "numbers")
+            _walk(v, name, parts, seen)
+    elif isinstance(o, tuple):
+        for v in o:
+            _walk(v, "culprit objects" if isinstance(v, Culprit) else part, parts, seen)
+    elif isinstance(o, Culprit):
+        _walk(o.request_id, "request ids", parts, seen)
+        _walk(o._blob if o._blob is not None else o._raw, "culprit bytes", parts, seen)
+    elif hasattr(o, "_blob"):
+        _walk(o._blob, part, parts, seen)
+
+
+def part_cost(n: int) -> dict[str, Any]:
+    """What one stored result costs, and in what: the results as objects (a sys.getsizeof walk by part) against
+    the store's packed form (its bytes, what it counts, tracemalloc over filling it); and every result read back
+    from the store against the one put, as the API's JSON."""
+    out: dict[str, Any] = {}
+    for name, results in (("gpu_rate", gpu_rate_results(n)), ("lab", [r for _, r in real_results(load_sources())])):
+        parts: Counter[str] = Counter()
+        seen: set[int] = set()
+        for r in results:
+            _walk(r, "result object", parts, seen)
+        store = ResultStore(max_results=len(results), max_bytes=2**40)
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        for r in results:
+            store.put(r)
+        gc.collect()
+        traced = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+        packed = [v for v in store._items.values() if type(v) is bytes]
+        same = sum(dumps(to_dict(store.get(r.request_id) or r)) == dumps(to_dict(r)) for r in results)
+        k = len(results)
+        out[name] = {"results": k, "culprits": sum(len(r.culprits) for r in results) / k,
+                     "objects_b": {p: v / k for p, v in parts.most_common()},
+                     "objects_total_b": sum(parts.values()) / k,
+                     "packed": len(packed), "packed_b": sum(sys.getsizeof(v) for v in packed) / max(len(packed), 1),
+                     "counted_b": store.bytes / k, "traced_b": traced / k, "json_identical": same}
+    return out
 
 
 def _clone(ev: Event, k: int, tag: str, ts: float, log_ts: float | None) -> Event:
@@ -207,6 +280,8 @@ def run_part(args: argparse.Namespace) -> dict[str, Any]:
         tracemalloc.start()
     if args.part == "results":
         out = part_results(args.results)
+    elif args.part == "cost":
+        out = part_cost(args.cost_results)
     elif args.part == "active":
         out = part_active(args.active)
     else:
@@ -229,9 +304,10 @@ def _child(args: argparse.Namespace, part: str, trace: bool) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", choices=("all", "results", "active", "soak", "base"), default="all")
+    ap.add_argument("--part", choices=("all", "results", "active", "soak", "base", "cost"), default="all")
     ap.add_argument("--results", type=int, default=100_000)
     ap.add_argument("--active", type=int, default=2_000)
+    ap.add_argument("--cost-results", type=int, default=10_000, help="(part cost) GPU-rate results replayed")
     ap.add_argument("--duration", type=float, default=60.0, help="soak length, wall seconds")
     ap.add_argument("--rate", type=float, default=50.0, help="soak requests per wall second")
     ap.add_argument("--sample-every", type=float, default=5.0)
@@ -252,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     res_t = _child(args, "results", True)
     print(f"results: {res['results']:,} retained ({res['culprits']:,} culprits): RSS {res['rss_mb']:.0f} MB "
           f"(+{res['rss_mb'] - res['rss_before_mb']:.0f} MB, {res['kb_per_result']:.2f} KB each); tracemalloc "
-          f"peak {res_t['tracemalloc_peak_mb']:.0f} MB", flush=True)
+          f"peak {res_t['tracemalloc_peak_mb']:.0f} MB; the store counts {res['counted_mb']:.1f} MB of them "
+          f"(max_result_bytes {PipelineConfig().max_result_bytes / 2**20:g} MiB by default)", flush=True)
     act = _child(args, "active", False)
     act_t = _child(args, "active", True)
     print(f"active: {act['in_flight']:,} requests in flight: RSS {act['rss_mb']:.0f} MB "

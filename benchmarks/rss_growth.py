@@ -177,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"a stored result costs {out['result_bytes']:,.0f} bytes (store entry and culprit index included; "
           f"{out['culprits']:.1f} culprits a result): {out['results']:,} results now, ~{per_h:,.0f} an hour at this "
           f"share (kept an hour: {per_h * out['result_bytes'] / 2**20:,.1f} MB); the count bound "
-          f"{PipelineConfig().max_results:,}: {PipelineConfig().max_results * out['result_bytes'] / 2**20:,.0f} MB")
+          f"{PipelineConfig().max_results:,}: {PipelineConfig().max_results * out['result_bytes'] / 2**20:,.0f} MB"
+          + (f"; the byte bound {cap / 2**20:g} MiB: ~{cap / out['result_bytes']:,.0f} results"
+             if (cap := getattr(PipelineConfig(), "max_result_bytes", None)) else ""))  # (not on older commits)
     for line in out["top"]:
         print("  grew: " + line)
     return 0

@@ -139,6 +139,11 @@ def pack_culprit(numbers: tuple[float, float, float, float], causes: Mapping[str
     return _NUMBERS.pack(*numbers, len(blobs[0]) // 9, len(blobs[1]) // 9) + blobs[0] + blobs[1]
 
 
+def culprit_size(blob: bytes, at: int = 0) -> int:
+    """Bytes of the packed culprit that starts at `at` in `blob` (it is followed by others in a packed result)."""
+    return _NUMBERS.size + 9 * (blob[at + 32] + blob[at + 33])
+
+
 def culprit_numbers(blob: bytes) -> tuple[float, float, float, float]:
     """A packed culprit's numbers: ttft_s, itl_s, share, kv_block_seconds."""
     numbers: tuple[float, float, float, float] = _FOUR.unpack_from(blob)

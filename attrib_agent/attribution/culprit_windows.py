@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
-from attrib_agent.attribution.result import AttributionResult
+from attrib_agent.attribution.result_pack import Stored, filed, finished_ts
 
 DEFAULT_BUCKET_S: Final = 10.0
 MAX_WINDOWS: Final = 4  # window lengths kept warm; each holds at most one entry per culprit in it
@@ -76,12 +76,12 @@ class _Totals:
             self._ranked = (self.version, k, _leaders({cid: t.seconds for cid, t in self.by_culprit.items()}, k))
         return self._ranked[2]
 
-    def apply(self, r: AttributionResult, sign: int) -> None:
+    def apply(self, r: Stored, sign: int) -> None:
+        final, gaps, culprits = filed(r)  # (a packed result's culprits decoded, the rest of it not)
         self.version += 1
         self.results += sign
-        self.partial += sign * (not r.final)
-        gaps = r.itl_gaps
-        for c in r.culprits:
+        self.partial += sign * (not final)
+        for c in culprits:
             ttft, itl_per_token = c.numbers()[:2]  # one read of the packed culprit (result.py)
             itl = itl_per_token * gaps
             seconds = ttft + itl
@@ -121,23 +121,23 @@ class CulpritWindows:
             raise ValueError("bucket_s must be > 0 and max_windows >= 1")
         self.bucket_s = bucket_s
         self.max_windows = max_windows
-        self._buckets: dict[int, dict[str, AttributionResult]] = {}
+        self._buckets: dict[int, dict[str, Stored]] = {}  # the store's own values (the same objects)
         self._windows: OrderedDict[float, _Window] = OrderedDict()
 
     def _bucket(self, ts: float) -> int:
         return math.floor(ts / self.bucket_s)
 
-    def add(self, r: AttributionResult) -> None:
-        b = self._bucket(r.finished_ts)
-        self._buckets.setdefault(b, {})[r.request_id] = r
+    def add(self, request_id: str, r: Stored) -> None:
+        b = self._bucket(finished_ts(r))
+        self._buckets.setdefault(b, {})[request_id] = r
         for w in self._windows.values():
             if w.covers(b):
                 w.totals.apply(r, +1)
 
-    def remove(self, r: AttributionResult) -> None:
-        b = self._bucket(r.finished_ts)
+    def remove(self, request_id: str, r: Stored) -> None:
+        b = self._bucket(finished_ts(r))
         bucket = self._buckets.get(b)
-        if bucket is None or bucket.pop(r.request_id, None) is None:
+        if bucket is None or bucket.pop(request_id, None) is None:
             return
         if not bucket:
             del self._buckets[b]
@@ -165,7 +165,7 @@ class CulpritWindows:
         for b in {first, last}:
             if not lo <= b <= hi:
                 for r in self._buckets.get(b, {}).values():
-                    if since <= r.finished_ts <= until:
+                    if since <= finished_ts(r) <= until:
                         edges.apply(r, +1)
         inner, outer = window.totals.by_culprit, edges.by_culprit
         # Only the window's leaders and the edges' culprits can make the top: any other has fewer seconds than
@@ -217,7 +217,7 @@ class CulpritWindows:
                 w.totals.apply(r, sign)
 
 
-def top_of(results: Iterable[AttributionResult], limit: int) -> TopCulprits:
+def top_of(results: Iterable[Stored], limit: int) -> TopCulprits:
     """The same answer from a plain scan of `results` (the reference the windows are checked against)."""
     totals = _Totals()
     for r in results:

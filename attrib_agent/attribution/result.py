@@ -73,8 +73,23 @@ class Culprit:
         blob = pack_culprit((ttft_s, itl_s, share, kv_block_seconds), causes, itl_causes)
         raw = None if blob is not None else (ttft_s, itl_s, share, kv_block_seconds, compact_causes(causes),
                                              compact_causes(itl_causes))
-        for name, value in (("request_id", request_id), ("is_whale", is_whale), ("_blob", blob), ("_raw", raw)):
-            object.__setattr__(self, name, value)
+        self._fill(request_id, is_whale, blob, raw)
+
+    def _fill(self, request_id: str, is_whale: bool, blob: bytes | None,
+              raw: tuple[float, float, float, float, Mapping[str, float], Mapping[str, float]] | None) -> None:
+        fill = object.__setattr__  # (frozen: past its own __setattr__; four calls, a stored result decodes many)
+        fill(self, "request_id", request_id)
+        fill(self, "is_whale", is_whale)
+        fill(self, "_blob", blob)
+        fill(self, "_raw", raw)
+
+    @classmethod
+    def packed(cls, request_id: str, is_whale: bool, blob: bytes) -> Culprit:
+        """The culprit whose numbers and maps `pack_culprit` packed in `blob`: a stored result decoded
+        (result_pack.py) takes its culprits' bytes as they are, without packing them again."""
+        c = object.__new__(cls)
+        c._fill(request_id, is_whale, blob, None)
+        return c
 
     def __setattr__(self, name: str, value: object) -> None:
         raise FrozenInstanceError(f"cannot assign to field {name!r}")

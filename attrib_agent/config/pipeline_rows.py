@@ -87,6 +87,8 @@ ATTRIBUTION: Final[tuple[Setting[Any], ...]] = (
     _p("max_results", "max_results", v.count(1, 10_000_000), "results kept in memory for the API", "N"),
     _p("max_result_age_s", "max_result_age_s", v.seconds(1), "results older than this are dropped from memory",
        "SECONDS"),
+    _p("max_result_bytes", "max_result_bytes", v.size_bytes(2**20, 2**40),
+       "memory the results kept for the API may take, packed (the oldest go first)", "BYTES", default_text="40MiB"),
     _p("max_pending", "max_pending", v.count(1, 10_000_000),
        "victims waiting for attribution or refinement (the oldest are dropped beyond)", "N"),
     _p("slo_ttft_s", "slo.ttft_s", v.seconds(0, inclusive=False),

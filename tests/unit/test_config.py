@@ -117,6 +117,7 @@ def samples(tmp_path: Path, token_file: Path) -> dict[str, tuple[object, Any]]:
         "cost_tolerance": (0.05, 0.05),
         "max_results": (500, 500),
         "max_result_age_s": (600.0, 600.0),
+        "max_result_bytes": ("16MiB", 16 * 2**20),
         "max_pending": (100, 100),
         "slo_ttft_s": (2.0, 2.0),
         "slo_itl_s": (0.1, 0.1),

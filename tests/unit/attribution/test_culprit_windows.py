@@ -74,7 +74,7 @@ def test_a_sliding_window_is_moved_not_rebuilt_and_windows_are_bounded() -> None
     results = [_result(f"v{i}", float(i), [("w1", 0.5, 0.0, True), (f"light{i}", 0.01, 0.0, False)], True, 5)
                for i in range(1000)]
     for r in results:
-        windows.add(r)
+        windows.add(r.request_id, r)
     for until in range(300, 1000, 7):
         got = windows.top(until - 300.0, float(until), 3)
         want = top_of([r for r in results if until - 300 <= r.finished_ts <= until], 3)
