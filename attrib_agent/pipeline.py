@@ -102,6 +102,7 @@ class PipelineStats:
     dropped_pending: int
     results_stored: int
     results_evicted: int
+    results_bytes: int  # what the stored results count against `max_result_bytes`
     timeline_held: dict[str, int]  # by kind
     last_event_ts: float | None
 
@@ -364,7 +365,7 @@ class AttributionPipeline:
     def stats(self) -> PipelineStats:
         return PipelineStats(dict(self.events), self.steps_total, self.step_seconds_total, self.vllm_restarts,
                              self.preemptions_inferred, self.dropped_pending, len(self.store), self.store.evicted,
-                             dict(self.timeline.sizes()), self.last_event_ts)
+                             self.store.bytes, dict(self.timeline.sizes()), self.last_event_ts)
 
     def result(self, request_id: str) -> AttributionResult | None:
         return self.store.get(request_id)

@@ -73,16 +73,19 @@ def _bounds() -> Section:
     return Section("Memory bounds", [
         timeseries("Timeline items held", "Steps, requests and samples the timeline holds: flat lines mean the "
                    "bounds are working.", "none",
-                   [Query(f"sum by (kind) ({agent('attrib_timeline_held')})", "{{kind}}")]),
-        timeseries("Results held", "Attribution results held for the API, bounded by count and age.", "none",
-                   [Query(f"sum by (pod) ({agent('attrib_results_stored')})", "{{pod}}")], width=5),
-        timeseries("Results evicted", "Results dropped per second by the store's count or age bound.", "reqps",
+                   [Query(f"sum by (kind) ({agent('attrib_timeline_held')})", "{{kind}}")], width=6),
+        timeseries("Results held", "Attribution results held for the API, bounded by count, bytes and age.", "none",
+                   [Query(f"sum by (pod) ({agent('attrib_results_stored')})", "{{pod}}")], width=4),
+        timeseries("Results memory", "Bytes the stored results count against max_result_bytes (RSS is ~1.1x): a "
+                   "flat line at the bound means the oldest are going early.", "bytes",
+                   [Query(f"sum by (pod) ({agent('attrib_results_stored_bytes')})", "{{pod}}")], width=5),
+        timeseries("Results evicted", "Results dropped per second by the store's count, byte or age bound.", "reqps",
                    [Query(f"sum by (pod) (rate({agent('attrib_results_evicted_total')}[{RATE}]))", "{{pod}}")],
-                   width=5),
+                   width=4),
         timeseries("Journal", "Results appended to the journal per second, and journal failures by kind.", "reqps",
                    [Query(f"sum by (pod) (rate({agent('attrib_journal_written_total')}[{RATE}]))", "{{pod}} written"),
                     Query(zero_lines(f"sum by (kind) (rate({agent('attrib_journal_errors_total')}[{RATE}]))",
-                                      "pod"), "errors {{kind}}")], width=6),
+                                      "pod"), "errors {{kind}}")], width=5),
     ])
 
 

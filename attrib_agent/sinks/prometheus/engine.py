@@ -33,10 +33,11 @@ def pipeline_families(state: AgentState) -> list[Metric]:
 
     stored = one(gauge("attrib_results_stored"), p.results_stored)
     evicted = one(counter("attrib_results_evicted_total"), p.results_evicted)
+    stored_bytes = one(gauge("attrib_results_stored_bytes"), p.results_bytes)
     held = gauge("attrib_timeline_held")
     for kind, n in p.timeline_held.items():
         held.add_metric([kind], n)
-    return [events, steps, step_s, restarts, preemptions, dropped, stored, evicted, held]
+    return [events, steps, step_s, restarts, preemptions, dropped, stored, stored_bytes, evicted, held]
 
 
 def live_pipeline_families(state: AgentState) -> list[Metric]:

@@ -77,6 +77,9 @@ def test_request_counts_match_the_store(preempt: AgentState) -> None:
     slowed_ttft = sum(r.ttft_slowdown_s >= 0.1 and not r.is_whale for r in finals)
     assert value(fams, "attrib_slowed_requests_total", phase="ttft", victim_class="short") == slowed_ttft > 0
     assert value(fams, "attrib_results_stored") == len(preempt.pipeline.store)
+    store = preempt.pipeline.store  # the bytes the byte bound reads: each stored result's counted cost, summed
+    assert value(fams, "attrib_results_stored_bytes") == store.bytes == sum(
+        store.cost(r.request_id, store._items[r.request_id]) for r in store) > 0
 
 
 def test_engine_kv_and_cost_model_values(preempt: AgentState) -> None:
