@@ -300,8 +300,8 @@ def summary(cases: list[WhaleCase], load: str) -> dict[str, Any]:
             "median_rel_error_resolved": statistics.median(resolved) if resolved else None,
             "rank_correlation": spearman([m for _, m in pairs], [c.true_harm_s for c, _ in pairs]),
             "called_harmless_but_2x": missed,
-            "called_harmless_but_resolved_2x": [k for c, _ in pairs if c.true_resolved_2x and any(c.harmless[load])
-                                                for k in [f"{c.truth}/{c.whale}"]],
+            "called_harmless_but_resolved_2x": [f"{c.truth}/{c.whale}" for c, _ in pairs
+                                                if c.true_resolved_2x and any(c.harmless[load])],
             "truly_harmless": [f"{c.truth}/{c.whale}" for c in harmless],
             "truly_harmless_called_harmless": [f"{c.truth}/{c.whale}" for c in harmless
                                                if c.harmless[load] and all(c.harmless[load])]}
