@@ -204,7 +204,7 @@ def window_end(state: EngineState, cfg: ForecastConfig) -> float:
 
 
 def _harm(base: Run, run: Run, awaiting: dict[str, float], ids: tuple[str, ...], offset_s: float,
-          cfg: ForecastConfig, step_s: float = 0.0) -> Harm:
+          cfg: ForecastConfig, step_s: float) -> Harm:
     """Compare the two runs over `ids` (sorted: the order the sums are taken in); `awaiting` holds the arrival
     of those still without a first token. Token gaps are compared over the window both runs cover, from their
     sums (`Run.window`: count, first, last, gaps past the ITL SLO), which give the mean and whether the p95 is
