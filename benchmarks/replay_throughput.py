@@ -19,13 +19,17 @@ budget (timeline alone >= 0.5 x decode, or the pipeline cannot be). With `--inpu
 printed first with their goals (issue 14 item 1), and `--full-events N` replays only its first N events through
 the pipeline (the full pass over ten never-idle minutes does not end in reasonable time today).
 Rates are per wall second of the pass and, in brackets, per CPU second (on a shared machine the pinned core is
-not always ours).
+not always ours). The timeline and full passes run the collector as the agent does (its `GcFreezer` freezes the
+survivors every second, here of the pass's event time, as benchmarks/forecast_latency.py; the agent ticks on the
+wall clock); `--no-gc-freeze` leaves it as it is, as every run before 2026-11-26's seventh session did: full
+collections over the unfrozen heap then cost 25-50 % of the timeline pass on the GPU-rate input.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import hashlib
 import json
 import pstats
@@ -34,6 +38,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from attrib_agent.agent.gc_freeze import GcFreezer
 from attrib_agent.pipeline import AttributionPipeline, PipelineConfig
 from attrib_agent.recording import Recording
 from attrib_agent.sources.replay import ReplaySource
@@ -74,9 +79,44 @@ def decode_digest(path: Path, limit: int | None = None) -> tuple[int, str]:
     return n, h.hexdigest()[:16]
 
 
-def timeline_pass(path: Path, limit: int | None = None, digest: Any | None = None) -> int:
+class Collector:
+    """The collector during a pass: the agent's freezer ticked on the pass's event time (`freeze`), or left as it
+    is; counts the freezer's passes and automatic full collections, and unfreezes at the pass's end."""
+
+    def __init__(self, freeze: bool) -> None:
+        self.now = 0.0  # the pass's event time since its first tick
+        self._t0: float | None = None
+        self.freezer = GcFreezer(clock=lambda: self.now) if freeze else None
+        if self.freezer is not None:  # as the agent's consumer, before the first event: outside the timed pass
+            self.freezer.start()
+        self.passes, self.longest_s, self._full0 = 0, 0.0, gc.get_stats()[2]["collections"]
+
+    def tick(self, ts: float) -> None:
+        if self.freezer is not None:
+            if self._t0 is None:
+                self._t0 = ts
+            self.now = ts - self._t0
+            if self.freezer.tick():
+                self.passes += 1
+                self.longest_s = max(self.longest_s, self.freezer.pauses_s[-1])
+
+    def end(self) -> str:
+        """What the collector did in the pass, its frozen objects unfrozen (outside the timed pass: the caller)."""
+        full = gc.get_stats()[2]["collections"] - self._full0
+        f = self.freezer
+        if f is None:
+            return f"{full} full collections"
+        f.stop()
+        gc.collect()  # what the pass left (frozen cycles among it) not charged to the next pass
+        return (f"{self.passes} freezer passes (longest {self.longest_s * 1000:.0f} ms), "
+                f"{full - self.passes} other full collections")
+
+
+def timeline_pass(path: Path, limit: int | None = None, digest: Any | None = None,
+                  collector: Collector | None = None) -> int:
     """Events into the pipeline's timeline alone, read at the pipeline's settle ticks as a settle reads it; with
-    `digest`, what each tick read (counts) and the final lifecycles, outcomes and preemptions go into it."""
+    `digest`, what each tick read (counts) and the final lifecycles, outcomes and preemptions go into it. The
+    collector's freezer ticks at the settle ticks (every 0.25 s of event time; a pass at most every second)."""
     cfg = PipelineConfig()
     tl = EngineTimeline(cfg.block_size, cfg.num_blocks, engine=cfg.engine, token_budget=cfg.token_budget)
     n, next_tick = 0, None
@@ -88,6 +128,8 @@ def timeline_pass(path: Path, limit: int | None = None, digest: Any | None = Non
         elif ev.ts >= next_tick:
             next_tick = ev.ts + cfg.settle_interval_s
             read = (len(tl.lifecycles()), len(tl.outcomes()), len(tl.preemptions()))
+            if collector is not None:
+                collector.tick(ev.ts)
             if digest is not None:
                 digest.update(repr(read).encode())
     if digest is not None:
@@ -117,13 +159,17 @@ def gpu_rate_input(args: argparse.Namespace) -> tuple[Path, int]:
     return info.path, r.events
 
 
-def full_pass(path: Path, digest: Any | None = None, limit: int | None = None) -> tuple[int, AttributionPipeline]:
-    """Every event fed (the first `limit`); with `digest` (a hashlib object), every result emitted goes into it."""
+def full_pass(path: Path, digest: Any | None = None, limit: int | None = None,
+              collector: Collector | None = None) -> tuple[int, AttributionPipeline]:
+    """Every event fed (the first `limit`); with `digest` (a hashlib object), every result emitted goes into it.
+    The collector's freezer ticks after every event (a pass at most every second of event time)."""
     p = AttributionPipeline()
     n = 0
     for ev in islice(ReplaySource(path).events(), limit):
         out = p.feed(ev)
         n += 1
+        if collector is not None:
+            collector.tick(ev.ts)
         if digest is not None:
             for r in out:
                 digest.update(repr(r).encode())
@@ -164,10 +210,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=GOAL_DURATION_S, help="gpu-rate: seconds of event time")
     ap.add_argument("--full-events", type=int, default=0,
                     help="decode, timeline and full passes over the first N events only")
+    ap.add_argument("--no-gc-freeze", action="store_true",
+                    help="leave the collector as it is in the timeline and full passes (every run before 2026-11-26's "
+                         "seventh session did), instead of freezing survivors every second of event time, as the "
+                         "agent does every second")
     args = ap.parse_args(argv)
 
     pinned = pin_one_core(None if args.cpu < 0 else args.cpu)
-    print(f"machine: {machine()}\n{pinned}")
+    print(f"machine: {machine()}\n{pinned}\ncollector in the timeline and full passes: "
+          f"{'as it is' if args.no_gc_freeze else 'survivors frozen every second of event time, as the agent'}")
     if args.input == "gpu-rate":
         path, n_built = gpu_rate_input(args)
     else:
@@ -197,17 +248,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if n_dec == n_built else 1
     tl_digest = hashlib.sha256() if args.digest else None
     prof = cProfile.Profile() if args.profile else None
+    collector = Collector(not args.no_gc_freeze)
     with timed() as tl:
         if prof is not None and args.timeline_only:
             prof.enable()
-        n_tl = timeline_pass(path, limit, tl_digest)
+        n_tl = timeline_pass(path, limit, tl_digest, collector)
+    collected = {"timeline": collector.end()}
     digest = hashlib.sha256() if args.digest else None
     full, n_full, p = None, n_tl, None
     if not args.timeline_only:
+        collector = Collector(not args.no_gc_freeze)
         with timed() as full:
             if prof is not None:
                 prof.enable()
-            n_full, p = full_pass(path, digest, limit)
+            n_full, p = full_pass(path, digest, limit, collector)
+        collected["full"] = collector.end()
     if prof is not None:
         prof.disable()
     if n_dec != n_full or n_full != n_built or n_tl != n_full:
@@ -223,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     if full is not None:
         print(f"{'full':<8}{n_full:>12,}{full.wall_s:>9.1f}{full.cpu_s:>9.1f}   {_rate(n_full, full)}  "
               f"{dec.wall_s / full.wall_s:.2f} (CPU {dec.cpu_s / full.cpu_s:.2f})")
+    for name, what in collected.items():
+        print(f"collector in the {name} pass: {what}")
     timeline_cpu_s = max(tl.cpu_s - dec.cpu_s, 1e-9)
     print(f"\ntimeline alone (timeline - decode): {timeline_cpu_s:.1f} CPU s, {n_tl / timeline_cpu_s:,.0f} events/s")
     if full is not None and p is not None:
@@ -252,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         pstats.Stats(str(args.profile)).sort_stats("tottime").print_stats(15)
     if args.json is not None:
         args.json.write_text(json.dumps({
-            "input": args.input, "events": n_full, "records": n_raw,
+            "input": args.input, "events": n_full, "records": n_raw, "gc_freeze": not args.no_gc_freeze,
+            "collector": collected,
             "raw": vars(raw), "decode": vars(dec), "timeline": vars(tl), "full": full and vars(full),
             "events_per_s": full and n_full / full.wall_s, "floor_ratio": full and dec.wall_s / full.wall_s,
             "timeline_floor_ratio_cpu": tl_ratio, "results": p and len(p.store), "peak_rss_mb": peak_rss_mb(),

@@ -106,6 +106,9 @@ class AgentCore:
         # only (`replay_into` turns this off): a wall-clock settle would land at a different event on a busy machine
         # and change the results from run to run.
         self.settle_when_idle = True
+        # The process's collector passes (gc_freeze.py), wall clock: ticked by whichever of `consume` (live and
+        # `attrib-agent replay` both run it) and `serve` runs; one freezer, so two loops never double the passes.
+        self.freezer = GcFreezer()
 
     @classmethod
     def from_config(cls, cfg: AgentConfig, *, live: bool, clock: Callable[[], float] = time.time) -> AgentCore:
@@ -225,7 +228,9 @@ class AgentCore:
         queue = self._queue
         self._arrived = arrived = asyncio.Event()
         last_flush = time.monotonic()
+        freezer = self.freezer
         while not stop.is_set():
+            freezer.tick()  # a clock read unless a pass is due: survivors frozen about every second
             if not queue:
                 arrived.clear()
                 try:
@@ -322,6 +327,7 @@ class AgentCore:
 
     def shutdown(self) -> None:
         self.sinks.shutdown()
+        self.freezer.stop()  # a process that outlives its agent (tests, lab runs) collects what it left
         if self._worker is not None:
             self._worker.shutdown(wait=True)
             self._worker = None
@@ -346,9 +352,10 @@ class AgentCore:
         """Serve the API until `stop`; `started(port)` once listening (port 0 picks a free one)."""
         # What exists now (the store restored from the journal, the parsers' tables, imported modules) lives as
         # long as the agent: frozen, full collections no longer walk it (a ~100,000-result store: ~1M objects);
-        # what arrives later is frozen every second once it survived a collection (gc_freeze.py).
-        freezer = GcFreezer()
-        freezer.start()
+        # what arrives later is frozen every second once it survived a collection (gc_freeze.py). The core's one
+        # freezer, also ticked by `consume`: here too, for an API served alone (benchmarks/api_load.py).
+        freezer = self.freezer
+        freezer.tick()  # the first tick collects and freezes, unless `consume` already did
         app = self.asgi_app(opts.token)
         server, task, port = await start_server(app, opts.host, opts.port, "API server")
         refreshing = asyncio.create_task(refresh_forever(app.state.renderers, stop, REFRESH_S), name="bodies")

@@ -75,6 +75,13 @@ class GcFreezer:
             self._next_full = now + self.full_every_s
         return True
 
+    def stop(self) -> None:
+        """Unfreeze what the passes froze (a no-op if none ran): the collector walks it again, and frees the cycles
+        that formed among it since. The next tick starts afresh."""
+        if self._next is not None:
+            gc.unfreeze()
+        self._next = self._next_full = None
+
     def _pass(self, full: bool, young: int) -> None:
         t0 = time.perf_counter()
         if full:
