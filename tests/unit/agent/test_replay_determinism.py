@@ -76,7 +76,16 @@ def test_the_live_consumer_still_settles_when_nothing_arrives(settle_when_idle: 
     async def main() -> None:
         stop = asyncio.Event()
         task = asyncio.create_task(core.consume(stop))
-        await asyncio.sleep(0.2)
+        # the consumer's first step is the core's first garbage-collector pass (gc_freeze.py), a full collection
+        # of the whole process: in a long test session that alone can take longer than a fixed 0.2 s wait, so
+        # idle settles are awaited up to a deadline, and their absence judged 0.2 s after that pass
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10.0
+        while core.freezer.pauses_s == [] and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        settled_by = loop.time() + 0.2
+        while loop.time() < (deadline if settle_when_idle else settled_by) and not (settle_when_idle and calls > 2):
+            await asyncio.sleep(0.01)
         stop.set()
         await task
 
