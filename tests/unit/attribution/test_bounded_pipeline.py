@@ -93,9 +93,12 @@ def test_a_world_is_simulated_once_a_window_traced_or_not(events: list[Event], m
     not an untraced one for its value and a traced one for the split. (The world with every whale is run before
     anyone is known to be slowed, for all victims: untraced, and traced again only when a split needs it.)"""
     asked: dict[int, dict[frozenset[str], set[bool]]] = {}
+    plans: list[attributor_mod._PeriodPlan] = []  # held, so no later plan reuses a freed one's id
     real = attributor_mod._PeriodPlan._simulate
 
     def spy(plan: attributor_mod._PeriodPlan, removed: frozenset[str], readers: object, traced: bool) -> SimResult:
+        if id(plan) not in asked:
+            plans.append(plan)
         asked.setdefault(id(plan), {}).setdefault(removed, set()).add(traced)
         return real(plan, removed, readers, traced)  # type: ignore[arg-type]
 
