@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
+from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.attribution.result_pack import Stored, filed, finished_ts
 
 DEFAULT_BUCKET_S: Final = 10.0
@@ -127,12 +128,14 @@ class CulpritWindows:
     def _bucket(self, ts: float) -> int:
         return math.floor(ts / self.bucket_s)
 
-    def add(self, request_id: str, r: Stored) -> None:
+    def add(self, request_id: str, r: Stored, result: AttributionResult | None = None) -> None:
+        """File the store's value `r`; `result`, when the caller holds it, is what `r` decodes to, read instead
+        of decoding the culprits just packed (the store's put)."""
         b = self._bucket(finished_ts(r))
         self._buckets.setdefault(b, {})[request_id] = r
         for w in self._windows.values():
             if w.covers(b):
-                w.totals.apply(r, +1)
+                w.totals.apply(r if result is None else result, +1)
 
     def remove(self, request_id: str, r: Stored) -> None:
         b = self._bucket(finished_ts(r))

@@ -50,7 +50,7 @@ class ResultStore:
         v: Stored = packed if packed is not None else result
         self._items[rid] = v
         self.bytes += self.cost(rid, v)
-        self.culprits.add(rid, v)
+        self.culprits.add(rid, v, result)
         while len(self._items) > self.max_results or self.bytes > self.max_bytes:
             self._forget(*self._items.popitem(last=False))
             self.evicted += 1
