@@ -7,7 +7,7 @@ The GPU-rate stream (`benchmarks/_gpu_rate`, ~60 finished requests and ~1,200 en
 goes through the same parsers and `AgentCore.process` as a replay does, in batches of 512 with the forecast refresh
 after each (as the live pipeline thread runs them), with the attributed share fixed (`--share`, default the live
 agent's floor) and the pass gap the shedder gives it. The log parser learns of each span as the live agent's does
-(`agent.replay.tell_spans_to_log`, when the code has it). No I/O, so it needs no quiet machine: RSS is read from
+(`agent.replay.tell_spans_to_log`). No I/O, so it needs no quiet machine: RSS is read from
 /proc each minute of event time, with the sizes of the stores that hold per-request state. Printed: RSS per minute,
 the slope after `--warmup` minutes (least squares) and the growth from the warm-up's end to the last minute, against
 the goal (flat: < 10 MB from the warm-up's end to the end, the live benchmark's rule; <= 200 MB live, whose RSS is
@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from attrib_agent.agent.core import AgentCore
+from attrib_agent.agent.replay import tell_spans_to_log
 from attrib_agent.agent.shedding import MIN_SHARE, Shedder
 from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.attribution.result_codec import from_dict, to_dict
@@ -77,16 +78,12 @@ def result_cost(results: list[AttributionResult]) -> tuple[float, float]:
 
 
 def _hook(core: AgentCore, source: ReplaySource) -> Callable[[Any], None]:
-    """How the replay path tells the log parser of spans, where the code has it (not on older commits)."""
-    try:
-        from attrib_agent.agent.replay import tell_spans_to_log  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
-        return lambda ev: None
+    """The replay path's span wiring: the log parser told of each span as it arrives (agent/replay.py)."""
     tell_spans_to_log(core, source)
 
     def saw(ev: Any) -> None:
         if type(ev) is RequestSpan:
-            core.span_arrived(ev)  # type: ignore[attr-defined,unused-ignore]
+            core.span_arrived(ev)
     return saw
 
 
@@ -178,8 +175,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{out['culprits']:.1f} culprits a result): {out['results']:,} results now, ~{per_h:,.0f} an hour at this "
           f"share (kept an hour: {per_h * out['result_bytes'] / 2**20:,.1f} MB); the count bound "
           f"{PipelineConfig().max_results:,}: {PipelineConfig().max_results * out['result_bytes'] / 2**20:,.0f} MB"
-          + (f"; the byte bound {cap / 2**20:g} MiB: ~{cap / out['result_bytes']:,.0f} results"
-             if (cap := getattr(PipelineConfig(), "max_result_bytes", None)) else ""))  # (not on older commits)
+          + f"; the byte bound {(cap := PipelineConfig().max_result_bytes) / 2**20:g} MiB: "
+            f"~{cap / out['result_bytes']:,.0f} results")
     for line in out["top"]:
         print("  grew: " + line)
     return 0
