@@ -17,6 +17,9 @@ from attrib_agent.sources.replay import ReplaySource
 
 # Each recorded stream reports under its live source's name, so dashboards read a replay alike.
 REPLAY_SOURCE_NAMES: Final = {spec.stream: spec.name for spec in source_registry.SOURCES if spec.stream is not None}
+# Events fed between two yields to the loop (the API, the consumer's flushes and collector freezer), paced or not:
+# a `--speed` replay behind its pace never sleeps, so without them it would hold the loop until it ended.
+YIELD_EVERY: Final = 256
 
 
 def tell_spans_to_log(core: AgentCore, source: ReplaySource) -> None:
@@ -40,7 +43,7 @@ async def replay_into(core: AgentCore, path: str | os.PathLike[str], *, speed: f
     tell_spans_to_log(core, source)
     n = 0
 
-    def emit(ev: Event) -> None:
+    async def emit(ev: Event) -> None:
         nonlocal n
         if type(ev) is RequestSpan:
             core.span_arrived(ev)
@@ -48,13 +51,10 @@ async def replay_into(core: AgentCore, path: str | os.PathLike[str], *, speed: f
         n += 1
         if progress is not None and n % 1000 == 0:
             progress(n)
+        if n % YIELD_EVERY == 0:
+            await asyncio.sleep(0)  # results depend on event time only, not on what the loop runs meanwhile
 
-    async def paced(ev: Event) -> None:
-        emit(ev)
-        if n % 256 == 0:
-            await asyncio.sleep(0)  # let the API answer during a fast replay
-
-    await source.play(paced if speed is None else emit, speed=speed)
+    await source.play(emit, speed=speed)
     core.settle()
     core.flush()
     core.state.health["replay"].success(core.state.clock())
