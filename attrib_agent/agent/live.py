@@ -18,7 +18,6 @@ from attrib_agent.agent.core import AgentCore, ServeOptions
 from attrib_agent.config.load import AgentConfig
 from attrib_agent.config.types import shown
 from attrib_agent.sources import registry as source_registry
-from attrib_agent.sources.log import source as log_source
 from attrib_agent.sources.metrics import source as metrics_source
 from attrib_agent.sources.otlp import source as otlp_source
 from attrib_agent.sources.source import Source, SourceContext
@@ -70,8 +69,7 @@ class LiveAgent:
             if source is None:
                 continue
             self.sources.append(source)
-            if isinstance(source, log_source.LogSource):  # a span ends its request's ids in the log parser
-                core.span_seen.append(source.parser.span_landed)
+            core.hear_spans((source,))  # before it runs: the log parser hears every span from its first line on
             await _started(source, spawn(source.run(core.submit, stop), source.name))
         spawn(self._watch_gaps(stop), "gaps")
         spawn(core.consume(stop), "pipeline")

@@ -10,9 +10,7 @@ from typing import Final
 from attrib_agent.agent.core import AgentCore
 from attrib_agent.events import Event, RequestSpan
 from attrib_agent.health import SourceHealth
-from attrib_agent.recording import LOG
 from attrib_agent.sources import registry as source_registry
-from attrib_agent.sources.log.source import LogRecordParser
 from attrib_agent.sources.replay import ReplaySource
 
 # Each recorded stream reports under its live source's name, so dashboards read a replay alike.
@@ -23,10 +21,8 @@ YIELD_EVERY: Final = 256
 
 
 def tell_spans_to_log(core: AgentCore, source: ReplaySource) -> None:
-    """The recording's log parser learns of each span as the live one does (it forgets a finished request's ids)."""
-    log = source.parsers.get(LOG)
-    if isinstance(log, LogRecordParser):
-        core.span_seen.append(log.line_parser.span_landed)
+    """The recording's log parser learns of each span as the live one does (`AgentCore.hear_spans`: one rule)."""
+    core.hear_spans(source.parsers.values())
 
 
 async def replay_into(core: AgentCore, path: str | os.PathLike[str], *, speed: float | None = None,
