@@ -10,7 +10,7 @@ from pathlib import Path
 
 from attrib_agent.agent.core import AgentCore
 from attrib_agent.agent.live import LiveAgent
-from attrib_agent.agent.replay import tell_spans_to_log
+from attrib_agent.agent.replay import replay_into, tell_spans_to_log
 from attrib_agent.config.load import add_run_arguments, load_config
 from attrib_agent.events import RequestSpan
 from attrib_agent.pipeline import AttributionPipeline
@@ -105,3 +105,15 @@ def test_live_sources_and_a_replay_s_parsers_are_wired_by_one_rule_to_the_same_e
         asyncio.run(s.aclose())
     live.shutdown()
     replayed.shutdown()
+
+
+def test_a_core_replayed_into_again_and_again_keeps_no_finished_replay_s_parser() -> None:
+    """The span listeners are bounded: each replay's log parser hears spans while it plays, not after."""
+    core = AgentCore(AttributionPipeline())
+    during: list[int] = []
+    for _ in range(3):  # bench-mixed: ~3,100 events, progress told every 1,000
+        n = asyncio.run(replay_into(core, RECORDINGS / "bench-mixed",
+                                    progress=lambda _: during.append(len(core.span_seen))))
+        assert n > 0 and core.span_seen == []
+    assert during and set(during) == {1}
+    core.shutdown()
