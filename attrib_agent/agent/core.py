@@ -40,6 +40,7 @@ from attrib_agent.sinks.journal import sink as journal_sink
 from attrib_agent.sinks.prometheus.collector import split_registries
 from attrib_agent.sinks.prometheus.exposition import MetricsEndpoint
 from attrib_agent.sinks.sink import MultiSink, Sink
+from attrib_agent.sources.log.source import LogRecordParser, LogSource
 
 logger = logging.getLogger("attrib_agent")
 
@@ -176,6 +177,16 @@ class AgentCore:
         self._queue.append((time.monotonic(), event))
         if self._arrived is not None:
             self._arrived.set()
+
+    def hear_spans(self, parts: Iterable[object]) -> None:
+        """The span wiring's one rule, live and replayed alike: the log's line parser hears each span as it arrives
+        (`span_seen`), so it forgets a finished request's ids (vLLM logs no line for a normal finish). `parts`: the
+        live sources, or a replay's record parsers; a part without a log line parser hears none."""
+        for part in parts:
+            parser = (part.parser if isinstance(part, LogSource)
+                      else part.line_parser if isinstance(part, LogRecordParser) else None)
+            if parser is not None:
+                self.span_seen.append(parser.span_landed)
 
     def span_arrived(self, span: RequestSpan) -> None:
         """A span as it arrives (before the queue): `span_seen` is told (the log parser ends its request's ids)."""

@@ -18,7 +18,6 @@ from attrib_agent.agent.core import AgentCore, ServeOptions
 from attrib_agent.config.load import AgentConfig
 from attrib_agent.config.types import shown
 from attrib_agent.sources import registry as source_registry
-from attrib_agent.sources.log import source as log_source
 from attrib_agent.sources.metrics import source as metrics_source
 from attrib_agent.sources.otlp import source as otlp_source
 from attrib_agent.sources.source import Source, SourceContext
@@ -70,8 +69,7 @@ class LiveAgent:
             if source is None:
                 continue
             self.sources.append(source)
-            if isinstance(source, log_source.LogSource):  # a span ends its request's ids in the log parser
-                core.span_seen.append(source.parser.span_landed)
+            core.hear_spans((source,))  # before it runs: the log parser hears every span from its first line on
             await _started(source, spawn(source.run(core.submit, stop), source.name))
         spawn(self._watch_gaps(stop), "gaps")
         spawn(core.consume(stop), "pipeline")
@@ -82,13 +80,10 @@ class LiveAgent:
             api_ready.set()
 
         host, port = cfg.listen_host, cfg.listen_port
-        spawn(core.serve(ServeOptions(host, port, cfg.reveal_api_token()), stop, on_api), "api")
-        waiter = asyncio.create_task(api_ready.wait())
-        await asyncio.wait([waiter, tasks[-1]], return_when=asyncio.FIRST_COMPLETED)
-        if tasks[-1].done() and not api_ready.is_set():
-            waiter.cancel()
+        api = spawn(core.serve(ServeOptions(host, port, cfg.reveal_api_token()), stop, on_api), "api")
+        if not await _up_or_ended(api_ready, api):
             stop.set()
-            await tasks[-1]
+            await api  # raises what stopped it
         if started is not None:
             started(self)
         await stop.wait()
@@ -131,9 +126,15 @@ class LiveAgent:
 
 async def _started(source: Source, task: asyncio.Task[Any]) -> None:
     """Wait until the source is up; a source that could not start (a port taken) raises its error here."""
-    up = asyncio.create_task(source.started.wait())
-    await asyncio.wait([up, task], return_when=asyncio.FIRST_COMPLETED)
-    if not source.started.is_set():
-        up.cancel()
+    if not await _up_or_ended(source.started, task):
         await task  # raises what stopped it
         raise OSError(f"source {source.name} ended before it started")
+
+
+async def _up_or_ended(up: asyncio.Event, task: asyncio.Task[Any]) -> bool:
+    """Wait until `up` is set or `task` ends first (it could not start: a source, the API); whether it is up."""
+    waiter = asyncio.create_task(up.wait())
+    await asyncio.wait([waiter, task], return_when=asyncio.FIRST_COMPLETED)
+    if not up.is_set():
+        waiter.cancel()
+    return up.is_set()

@@ -10,20 +10,19 @@ from typing import Final
 from attrib_agent.agent.core import AgentCore
 from attrib_agent.events import Event, RequestSpan
 from attrib_agent.health import SourceHealth
-from attrib_agent.recording import LOG
 from attrib_agent.sources import registry as source_registry
-from attrib_agent.sources.log.source import LogRecordParser
 from attrib_agent.sources.replay import ReplaySource
 
 # Each recorded stream reports under its live source's name, so dashboards read a replay alike.
 REPLAY_SOURCE_NAMES: Final = {spec.stream: spec.name for spec in source_registry.SOURCES if spec.stream is not None}
+# Events fed between two yields to the loop (the API, the consumer's flushes and collector freezer), paced or not:
+# a `--speed` replay behind its pace never sleeps, so without them it would hold the loop until it ended.
+YIELD_EVERY: Final = 256
 
 
 def tell_spans_to_log(core: AgentCore, source: ReplaySource) -> None:
-    """The recording's log parser learns of each span as the live one does (it forgets a finished request's ids)."""
-    log = source.parsers.get(LOG)
-    if isinstance(log, LogRecordParser):
-        core.span_seen.append(log.line_parser.span_landed)
+    """The recording's log parser learns of each span as the live one does (`AgentCore.hear_spans`: one rule)."""
+    core.hear_spans(source.parsers.values())
 
 
 async def replay_into(core: AgentCore, path: str | os.PathLike[str], *, speed: float | None = None,
@@ -37,10 +36,11 @@ async def replay_into(core: AgentCore, path: str | os.PathLike[str], *, speed: f
     core.state.replay_done = False
     core.settle_when_idle = False  # event time only: the same results however busy the machine is
     core.threaded = False  # fed here, on the loop: the API reads it here too
+    heard = len(core.span_seen)
     tell_spans_to_log(core, source)
     n = 0
 
-    def emit(ev: Event) -> None:
+    async def emit(ev: Event) -> None:
         nonlocal n
         if type(ev) is RequestSpan:
             core.span_arrived(ev)
@@ -48,13 +48,13 @@ async def replay_into(core: AgentCore, path: str | os.PathLike[str], *, speed: f
         n += 1
         if progress is not None and n % 1000 == 0:
             progress(n)
+        if n % YIELD_EVERY == 0:
+            await asyncio.sleep(0)  # results depend on event time only, not on what the loop runs meanwhile
 
-    async def paced(ev: Event) -> None:
-        emit(ev)
-        if n % 256 == 0:
-            await asyncio.sleep(0)  # let the API answer during a fast replay
-
-    await source.play(paced if speed is None else emit, speed=speed)
+    try:
+        await source.play(emit, speed=speed)
+    finally:  # no span reaches the recording's parser after its replay: a core replayed into again holds none
+        del core.span_seen[heard:]
     core.settle()
     core.flush()
     core.state.health["replay"].success(core.state.clock())

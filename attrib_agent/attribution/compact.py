@@ -18,6 +18,7 @@ CAUSE_NAMES: Final = ("kv_pressure", "head_of_line", "prefill_contention", "deco
                       "preemption", "other")
 EVIDENCE_NAMES: Final = ("simulated", "observed_steps", "observed_preemption", "cost_model", "nvml_bandwidth")
 V = TypeVar("V")
+DOUBLE: Final = struct.Struct("<d")  # a packed number: a map's value, one of a culprit's four
 _CAUSE_CODE: Final = {name: i for i, name in enumerate(CAUSE_NAMES)}
 _EVIDENCE_CODE: Final = {name: i for i, name in enumerate(EVIDENCE_NAMES)}
 NO_CAUSES: Final[Mapping[str, float]] = {}
@@ -62,10 +63,10 @@ class CauseMap(_Packed[float]):
     """Cause -> float (little-endian doubles)."""
 
     __slots__ = ()
-    _WIDTH = 9
+    _WIDTH = 1 + DOUBLE.size
 
     def _value(self, n: int, i: int) -> float:
-        value: float = DOUBLE.unpack_from(self._blob, n + 8 * i)[0]
+        value: float = DOUBLE.unpack_from(self._blob, n + DOUBLE.size * i)[0]
         return value
 
     def items(self) -> ItemsView[str, float]:
@@ -121,9 +122,12 @@ def compact_evidence(m: Mapping[str, str]) -> Mapping[str, str]:
     return EvidenceMap(bytes(codes) + bytes(values))  # type: ignore[arg-type]
 
 
-_NUMBERS: Final = struct.Struct("<4dBB")  # ttft_s, itl_s, share, kv_block_seconds; then the two maps' lengths
-DOUBLE: Final = struct.Struct("<d")  # one of them
-_FOUR: Final = struct.Struct("<4d")
+# A packed culprit: its numbers, its two maps' lengths, then the maps' bytes (TTFT causes, ITL causes). The
+# offsets are read from these structs (one definition of the layout), never written out.
+_FOUR: Final = struct.Struct("<4d")  # ttft_s, itl_s, share, kv_block_seconds
+_COUNTS: Final = struct.Struct("<BB")  # entries in the TTFT and in the ITL cause map
+_NUMBERS: Final = struct.Struct(_FOUR.format + _COUNTS.format.removeprefix("<"))  # the two, at the start
+_COUNTS_AT: Final = _FOUR.size
 
 
 def pack_culprit(numbers: tuple[float, float, float, float], causes: Mapping[str, float],
@@ -136,12 +140,13 @@ def pack_culprit(numbers: tuple[float, float, float, float], causes: Mapping[str
     blobs = [m._blob if isinstance(m, CauseMap) else b"" for m in maps]
     if any(m and not b for m, b in zip(maps, blobs, strict=True)):
         return None
-    return _NUMBERS.pack(*numbers, len(blobs[0]) // 9, len(blobs[1]) // 9) + blobs[0] + blobs[1]
+    return _NUMBERS.pack(*numbers, len(maps[0]), len(maps[1])) + blobs[0] + blobs[1]
 
 
 def culprit_size(blob: bytes, at: int = 0) -> int:
     """Bytes of the packed culprit that starts at `at` in `blob` (it is followed by others in a packed result)."""
-    return _NUMBERS.size + 9 * (blob[at + 32] + blob[at + 33])
+    counts: tuple[int, int] = _COUNTS.unpack_from(blob, at + _COUNTS_AT)
+    return _NUMBERS.size + CauseMap._WIDTH * (counts[0] + counts[1])
 
 
 def culprit_numbers(blob: bytes) -> tuple[float, float, float, float]:
@@ -152,6 +157,7 @@ def culprit_numbers(blob: bytes) -> tuple[float, float, float, float]:
 
 def culprit_causes(blob: bytes, itl: bool) -> Mapping[str, float]:
     """A packed culprit's TTFT (or ITL) cause map, as a CauseMap over its part of the bytes."""
-    n_ttft, n_itl = blob[32], blob[33]
-    start, n = (34 + 9 * n_ttft, n_itl) if itl else (34, n_ttft)
-    return CauseMap(blob[start:start + 9 * n]) if n else NO_CAUSES
+    n_ttft, n_itl = _COUNTS.unpack_from(blob, _COUNTS_AT)
+    width = CauseMap._WIDTH
+    start, n = (_NUMBERS.size + width * n_ttft, n_itl) if itl else (_NUMBERS.size, n_ttft)
+    return CauseMap(blob[start:start + width * n]) if n else NO_CAUSES

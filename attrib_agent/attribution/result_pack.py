@@ -74,7 +74,7 @@ def pack(r: AttributionResult) -> bytes | None:
              | _TRACE * (r.trace_id is not None) | _SPAN * (r.span_id is not None)
              | _PROMPT * (r.prompt_tokens is not None) | _COMPLETION * (r.completion_tokens is not None))
     head = _HEAD.pack(r.finished_ts, flags, _MODE_CODE[r.mode], r.engine, r.prompt_tokens or 0,
-                      r.completion_tokens or 0, stored, none, len(evidence) // 2, len(culprits))
+                      r.completion_tokens or 0, stored, none, len(evidence) // EvidenceMap._WIDTH, len(culprits))
     return b"".join((head, trace, span, evidence, _DOUBLES[len(values)].pack(*values), *culprits))
 
 
@@ -115,24 +115,25 @@ def _culprit(c: Culprit) -> bytes | None:
 def unpack(request_id: str, blob: bytes) -> AttributionResult:
     """The result `pack` packed in `blob`, equal to it to the bit."""
     finished, flags, mode, engine, prompt, completion, stored, none, n_ev, n_c = _HEAD.unpack_from(blob)
-    at = _HEAD.size
-    trace_id = span_id = None
-    if flags & _TRACE:
-        trace_id = blob[at:at + _TRACE_BYTES].hex()
-        at += _TRACE_BYTES
-    if flags & _SPAN:
-        span_id = blob[at:at + _SPAN_BYTES].hex()
-        at += _SPAN_BYTES
-    evidence = EvidenceMap(blob[at:at + 2 * n_ev]) if n_ev else NO_EVIDENCE
-    at += 2 * n_ev
-    doubles = _DOUBLES[stored.bit_count()]
-    values = iter(doubles.unpack_from(blob, at))
+    evidence_at, floats_at, culprits_at = _sections(flags, n_ev, stored)
+    trace_id = blob[_HEAD.size:_HEAD.size + _TRACE_BYTES].hex() if flags & _TRACE else None
+    span_id = blob[evidence_at - _SPAN_BYTES:evidence_at].hex() if flags & _SPAN else None
+    evidence = EvidenceMap(blob[evidence_at:floats_at]) if n_ev else NO_EVIDENCE
+    values = iter(_DOUBLES[stored.bit_count()].unpack_from(blob, floats_at))
     f: list[Any] = [None if none >> i & 1 else next(values) if stored >> i & 1 else 0.0 for i in range(len(FLOATS))]
     return AttributionResult(
-        request_id, finished, f[0], f[1], f[2], f[3], f[4], f[5], _culprits(blob, at + doubles.size, n_c), f[6],
+        request_id, finished, f[0], f[1], f[2], f[3], f[4], f[5], _culprits(blob, culprits_at, n_c), f[6],
         f[7], bool(flags & _NO_INTERFERENCE), f[8], bool(flags & _WHALE), engine, f[9],
         prompt if flags & _PROMPT else None, completion if flags & _COMPLETION else None, trace_id, span_id,
         bool(flags & _FINAL), f[10], evidence, MODES[mode])
+
+
+def _sections(flags: int, n_evidence: int, stored: int) -> tuple[int, int, int]:
+    """Where a packed result's evidence, floats and culprits start: the layout's order, in one place (the ids
+    come first, after the header, each when its flag says it is there)."""
+    evidence = _HEAD.size + _TRACE_BYTES * bool(flags & _TRACE) + _SPAN_BYTES * bool(flags & _SPAN)
+    floats = evidence + EvidenceMap._WIDTH * n_evidence
+    return evidence, floats, floats + _DOUBLES[stored.bit_count()].size
 
 
 def _culprits(blob: bytes, at: int, n: int) -> tuple[Culprit, ...]:
@@ -163,9 +164,8 @@ def filed(v: Stored) -> tuple[bool, int, tuple[Culprit, ...]]:
         assert isinstance(v, AttributionResult)
         return v.final, v.itl_gaps, v.culprits
     _, flags, _, _, _, completion, stored, _, n_ev, n_c = _HEAD.unpack_from(v)
-    at = (_HEAD.size + _TRACE_BYTES * bool(flags & _TRACE) + _SPAN_BYTES * bool(flags & _SPAN) + 2 * n_ev
-          + 8 * stored.bit_count())
-    return bool(flags & _FINAL), itl_gaps(completion if flags & _COMPLETION else None), _culprits(v, at, n_c)
+    culprits_at = _sections(flags, n_ev, stored)[2]
+    return bool(flags & _FINAL), itl_gaps(completion if flags & _COMPLETION else None), _culprits(v, culprits_at, n_c)
 
 
 def decoded(request_id: str, v: Stored) -> AttributionResult:

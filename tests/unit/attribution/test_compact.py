@@ -21,6 +21,10 @@ from attrib_agent.attribution.compact import (
     EvidenceMap,
     compact_causes,
     compact_evidence,
+    culprit_causes,
+    culprit_numbers,
+    culprit_size,
+    pack_culprit,
 )
 from attrib_agent.attribution.result import AttributionResult, Cause, Culprit, Evidence
 from attrib_agent.attribution.result_codec import culprit_to_dict, from_dict, to_dict
@@ -77,6 +81,28 @@ def test_a_culprit_packs_its_maps_and_its_json_is_unchanged(causes: dict[str, fl
     assert json.dumps(culprit_to_dict(c)) == json.dumps(plain)
     assert c.blame_by_cause(3) == Culprit(request_id="x", ttft_s=0.1, itl_s=0.01, share=1.0,
                                           causes=dict(causes), itl_causes=dict(itl)).blame_by_cause(3)
+
+
+@given(st.lists(st.tuples(st.tuples(_floats, _floats, _floats, _floats), _causes, _causes), max_size=4),
+       st.binary(max_size=3))
+def test_packed_culprits_laid_end_to_end_are_walked_and_read_back_by_the_layout(
+        culprits: list[tuple[tuple[float, float, float, float], dict[str, float], dict[str, float]]],
+        lead: bytes) -> None:
+    """As a packed result holds them (result_pack.py): `culprit_size` finds where each ends, and each reads back
+    its numbers and both maps to the bit, whatever its maps' sizes."""
+    blobs = [pack_culprit(*c) for c in culprits]
+    assert all(b is not None for b in blobs)
+    joined = lead + b"".join(b for b in blobs if b is not None)
+    at = len(lead)
+    for blob, (numbers, causes, itl) in zip(blobs, culprits, strict=True):
+        assert blob is not None and culprit_size(joined, at) == len(blob)
+        one = joined[at:at + culprit_size(joined, at)]
+        assert struct.pack("<4d", *culprit_numbers(one)) == struct.pack("<4d", *numbers)
+        for got, want in ((culprit_causes(one, itl=False), causes), (culprit_causes(one, itl=True), itl)):
+            assert list(got.items()) == list(want.items())
+            assert [struct.pack("<d", v) for v in got.values()] == [struct.pack("<d", v) for v in want.values()]
+        at += len(blob)
+    assert at == len(joined)
 
 
 def test_real_results_serialise_as_before_packing() -> None:
