@@ -27,8 +27,8 @@ from typing import Any
 from attrib_agent.attribution.result import AttributionResult, Cause, itl_gaps
 from attrib_agent.lab.step_marginals import StepMarginals, fit, members
 from attrib_agent.recording import VLLM_STEPS, Recording
-from attrib_agent.sources.plugin.parse import external_id
 from attrib_agent.timeline.model import RequestLifecycle
+from attrib_agent.vllm_ids import external_id
 
 DECODE = "decode"  # the plugin's view of decode_batching and kv_bandwidth together
 _SAME = {Cause.DECODE_BATCHING.value: DECODE, Cause.KV_BANDWIDTH.value: DECODE}

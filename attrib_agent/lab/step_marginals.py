@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from attrib_agent.attribution.step_shape import prefill_pairs, step_shape
-from attrib_agent.sources.plugin.parse import external_id
+from attrib_agent.vllm_ids import external_id
 
 _OUTLIER_MADS = 4.0  # a step this many median absolute deviations (relative) off the first fit is left out
 _MIN_STEPS = 8  # fewer back-to-back steps than this: no fit, every member counts its step time equally

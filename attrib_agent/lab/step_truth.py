@@ -16,10 +16,10 @@ from typing import Any
 
 from attrib_agent.lab.cause_truth import CauseAgreement
 from attrib_agent.recording import VLLM_STEPS, Recording
-from attrib_agent.sources.plugin.parse import external_id
 from attrib_agent.timeline.preemption import InferredPreemption
 from attrib_agent.timeline.sched_state import StepInput
 from attrib_agent.timeline.step_outcome import StepOutcome
+from attrib_agent.vllm_ids import external_id
 
 PREEMPTION_TOLERANCE_STEPS = 3  # an inferred preemption this many steps from vLLM's own still names it
 

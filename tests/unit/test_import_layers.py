@@ -14,7 +14,7 @@ import attrib_agent
 ROOT = Path(attrib_agent.__file__).resolve().parent
 # Lowest first. A module's layer is that of the longest entry its dotted name (under attrib_agent.) starts with.
 LAYERS: list[tuple[str, ...]] = [
-    ("__init__", "events", "recording", "health"),  # the contract
+    ("__init__", "events", "recording", "health", "vllm_ids"),  # the contract
     ("timeline",),
     ("attribution",),  # pure core; lab-only helpers aside
     ("pipeline",),

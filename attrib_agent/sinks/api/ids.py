@@ -1,8 +1,9 @@
 """Request ids as the API accepts them: vLLM's own, or the client's X-Request-Id / response id forms.
 
-vLLM 0.32 names a completion `cmpl-<X-Request-Id>-0` (the response body says `cmpl-<X-Request-Id>`) and a chat
-completion `chatcmpl-<X-Request-Id>`. A caller usually holds one of the shorter forms, so the API tries the
-few forms vLLM derives from it and answers when exactly one of them is a request the agent knows.
+vLLM 0.32 names a completion `cmpl-<X-Request-Id>-0` (the response body says `cmpl-<X-Request-Id>`), a chat
+completion `chatcmpl-<X-Request-Id>` and a Responses API turn `<response id>_0`; its log names the engine's
+id, `<id>-<8 hex>` (`vllm_ids`). A caller usually holds one of these other forms, so the API tries the few
+forms vLLM derives from it and answers when exactly one of them is a request the agent knows.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
+
+from attrib_agent.vllm_ids import RESPONSES_FIRST_TURN, external_id
 
 MAX_ID_CHARS: Final = 256
 # What X-Request-Id values look like in practice (uuids, tags, dashes): no slashes, spaces or control chars.
@@ -39,8 +42,9 @@ def check_id(raw: str) -> str:
 
 
 def id_forms(raw: str) -> tuple[str, ...]:
-    """The id itself first, then the forms vLLM derives from a client id (`cmpl-X-0`, `chatcmpl-X`, `X-0` ...)."""
-    forms = [raw] + [p + raw + s for p in _PREFIXES for s in _SUFFIXES]
+    """The id itself first, then the forms vLLM derives from a client id (`cmpl-X-0`, `chatcmpl-X`, `X-0`,
+    `resp_..._0` ...), then the frontend's id when `raw` is the engine's (a log line's `<id>-<8 hex>`)."""
+    forms = [raw] + [p + raw + s for p in _PREFIXES for s in _SUFFIXES] + [raw + RESPONSES_FIRST_TURN, external_id(raw)]
     return tuple(dict.fromkeys(f for f in forms if len(f) <= MAX_ID_CHARS))
 
 

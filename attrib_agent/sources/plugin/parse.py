@@ -9,16 +9,15 @@ a version or kind this reader does not know is skipped (`PluginSkip`); one that 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from typing import Any, Final
 
 from attrib_agent.events import QueueHead, ScheduledRequest, SchedulerHello, SchedulerStep
+from attrib_agent.vllm_ids import external_id
 
 VERSION: Final = 1
 MAX_DATAGRAM: Final = 256 * 1024  # the plugin sends at most 200,000 bytes per message
 MAX_IDS: Final = 16_384  # requests named in one step: far beyond max_num_seqs; more is not a real step
-_INTERNAL_SUFFIX: Final = re.compile(r"-[0-9a-f]{8}$")  # vLLM's internal id is `<external id>-<8 hex>`
 MAX_ID_CHARS: Final = 512
 
 
@@ -36,11 +35,6 @@ class PluginSkip(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-def external_id(internal: str) -> str:
-    """The frontend's id (`cmpl-<X-Request-Id>-0`, `chatcmpl-...`): the engine's id minus its random suffix."""
-    return _INTERNAL_SUFFIX.sub("", internal)
 
 
 def decode_datagram(data: bytes) -> dict[str, Any]:

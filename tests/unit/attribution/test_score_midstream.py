@@ -9,7 +9,7 @@ import pytest
 from attrib_agent.lab import cause_truth
 from attrib_agent.lab.score import format_scores, score_command
 from attrib_agent.recording import VLLM_STEPS, Recording
-from attrib_agent.sources.plugin.parse import external_id
+from attrib_agent.vllm_ids import external_id
 
 from . import truth_spread
 

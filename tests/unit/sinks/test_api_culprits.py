@@ -48,6 +48,26 @@ def test_chat_completion_ids_resolve_without_suffix() -> None:
         assert resp.json()["request_id"] == rid
 
 
+def test_the_engines_id_from_vllms_log_resolves_to_the_request() -> None:
+    """An operator grepping vLLM's log finds `Added request cmpl-...-0-<8 hex>.`: that id names the request too."""
+    p = replayed("preempt")
+    app = api_app(state_of(p))
+    victim = next(r for r in p.store if r.request_id.endswith("-s003-0"))
+    resp = call(app, f"/v1/requests/{victim.request_id}-9f3a01bc/culprits")
+    assert resp.status_code == 200
+    assert resp.json()["request_id"] == victim.request_id
+    assert call(app, f"/v1/requests/{victim.request_id}-9f3a01bx/culprits").status_code == 404  # not 8 hex
+
+
+def test_a_responses_api_id_resolves_to_its_first_turn() -> None:
+    """vLLM sends a Responses API request to the engine as `<response id>_0` (responses/serving.py): the client
+    holds `resp_<hex>`, the agent knows `resp_<hex>_0`."""
+    known = {"resp_ad0524921d08b86d_0", "resp_a54a0e29ece06620_0"}
+    assert resolve("resp_ad0524921d08b86d", known.__contains__).request_id == "resp_ad0524921d08b86d_0"
+    assert resolve("resp_ad0524921d08b86d_0-bc9d37a2", known.__contains__).request_id == "resp_ad0524921d08b86d_0"
+    assert resolve("resp_0000", known.__contains__).request_id is None
+
+
 def test_partial_and_running_answer_202() -> None:
     p = midway("whale1")
     app = api_app(state_of(p))

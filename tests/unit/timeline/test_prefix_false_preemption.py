@@ -11,9 +11,9 @@ from attrib_agent.events import Event
 from attrib_agent.lab.step_truth import score_recording
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.recording import VLLM_STEPS, Recording
-from attrib_agent.sources.plugin.parse import external_id
 from attrib_agent.sources.replay import ReplaySource
 from attrib_agent.timeline import EngineTimeline
+from attrib_agent.vllm_ids import external_id
 
 RECORDING = Path(__file__).parents[2] / "fixtures" / "recordings" / "bench-prefix-steps"
 
