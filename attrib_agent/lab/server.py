@@ -12,6 +12,7 @@ import ctypes
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -23,7 +24,7 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import httpx
 
@@ -216,8 +217,9 @@ class VllmLab:
             while time.monotonic() < deadline:
                 assert self._vllm is not None
                 if self._vllm.poll() is not None:
-                    raise LabError(f"vLLM exited with code {self._vllm.returncode} during start-up:\n"
-                                   + _tail(server_log))
+                    cause = startup_cause(_tail(server_log, lines=None))
+                    raise LabError(f"vLLM exited with code {self._vllm.returncode} during start-up"
+                                   + (f": {cause}" if cause else "") + "\n" + _tail(server_log))
                 with contextlib.suppress(httpx.HTTPError):
                     if (client.get(f"{vllm_url}/health").status_code == 200
                             and client.get(f"{capture_url}/lab/status").status_code == 200):
@@ -328,11 +330,26 @@ def wait_group_gone(pgid: int, timeout_s: float) -> bool:
         time.sleep(0.1)
 
 
-def _tail(path: Path, lines: int = 40) -> str:
+def _tail(path: Path, lines: int | None = 40) -> str:
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines if lines else 0:])
     except OSError:
         return "(no server log)"
+
+
+_LOG_PREFIX: Final = r"(?:\(\w+ pid=\d+\) ERROR \S+ \S+ \[[^\]]+\] )?"  # `(EngineCore pid=N) ERROR <day> <time> [f:N] `
+_RAISED: Final = re.compile(_LOG_PREFIX + r"(?P<error>[A-Za-z_.]*(?:Error|Exception): .+)$")
+
+
+def startup_cause(log: str) -> str | None:
+    """The first exception vLLM's log names: the root cause (the engine core's, e.g. a KV cache too small for
+    max_model_len), which the API server's `RuntimeError: Engine core initialization failed` only points back to,
+    and which falls outside the tail of a long traceback."""
+    for line in log.splitlines():
+        m = _RAISED.match(line)
+        if m:
+            return m.group("error")
+    return None
 
 
 @contextlib.contextmanager

@@ -1,5 +1,6 @@
 import json
 import logging
+import pathlib
 
 import pytest
 
@@ -72,3 +73,15 @@ def test_lab_error_is_reported_not_raised(tmp_path, capsys):
     code = main(["lab", "record", "--scenario", "shorts", "--out", str(tmp_path / "rec"), "--attach", str(state)])
     assert code == 1
     assert "refusing to overwrite" in capsys.readouterr().err
+
+
+def test_a_vllm_that_fails_to_start_is_reported_by_its_root_cause() -> None:
+    """vLLM 0.32's log of a start with too little KV cache for max_model_len (recorded): the API server's last
+    words are `RuntimeError: Engine core initialization failed. See root cause above`; the cause is the engine
+    core's ValueError, ~90 lines earlier."""
+    from attrib_agent.lab.server import startup_cause
+
+    log = (pathlib.Path(__file__).parents[1] / "fixtures" / "vllm-startup" / "kv-cache-too-small.log").read_text()
+    cause = startup_cause(log)
+    assert cause is not None and cause.startswith("ValueError: To serve at least one request with the model's max")
+    assert startup_cause("(APIServer pid=1) INFO 2026-11-26 23:48:34.647 [api_utils.py:286] args: {}") is None
