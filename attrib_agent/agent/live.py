@@ -81,7 +81,7 @@ class LiveAgent:
 
         host, port = cfg.listen_host, cfg.listen_port
         api = spawn(core.serve(ServeOptions(host, port, cfg.reveal_api_token()), stop, on_api), "api")
-        if not await _up_or_ended(api_ready, api):
+        if not await up_or_ended(api_ready, api):
             stop.set()
             await api  # raises what stopped it
         if started is not None:
@@ -126,12 +126,12 @@ class LiveAgent:
 
 async def _started(source: Source, task: asyncio.Task[Any]) -> None:
     """Wait until the source is up; a source that could not start (a port taken) raises its error here."""
-    if not await _up_or_ended(source.started, task):
+    if not await up_or_ended(source.started, task):
         await task  # raises what stopped it
         raise OSError(f"source {source.name} ended before it started")
 
 
-async def _up_or_ended(up: asyncio.Event, task: asyncio.Task[Any]) -> bool:
+async def up_or_ended(up: asyncio.Event, task: asyncio.Task[Any]) -> bool:
     """Wait until `up` is set or `task` ends first (it could not start: a source, the API); whether it is up."""
     waiter = asyncio.create_task(up.wait())
     await asyncio.wait([waiter, task], return_when=asyncio.FIRST_COMPLETED)

@@ -17,7 +17,7 @@ import httpx
 
 from attrib_agent import __version__
 from attrib_agent.agent.core import AgentCore, ServeOptions
-from attrib_agent.agent.live import LiveAgent
+from attrib_agent.agent.live import LiveAgent, up_or_ended
 from attrib_agent.agent.replay import replay_into
 from attrib_agent.cli.report import explain_table, json_lines, summary_row, write_parquet
 from attrib_agent.config.load import AgentConfig, ConfigError, add_run_arguments, load_config
@@ -116,8 +116,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 listening.set()
 
             server = asyncio.create_task(core.serve(ServeOptions(host, port, token), stop, started))
-            await asyncio.wait([server, asyncio.create_task(listening.wait())], return_when=asyncio.FIRST_COMPLETED)
-            if server.done():
+            if not await up_or_ended(listening, server):
                 await server  # raises why it could not listen
         consume = asyncio.create_task(core.consume(stop))  # idle settles and journal flushes, as live
         n = await replay_into(core, args.recording, speed=args.speed, progress=progress, exact=args.exact)

@@ -89,3 +89,17 @@ def test_replay_serve_keeps_the_api_up_after_the_replay(tmp_path):
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(20)
+
+
+def test_replay_serve_on_a_port_taken_stops_with_the_reason(tmp_path):
+    """The API cannot listen: the replay ends at once with uvicorn's reason, it does not replay unseen."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([*CLI, "replay", str(RECORDINGS / "whale2"), "--serve", "--listen",
+                               f"127.0.0.1:{port}", "--duration", "60"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "address already in use" in proc.stderr and "requests attributed" not in proc.stderr
