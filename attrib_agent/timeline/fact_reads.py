@@ -124,7 +124,7 @@ def span_spares_waiting(lc: RequestLifecycle, admitted: int, window: StepWindow)
     if lc.aborted_ts is not None:
         return False
     return admitted - 1 < window.first_seq or lc.finish_ts is None \
-        or fact_ms(lc.finish_ts) > window.slot(admitted - 1).si.end_ms
+        or fact_ms(lc.finish_ts) > window.input(admitted - 1).end_ms
 
 
 def first_admission(rid: str, departed: dict[str, tuple[int, Departure]], held: Callable[[str], Track | None],

@@ -120,14 +120,16 @@ class TimelineInference:
         self._dirty = None
         stop = w.next_seq if until is None else min(w.next_seq, max(until, valid_to))
         while w.computed_to < stop:
-            slot = w.slot(w.computed_to)
-            seq = slot.si.seq
+            seq = w.computed_to
+            si = w.input(seq)
             if w.is_checkpoint(seq):
-                if seq < valid_to and slot.before is not None \
-                        and (seq == loaded or slot.before.same_as(self.state, self._span_prompt)):
-                    upto = stored.holds_until(slot.before, seq, slot.clock, self._changes)
+                held = w.checkpoint(seq)
+                if seq < valid_to and held is not None \
+                        and (seq == loaded or held[0].same_as(self.state, self._span_prompt)):
+                    upto = stored.holds_until(held[0], seq, held[1], self._changes)
                     target = valid_to if upto >= valid_to else w.checkpoint_at_or_before(upto)
-                    state = frontier if target == valid_to else w.slot(target).before
+                    at = None if target == valid_to else w.checkpoint(target)
+                    state = frontier if at is None else at[0]
                     if target > seq and state is not None:
                         for rid, v in stale.items():  # at the end, in step order, as if inferred again
                             if seq <= v[0] < target:
@@ -136,10 +138,10 @@ class TimelineInference:
                         self.reinferred -= target - seq
                         self.state, w.computed_to, loaded = state, target, target
                         continue
-                slot.before, slot.clock = self.state.copy(), self._clock
-            outcome = infer_step(self.state, slot.si, self.book, self.geometry)
+                w.set_checkpoint(seq, self.state.copy(), self._clock)
+            outcome = infer_step(self.state, si, self.book, self.geometry)
             self.inferred += 1
-            w.set_outcome(slot, outcome)
+            w.set_outcome(si, outcome)
             for d in outcome.departures:
                 self._departed.pop(d.request_id, None)  # at the end: the order of the steps
                 self._departed[d.request_id] = (seq, d)

@@ -41,8 +41,9 @@ def infer_step(st: SchedState, si: StepInput, book: LifecycleBook, geo: Geometry
     _enqueue(st, book, si)
     _leave_before(st, get, si, work)
     bs = geo.block_size
-    if _decodes_only(st, si):
-        return _decode_step(st, si, get, geo, work)
+    if _decodes_only(st, si):  # each running request takes one token, in `_finish`'s pass over them
+        n = len(st.running)
+        return _finish(st, si, get, geo, work, [], (0, 0, n, n), decode=True)
     work.slots = [_slot(t) for t in st.running]
     preempted = _explain_running(st, si, book, geo, work)
     if not preempted:
@@ -77,41 +78,6 @@ def _decodes_only(st: SchedState, si: StepInput) -> bool:
         if not t.outputs or t.resuming:
             return False
     return True
-
-
-def _decode_step(st: SchedState, si: StepInput, get: Callable[[str], RequestLifecycle | None], geo: Geometry,
-                 work: StepWork) -> StepOutcome:
-    """A step that only decodes: each running request takes one token, then who finished leaves (as `_finish`
-    does, in the same loop: a request's member, its finish and its holdings read only the request itself)."""
-    bs = geo.block_size
-    until_ms = si.end_ms
-    departures = work.departures
-    members: list[StepMember] = []
-    kept: list[Track] = []
-    held: list[tuple[str, int]] = []
-    blocks = 0
-    cached = False
-    running = st.running
-    for t in running:
-        c = t.computed = t.computed + 1
-        t.outputs += 1
-        b = -(-c // bs) if bs else 0  # blocks_for(c, bs), c > 0
-        rid = t.rid
-        members.append(StepMember(rid, "decode", 1, c, b))
-        lc = get(rid)
-        if lc is not None and _finished_by(lc, t, until_ms):
-            departures.append(_departure(t, si, "finished", st))
-            continue
-        kept.append(t)
-        if bs:
-            held.append((rid, b))
-            blocks += b
-            if t.cached:
-                cached = True
-    if len(kept) != len(running):
-        running[:] = kept
-    n = len(members)
-    return _close(st, si, geo, work, members, (0, 0, n, n), held, blocks, cached)
 
 
 def _slot(t: Track) -> Slot:
@@ -300,9 +266,11 @@ def _admit(st: SchedState, si: StepInput, work: StepWork) -> None:
 
 
 def _finish(st: SchedState, si: StepInput, get: Callable[[str], RequestLifecycle | None], geo: Geometry,
-            work: StepWork, members: list[StepMember], counts: tuple[int, int, int, int]) -> StepOutcome:
+            work: StepWork, members: list[StepMember], counts: tuple[int, int, int, int],
+            decode: bool = False) -> StepOutcome:
     """The step's record from its `members` and their (context requests, tokens, generation requests, tokens);
-    who finished in it leaves, and what the rest hold after it."""
+    who finished in it leaves, and what the rest hold after it. `decode` (`_decodes_only`): each running request
+    first takes one decode token and its member here, in the same pass (each reads only the request itself)."""
     bs = geo.block_size
     running = st.running
     until_ms = si.end_ms
@@ -311,31 +279,26 @@ def _finish(st: SchedState, si: StepInput, get: Callable[[str], RequestLifecycle
     blocks = 0
     cached = False  # prefix hits are rare: without one, no copies and no shares
     for t in running:  # finished in this step: vLLM frees its blocks before it reports KV usage
+        if decode:
+            c = t.computed = t.computed + 1
+            t.outputs += 1
+            b = -(-c // bs) if bs else 0  # blocks_for(c, bs): c > 0
+            members.append(StepMember(t.rid, "decode", 1, c, b))
+        elif bs:
+            b = blocks_for(t.computed, bs)
         lc = get(t.rid)
         if lc is not None and t.outputs > 0 and _finished_by(lc, t, until_ms):
             work.departures.append(_departure(t, si, "finished", st))
             continue
         kept.append(t)
         if bs:
-            b = blocks_for(t.computed, bs)
             held.append((t.rid, b))
             blocks += b
             if t.cached:
                 cached = True
     if len(kept) != len(running):
         running[:] = kept
-    return _close(st, si, geo, work, members, counts, held, blocks, cached)
-
-
-def _close(st: SchedState, si: StepInput, geo: Geometry, work: StepWork, members: list[StepMember],
-           counts: tuple[int, int, int, int], held: list[tuple[str, int]], blocks: int,
-           cached: bool) -> StepOutcome:
-    """The step's record and outcome once who stays is known (`held`: their (request, blocks), `blocks` the
-    sum, `cached`: one has a prefix hit); the state moves past the step."""
-    bs = geo.block_size
     cr, ct, gr, gt = counts
-    running = st.running
-    until_ms = si.end_ms
     holdings = tuple(held)
     error = (abs(cr - si.context_requests) + abs(ct - si.context_tokens)
              + abs(gr - si.generation_requests) + abs(gt - si.generation_tokens))

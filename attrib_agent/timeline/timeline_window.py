@@ -10,7 +10,6 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from attrib_agent.timeline.model import StepRecord
 from attrib_agent.timeline.sched_state import SchedState, StepInput, fact_ms
@@ -19,21 +18,16 @@ from attrib_agent.timeline.step_outcome import StepOutcome
 STALE = -1  # a chunk-cut size not worked out yet (sizes are >= 0)
 
 
-@dataclass(slots=True)
-class StepSlot:
-    si: StepInput
-    before: SchedState | None = None  # checkpoint: the state this step starts from
-    clock: int = 0  # the timeline's fact clock when the checkpoint was taken
-    outcome: StepOutcome | None = None
-
-
 class StepWindow:
     def __init__(self, max_steps: int, checkpoint_every: int) -> None:
         if checkpoint_every < 1 or max_steps < 2 * checkpoint_every:
             raise ValueError("need checkpoint_every >= 1 and max_steps >= 2 * checkpoint_every")
         self.max_steps = max_steps
         self.checkpoint_every = checkpoint_every
-        self._slots: list[StepSlot] = []
+        self._inputs: list[StepInput] = []  # every step held, in order
+        # checkpoints by seq, in seq order: the state the step starts from and the timeline's fact clock when it
+        # was taken (one step in `checkpoint_every`): a step holds no object of its own but its input and outcome
+        self._before: dict[int, tuple[SchedState, int]] = {}
         self._ends: list[float] = []
         self._end_ms: list[int] = []  # each step's `end_ms`, in order: the preemption inference bisects it
         # (input, outcome) of the slots inferred so far: always a prefix of the slots (outcomes are set at the
@@ -54,20 +48,20 @@ class StepWindow:
         self._largest = 0
 
     def __len__(self) -> int:
-        return len(self._slots)
+        return len(self._inputs)
 
     def append(self, si: StepInput) -> None:
         if self._last_iteration is not None and si.iteration < self._last_iteration:
             self._restarts.add(si.seq)
         self._last_iteration = si.iteration
-        self._slots.append(StepSlot(si))
+        self._inputs.append(si)
         self._ends.append(si.end_ts)
         self._end_ms.append(si.end_ms)
         self.next_seq += 1
         self._largest = max(self._largest, si.scheduled_tokens)
 
     def over_capacity(self) -> bool:
-        return len(self._slots) > self.max_steps
+        return len(self._inputs) > self.max_steps
 
     def last_end(self) -> float | None:
         return self._ends[-1] if self._ends else None
@@ -75,22 +69,28 @@ class StepWindow:
     def largest_step(self) -> int:
         return self._largest
 
-    def slot(self, seq: int) -> StepSlot:
-        return self._slots[seq - self.first_seq]
+    def input(self, seq: int) -> StepInput:
+        return self._inputs[seq - self.first_seq]
 
-    def _get(self, seq: int | None) -> StepSlot | None:
+    def checkpoint(self, seq: int) -> tuple[SchedState, int] | None:
+        """The state step `seq` starts from and the fact clock when it was taken, if it holds a checkpoint."""
+        return self._before.get(seq)
+
+    def set_checkpoint(self, seq: int, state: SchedState, clock: int) -> None:
+        self._before[seq] = (state, clock)
+
+    def _get(self, seq: int | None) -> StepInput | None:
         if seq is None or not self.first_seq <= seq < self.next_seq:
             return None
-        return self._slots[seq - self.first_seq]
+        return self._inputs[seq - self.first_seq]
 
-    def set_outcome(self, slot: StepSlot, outcome: StepOutcome) -> None:
-        """Record what was inferred for `slot` (a slot at most one past the last one inferred)."""
-        slot.outcome = outcome
+    def set_outcome(self, si: StepInput, outcome: StepOutcome) -> None:
+        """Record what was inferred for step `si` (at most one past the last one inferred)."""
+        seq = si.seq
         if outcome.preemptions or outcome.resumes:
-            self._eventful.add(slot.si.seq)
+            self._eventful.add(seq)
         else:
-            self._eventful.discard(slot.si.seq)
-        seq = slot.si.seq
+            self._eventful.discard(seq)
         i = seq - self.first_seq
         record = outcome.record
         error = record.membership_error
@@ -99,10 +99,10 @@ class StepWindow:
             if was != error:  # re-inferred: mostly the same error
                 self._count_error(was, -1)
                 self._count_error(error, 1)
-            self._pairs[i] = (slot.si, outcome)
+            self._pairs[i] = (si, outcome)
             self._records[i] = record
         elif i == len(self._pairs):
-            self._pairs.append((slot.si, outcome))
+            self._pairs.append((si, outcome))
             self._records.append(record)
             self._cuts.append(STALE)
             self._errors[error] += 1
@@ -123,48 +123,39 @@ class StepWindow:
         return seq == self.first_seq or seq % self.checkpoint_every == 0
 
     def oldest_clock(self) -> int | None:
-        """The fact clock of the oldest checkpoint held. Only checkpoint slots hold one (`is_checkpoint` when it
-        was taken: a multiple of `checkpoint_every`, or the first step held then, which is the first one now or
-        gone), so only those are read, not every step."""
-        slots = self._slots
-        if not slots:
-            return None
-        every = self.checkpoint_every
-        clocks = [s.clock for s in (slots[0], *slots[(-self.first_seq) % every::every]) if s.before is not None]
-        return min(clocks) if clocks else None
+        """The fact clock of the oldest checkpoint held."""
+        return min((clock for _, clock in self._before.values()), default=None)
 
     def checkpoints(self) -> int:
-        return sum(s.before is not None for s in self._slots)
+        return len(self._before)
 
     def rewind(self, seq: int) -> SchedState:
         """Move the computed frontier back to the last checkpoint at or before `seq`; returns its state."""
-        idx = seq - self.first_seq
-        while idx > 0 and self._slots[idx].before is None:
-            idx -= 1
-        before = self._slots[idx].before
-        if before is None:
+        at = self.checkpoint_at_or_before(seq)
+        found = self._before.get(at)
+        if found is None:
             raise RuntimeError("the oldest step held has no checkpoint")
-        self.computed_to = self.first_seq + idx
-        return before
+        self.computed_to = at
+        return found[0]
 
     def checkpoint_at_or_before(self, seq: int) -> int:
         """The latest step at or before `seq` that holds a checkpoint (the oldest step held has one)."""
-        idx = seq - self.first_seq
-        while idx > 0 and self._slots[idx].before is None:
-            idx -= 1
-        return self.first_seq + idx
+        before, first = self._before, self.first_seq
+        while seq > first and seq not in before:
+            seq -= 1
+        return seq
 
     def first_seq_ending_after(self, ts: float) -> int | None:
         i = bisect.bisect_right(self._ends, ts)
         return self.first_seq + i if i < len(self._ends) else None
 
     def start_of(self, seq: int | None) -> float | None:
-        slot = self._get(seq)
-        return None if slot is None else slot.si.start_ts
+        si = self._get(seq)
+        return None if si is None else si.start_ts
 
     def end_of(self, seq: int | None) -> float | None:
-        slot = self._get(seq)
-        return None if slot is None else slot.si.end_ts
+        si = self._get(seq)
+        return None if si is None else si.end_ts
 
     def seq_matches(self, seq: int | None, ts: float | None) -> bool:
         """Whether vLLM's time `ts` falls on step `seq` (an equal millisecond on the previous step is allowed)."""
@@ -174,12 +165,12 @@ class StepWindow:
             return False
         if seq < self.first_seq:
             return True  # gone from the window: nothing left to correct
-        slot = self._get(seq)
-        if slot is None:
+        si = self._get(seq)
+        if si is None:
             return False
         m = fact_ms(ts)
         prev = self._get(seq - 1)
-        return slot.si.end_ms >= m and (prev is None or prev.si.end_ms <= m)
+        return si.end_ms >= m and (prev is None or prev.end_ms <= m)
 
     def outcomes(self) -> list[tuple[StepInput, StepOutcome]]:
         return list(self._pairs)
@@ -234,9 +225,9 @@ class StepWindow:
             return self.next_seq  # all of it: the inference's current state starts the next step
         best: int | None = None
         floor = self.next_seq - self.max_steps
-        for i, slot in enumerate(self._slots):
-            seq = slot.si.seq
-            if i == 0 or slot.before is None or seq > self.computed_to:
+        for seq in sorted(self._before):  # the checkpoints, in step order
+            i = seq - self.first_seq
+            if i == 0 or seq > self.computed_to:
                 continue
             if before_ts is None:
                 if seq >= floor:
@@ -249,7 +240,8 @@ class StepWindow:
 
     def drop_before(self, seq: int) -> None:
         n = seq - self.first_seq
-        del self._slots[:n]
+        del self._inputs[:n]
+        self._before = {q: c for q, c in self._before.items() if q >= seq}
         del self._ends[:n]
         del self._end_ms[:n]
         for record in self._records[:n]:

@@ -140,8 +140,8 @@ def test_an_eviction_infers_only_up_to_its_horizon_and_changes_nothing(tmp_path_
 
 def test_the_oldest_checkpoint_clock_reads_the_checkpoints_as_a_walk_of_every_step(
         tmp_path_factory: pytest.TempPathFactory) -> None:
-    """`StepWindow.oldest_clock` reads only the checkpoint slots: fed with evictions and reads between (checkpoints
-    re-taken, windows cut at checkpoints and wholly), it equals the minimum over every slot holding one."""
+    """`StepWindow.oldest_clock` reads only the checkpoints kept: fed with evictions and reads between (checkpoints
+    re-taken, windows cut at checkpoints and wholly), it equals the minimum over every step held holding one."""
     evs = gpu_rate(tmp_path_factory.mktemp("gpu"))
     for every, keep in ((32, 0.5), (7, 0.2), (5, 1e12)):
         tl = EngineTimeline(keep_s=keep, checkpoint_every=every)
@@ -150,6 +150,6 @@ def test_the_oldest_checkpoint_clock_reads_the_checkpoints_as_a_walk_of_every_st
             tl.feed_all(evs[i:i + 97])
             if i % 3 == 0:
                 tl.outcomes()
-            walked = [s.clock for s in w._slots if s.before is not None]
+            walked = [c[1] for q in range(w.first_seq, w.next_seq) if (c := w.checkpoint(q)) is not None]
             assert w.oldest_clock() == (min(walked) if walked else None)
         assert w.first_seq > 0 or keep > 1

@@ -27,26 +27,28 @@ def _out(seq: int, tag: int, event: int = 0) -> StepOutcome:
     return StepOutcome(StepRecord(0, seq, float(seq), 0.01, 0, 0, 1, 1, 0.1, membership_error=tag), (), pre, res)
 
 
-def _walk(w: StepWindow) -> list[tuple[StepInput, StepOutcome]]:
-    return [(w.slot(q).si, w.slot(q).outcome) for q in range(w.first_seq, w.next_seq)  # type: ignore[misc]
-            if w.slot(q).outcome is not None]
+def _walk(w: StepWindow, inferred: dict[int, StepOutcome]) -> list[tuple[StepInput, StepOutcome]]:
+    """Every step held with the outcome last inferred for it (`inferred`: by seq, all the test set)."""
+    return [(w.input(q), inferred[q]) for q in range(w.first_seq, w.next_seq) if q in inferred]
 
 
 def test_outcomes_and_eventful_steps_follow_inference_rewinds_and_drops() -> None:
     rng = random.Random(7)
     w = StepWindow(max_steps=400, checkpoint_every=4)
     tag = 0
+    inferred: dict[int, StepOutcome] = {}
     for _ in range(300):
         op = rng.random()
         if op < 0.5:
             w.append(_si(w.next_seq, float(w.next_seq)))
         elif op < 0.8:  # infer up to the end, as refresh does
             while w.computed_to < w.next_seq:
-                slot = w.slot(w.computed_to)
-                if w.is_checkpoint(slot.si.seq):
-                    slot.before = SchedState()
+                seq = w.computed_to
+                if w.is_checkpoint(seq):
+                    w.set_checkpoint(seq, SchedState(), tag)
                 tag += 1
-                w.set_outcome(slot, _out(slot.si.seq, tag, rng.choice((0, 0, 0, 1, 2))))
+                inferred[seq] = _out(seq, tag, rng.choice((0, 0, 0, 1, 2)))
+                w.set_outcome(w.input(seq), inferred[seq])
                 w.computed_to += 1
         elif op < 0.9 and w.computed_to > w.first_seq:
             w.rewind(rng.randrange(w.first_seq, w.computed_to))
@@ -54,8 +56,15 @@ def test_outcomes_and_eventful_steps_follow_inference_rewinds_and_drops() -> Non
             upto = w.evictable(rng.uniform(w.first_seq, w.next_seq + 1))
             if upto is not None and upto > w.first_seq:
                 w.drop_before(upto)
-        assert w.outcomes() == _walk(w)
-        assert w.eventful() == [k for k, (_, o) in enumerate(_walk(w)) if o.preemptions or o.resumes]
+        walk = _walk(w, inferred)
+        assert w.outcomes() == walk
+        assert w.eventful() == [k for k, (_, o) in enumerate(walk) if o.preemptions or o.resumes]
+        checkpoints = [q for q in range(w.first_seq, w.next_seq) if w.checkpoint(q) is not None]
+        assert w.checkpoints() == len(checkpoints)
+        assert w.oldest_clock() == min((c[1] for q in checkpoints if (c := w.checkpoint(q))), default=None)
+        if checkpoints:
+            q = rng.randrange(w.first_seq, w.next_seq)
+            assert w.checkpoint_at_or_before(q) == max(c for c in checkpoints if c <= q)
     assert w.outcomes() is not w.outcomes()  # a copy each call: callers may keep or change theirs
 
 
