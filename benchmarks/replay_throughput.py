@@ -23,6 +23,9 @@ not always ours). The timeline and full passes run the collector as the agent do
 survivors every second, here of the pass's event time, as benchmarks/forecast_latency.py; the agent ticks on the
 wall clock); `--no-gc-freeze` leaves it as it is, as every run before 2026-11-26's seventh session did: full
 collections over the unfrozen heap then cost 25-50 % of the timeline pass on the GPU-rate input.
+`--compiled` measures a lever the package does not ship: the re-simulation's core (`COMPILED`) built with mypyc
+(the same source, same float operations: the digests must not move), in a copy of the tree under the cache
+directory (built once per source hash), and the same command run there.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import gc
 import hashlib
 import json
 import pstats
+import shutil
+import subprocess
 import sys
 from itertools import islice
 from pathlib import Path
@@ -53,6 +58,10 @@ GOAL_STEPS_PER_S = 100  # issue 14 item 1: a GPU server's rates, never idle, for
 GOAL_FINISHED_PER_S = 50
 GOAL_DURATION_S = 600
 GOAL_MAX_IDLE_S = 0.1
+# the re-simulation's per-step code: what `--compiled` builds with mypyc (the modules a pass spends its simulated
+# steps in; the others stay as they are)
+COMPILED = ("block_pool", "scheduler_sim", "sim_step", "sim_stretch", "sim_trace")
+_ROOT = Path(__file__).resolve().parent.parent
 
 
 def raw_pass(path: Path) -> int:
@@ -137,6 +146,27 @@ def timeline_pass(path: Path, limit: int | None = None, digest: Any | None = Non
     return n
 
 
+def compiled_tree(cache_dir: Path | None) -> Path:
+    """A copy of this tree with `COMPILED` built by mypyc, under the cache directory, keyed by the sources' hash
+    (built once, ~1 min; needs mypyc and a C compiler)."""
+    sources = sorted([*(_ROOT / "attrib_agent").rglob("*.py"), *(_ROOT / "benchmarks").glob("*.py")])
+    h = hashlib.sha256()
+    for f in sources:
+        h.update(str(f.relative_to(_ROOT)).encode() + b"\0" + f.read_bytes())
+    tree = (cache_dir or default_cache_dir()) / f"compiled-{h.hexdigest()[:16]}"
+    if (tree / "built").exists():
+        return tree
+    shutil.rmtree(tree, ignore_errors=True)
+    for f in sources:
+        (tree / f.relative_to(_ROOT)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, tree / f.relative_to(_ROOT))
+    (tree / "tests").symlink_to(_ROOT / "tests")  # the GPU-rate input's sources
+    modules = [f"attrib_agent/attribution/{m}.py" for m in COMPILED]
+    subprocess.run([sys.executable, "-m", "mypyc", *modules], cwd=tree, check=True, stdout=subprocess.DEVNULL)
+    (tree / "built").write_text("\n".join(modules) + "\n")
+    return tree
+
+
 def _goal(name: str, ok: bool, what: str) -> None:
     print(f"goal {name}: {'met' if ok else 'MISSED'} ({what})")
 
@@ -214,7 +244,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="leave the collector as it is in the timeline and full passes (every run before 2026-11-26's "
                          "seventh session did), instead of freezing survivors every second of event time, as the "
                          "agent does every second")
+    ap.add_argument("--compiled", action="store_true",
+                    help=f"run the same command with the re-simulation's core ({', '.join(COMPILED)}) built by "
+                         "mypyc, in a copy of this tree under the cache directory (a lever measured, not shipped)")
     args = ap.parse_args(argv)
+    if args.compiled:
+        tree = compiled_tree(args.cache_dir)
+        rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--compiled"]
+        print(f"compiled: {', '.join(COMPILED)} (mypyc), run in {tree}", flush=True)
+        return subprocess.run([sys.executable, "-m", "benchmarks.replay_throughput", *rest], cwd=tree).returncode
 
     pinned = pin_one_core(None if args.cpu < 0 else args.cpu)
     print(f"machine: {machine()}\n{pinned}\ncollector in the timeline and full passes: "
