@@ -200,7 +200,8 @@ class RunStats:
                 "stop": max((result.outcomes[v].finish_ts or begin for v in awaited), default=begin),
                 "first_removed": min(late, default=None),
                 "first_reader": min((plan._arrivals[v] for v in awaited), default=None),
-                "start": (begin, frozenset(placed)), "version": plan._version})
+                "start": (begin, frozenset(placed)), "version": plan._version, "removed_ids": removed,
+                "kept": [r for r in plan.period if r.request_id not in removed], "readers": frozenset(awaited)})
             return result
 
         setattr(plan_cls, "_simulate", counted)  # noqa: B010 (a method replaced for the pass: mypy refuses assigning one)
@@ -215,23 +216,29 @@ class RunStats:
         lines = [f"re-simulation questions {len(self.rows):,}, runs simulated {len(runs):,} ({cpu:.2f} CPU s, "
                  f"{sum(r['steps'] for r in runs):,} steps; traced {sum(r['traced'] for r in runs):,} of them, "
                  f"{sum(r['cpu_s'] for r in runs if r['traced']):.2f} s)"]
-        # (a) resumed across passes: an earlier run from the same start, without as many, traced alike, ran the
-        # part of this one up to its own stop (were its prices and arrivals the same)
+        # (a) resumed: an earlier run from the same start, without as many, traced alike, ran the part of this one up
+        # to its own stop; exactly so only when priced by the same cost version, without the same requests, with
+        # the same arrivals up to its stop, and (traced) with this run's victims traced in it
         seen: dict[tuple[Any, ...], dict[str, Any]] = {}
         resumable = {True: [0, 0.0], False: [0, 0.0]}
-        same_prices = 0
+        exact = {True: [0, 0.0], False: [0, 0.0]}
+        earlier: list[dict[str, Any]] = []
         for r in self.rows:
             key = (r["start"], r["removed"], r["traced"])
             if not r["hit"] and key in seen:
-                share = _share(seen[key]["stop"], r)
                 resumable[r["traced"]][0] += 1
-                resumable[r["traced"]][1] += share * r["cpu_s"]
-                same_prices += seen[key]["version"] == r["version"]
+                resumable[r["traced"]][1] += _share(seen[key]["stop"], r) * r["cpu_s"]
+            if not r["hit"]:
+                share = max((_share(e["stop"], r) for e in earlier if _resumes(e, r)), default=0.0)
+                exact[r["traced"]][0] += share > 0
+                exact[r["traced"]][1] += share * r["cpu_s"]
+                earlier.append(r)
             seen[key] = r
         lines.append(f"(a) resumable from an earlier run of the same start: untraced {resumable[False][0]} runs, "
-                     f"<= {resumable[False][1]:.2f} s; traced {resumable[True][0]}, <= {resumable[True][1]:.2f} s "
-                     f"(traced only if its new victims were traced before); priced alike {same_prices} "
-                     f"({len({r['version'] for r in self.rows})} cost versions)")
+                     f"<= {resumable[False][1]:.2f} s; traced {resumable[True][0]}, <= {resumable[True][1]:.2f} s; "
+                     f"exactly (same prices, removed, arrivals to its stop; traced: its victims traced there): "
+                     f"untraced {exact[False][0]}, <= {exact[False][1]:.2f} s; traced {exact[True][0]}, "
+                     f"<= {exact[True][1]:.2f} s ({len({r['version'] for r in self.rows})} cost versions)")
         # (b) a counterfactual run started where it parts from the world with everyone: the first removed arrival
         cf = [r for r in runs if r["removed"] and not r["removed_placed"] and r["first_removed"] is not None]
         untraced = sum(_share(r["first_removed"], r) * r["cpu_s"] for r in cf if not r["traced"])
@@ -241,6 +248,16 @@ class RunStats:
                      f"{sum(r['cpu_s'] for r in cf):.2f} s; untraced <= {untraced:.2f} s, traced whose victims "
                      f"arrive after it ({len(eligible)} runs) <= {traced:.2f} s")
         return "\n".join(lines)
+
+
+def _resumes(before: dict[str, Any], row: dict[str, Any]) -> bool:
+    """Whether the run `before` is exactly `row`'s run up to its own stop (were it kept where it stopped)."""
+    if any(before[k] != row[k] for k in ("version", "start", "removed_ids")):
+        return False
+    if row["traced"] and not (before["traced"] and row["readers"] <= before["readers"]):
+        return False
+    upto = before["stop"]
+    return [r for r in before["kept"] if r.arrival_ts <= upto] == [r for r in row["kept"] if r.arrival_ts <= upto]
 
 
 def _share(upto: float, row: dict[str, Any]) -> float:

@@ -8,10 +8,11 @@ from typing import Any
 
 from attrib_agent.attribution import attributor
 from attrib_agent.attribution.attributor import AttributionConfig
+from attrib_agent.attribution.sim_types import SimRequest
 from attrib_agent.events import Event
 from attrib_agent.pipeline import AttributionPipeline, PipelineConfig
 from benchmarks.cpu_per_request import T0, StreamConfig, stream
-from benchmarks.replay_throughput import RunStats, _share
+from benchmarks.replay_throughput import RunStats, _resumes, _share
 
 SECONDS = 20.0
 
@@ -51,3 +52,16 @@ def test_a_runs_share_before_a_time_is_its_event_time_before_it() -> None:
     assert _share(11.0, row) == 0.25
     assert _share(9.0, row) == 0.0 and _share(20.0, row) == 1.0
     assert _share(12.0, {"begin": 10.0, "stop": 10.0}) == 0.0  # a run that ran no time saves nothing
+
+
+def test_an_earlier_run_resumes_a_later_one_only_when_it_ran_the_same_world_up_to_its_stop() -> None:
+    a, b, late = (SimRequest(rid, ts, 100, 10) for rid, ts in (("a", 0.0), ("b", 1.0), ("late", 5.0)))
+    before: dict[str, Any] = {"version": 3, "start": (0.0, frozenset()), "removed_ids": frozenset({"w"}),
+                              "traced": True, "readers": frozenset({"a"}), "kept": [a, b], "stop": 2.0}
+    row = dict(before, kept=[a, b, late], stop=6.0)
+    assert _resumes(before, row)  # a later arrival past its stop: the earlier run is this one's first part
+    assert not _resumes(before, dict(row, version=4))  # other prices
+    assert not _resumes(before, dict(row, removed_ids=frozenset({"v"})))  # another world
+    assert not _resumes(before, dict(row, kept=[a, late]))  # an arrival before its stop differs
+    assert not _resumes(before, dict(row, readers=frozenset({"a", "b"})))  # a victim it did not trace
+    assert _resumes(before, dict(row, traced=False, readers=frozenset({"a", "b"})))  # untraced: outcomes only
