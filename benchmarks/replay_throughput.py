@@ -61,9 +61,10 @@ GOAL_STEPS_PER_S = 100  # issue 14 item 1: a GPU server's rates, never idle, for
 GOAL_FINISHED_PER_S = 50
 GOAL_DURATION_S = 600
 GOAL_MAX_IDLE_S = 0.1
-# what `--compiled` builds with mypyc: the re-simulation's per-step code, its step prices and the observed causes (the
-# modules a GPU-rate pass spends most of its attribution in; the others stay as they are)
-COMPILED = ("block_pool", "causes", "scheduler_sim", "sim_cache", "sim_step", "sim_stretch", "sim_trace")
+# what `--compiled` builds with mypyc: the re-simulation's per-step code, its step prices, the observed causes and the
+# step-cost fits (the modules a GPU-rate pass spends most of its attribution in; the others stay as they are)
+COMPILED = ("block_pool", "causes", "cost_model", "period_cost", "scheduler_sim", "sim_cache", "sim_step",
+            "sim_stretch", "sim_trace")
 _ROOT = Path(__file__).resolve().parent.parent
 
 
