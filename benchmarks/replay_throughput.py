@@ -23,6 +23,9 @@ not always ours). The timeline and full passes run the collector as the agent do
 survivors every second, here of the pass's event time, as benchmarks/forecast_latency.py; the agent ticks on the
 wall clock); `--no-gc-freeze` leaves it as it is, as every run before 2026-11-26's seventh session did: full
 collections over the unfrozen heap then cost 25-50 % of the timeline pass on the GPU-rate input.
+`--compiled` measures a lever the package does not ship: the re-simulation's core (`COMPILED`) built with mypyc
+(the same source, same float operations: the digests must not move), in a copy of the tree under the cache
+directory (built once per source hash), and the same command run there.
 """
 
 from __future__ import annotations
@@ -33,12 +36,17 @@ import gc
 import hashlib
 import json
 import pstats
+import shutil
+import subprocess
 import sys
+import time
+from contextlib import nullcontext
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from attrib_agent.agent.gc_freeze import GcFreezer
+from attrib_agent.attribution import attributor
 from attrib_agent.pipeline import AttributionPipeline, PipelineConfig
 from attrib_agent.recording import Recording
 from attrib_agent.sources.replay import ReplaySource
@@ -53,6 +61,11 @@ GOAL_STEPS_PER_S = 100  # issue 14 item 1: a GPU server's rates, never idle, for
 GOAL_FINISHED_PER_S = 50
 GOAL_DURATION_S = 600
 GOAL_MAX_IDLE_S = 0.1
+# what `--compiled` builds with mypyc: the re-simulation's per-step code, its step prices, the observed causes and the
+# step-cost fits (the modules a GPU-rate pass spends most of its attribution in; the others stay as they are)
+COMPILED = ("block_pool", "causes", "cost_model", "period_cost", "scheduler_sim", "sim_cache", "sim_step",
+            "sim_stretch", "sim_trace")
+_ROOT = Path(__file__).resolve().parent.parent
 
 
 def raw_pass(path: Path) -> int:
@@ -137,6 +150,123 @@ def timeline_pass(path: Path, limit: int | None = None, digest: Any | None = Non
     return n
 
 
+def compiled_tree(cache_dir: Path | None) -> Path:
+    """A copy of this tree with `COMPILED` built by mypyc, under the cache directory, keyed by the sources' hash
+    (built once, ~1 min; needs mypyc and a C compiler)."""
+    sources = sorted([*(_ROOT / "attrib_agent").rglob("*.py"), *(_ROOT / "benchmarks").glob("*.py")])
+    h = hashlib.sha256()
+    for f in sources:
+        h.update(str(f.relative_to(_ROOT)).encode() + b"\0" + f.read_bytes())
+    tree = (cache_dir or default_cache_dir()) / f"compiled-{h.hexdigest()[:16]}"
+    if (tree / "built").exists():
+        return tree
+    shutil.rmtree(tree, ignore_errors=True)
+    for f in sources:
+        (tree / f.relative_to(_ROOT)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, tree / f.relative_to(_ROOT))
+    (tree / "tests").symlink_to(_ROOT / "tests")  # the GPU-rate input's sources
+    modules = [f"attrib_agent/attribution/{m}.py" for m in COMPILED]
+    subprocess.run([sys.executable, "-m", "mypyc", *modules], cwd=tree, check=True, stdout=subprocess.DEVNULL)
+    (tree / "built").write_text("\n".join(modules) + "\n")
+    return tree
+
+
+class RunStats:
+    """`--run-stats`: every re-simulation question of the full pass (`_PeriodPlan._simulate`, wrapped for the pass),
+    and what the levers left in docs/attribution.md ("Replay throughput") could at most save of the runs simulated,
+    each run's CPU taken as spread evenly over its event time (an estimate: a bound's order, not a figure to bank)."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self._orig: Any = None
+
+    def __enter__(self) -> RunStats:
+        plan_cls = attributor._PeriodPlan
+        self._orig = orig = plan_cls._simulate
+        rows = self.rows
+
+        def counted(plan: Any, removed: frozenset[str], readers: Any, traced: bool) -> Any:
+            readers = list(readers)
+            hits, t0 = plan._runs.hits, time.process_time()
+            result = orig(plan, removed, readers, traced)
+            dt = time.process_time() - t0
+            start = plan._start
+            placed = {ip.request_id for ip in start.state} if start is not None else set()
+            begin = start.ts if start is not None else plan.period[0].arrival_ts if plan.period else 0.0
+            awaited = [v for v in readers if v not in removed]
+            late = [r.arrival_ts for r in plan.period if r.request_id in removed and r.request_id not in placed]
+            rows.append({
+                "hit": plan._runs.hits > hits, "cpu_s": dt, "traced": traced, "steps": result.steps,
+                "begin": begin, "removed": len(removed), "removed_placed": len(removed) - len(late),
+                "stop": max((result.outcomes[v].finish_ts or begin for v in awaited), default=begin),
+                "first_removed": min(late, default=None),
+                "first_reader": min((plan._arrivals[v] for v in awaited), default=None),
+                "start": (begin, frozenset(placed)), "version": plan._version, "removed_ids": removed,
+                "kept": [r for r in plan.period if r.request_id not in removed], "readers": frozenset(awaited)})
+            return result
+
+        setattr(plan_cls, "_simulate", counted)  # noqa: B010 (a method replaced for the pass: mypy refuses assigning one)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        setattr(attributor._PeriodPlan, "_simulate", self._orig)  # noqa: B010
+
+    def report(self) -> str:
+        runs = [r for r in self.rows if not r["hit"]]
+        cpu = sum(r["cpu_s"] for r in runs)
+        lines = [f"re-simulation questions {len(self.rows):,}, runs simulated {len(runs):,} ({cpu:.2f} CPU s, "
+                 f"{sum(r['steps'] for r in runs):,} steps; traced {sum(r['traced'] for r in runs):,} of them, "
+                 f"{sum(r['cpu_s'] for r in runs if r['traced']):.2f} s)"]
+        # (a) resumed: an earlier run from the same start, without as many, traced alike, ran the part of this one up
+        # to its own stop; exactly so only when priced by the same cost version, without the same requests, with
+        # the same arrivals up to its stop, and (traced) with this run's victims traced in it
+        seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+        resumable = {True: [0, 0.0], False: [0, 0.0]}
+        exact = {True: [0, 0.0], False: [0, 0.0]}
+        earlier: list[dict[str, Any]] = []
+        for r in self.rows:
+            key = (r["start"], r["removed"], r["traced"])
+            if not r["hit"] and key in seen:
+                resumable[r["traced"]][0] += 1
+                resumable[r["traced"]][1] += _share(seen[key]["stop"], r) * r["cpu_s"]
+            if not r["hit"]:
+                share = max((_share(e["stop"], r) for e in earlier if _resumes(e, r)), default=0.0)
+                exact[r["traced"]][0] += share > 0
+                exact[r["traced"]][1] += share * r["cpu_s"]
+                earlier.append(r)
+            seen[key] = r
+        lines.append(f"(a) resumable from an earlier run of the same start: untraced {resumable[False][0]} runs, "
+                     f"<= {resumable[False][1]:.2f} s; traced {resumable[True][0]}, <= {resumable[True][1]:.2f} s; "
+                     f"exactly (same prices, removed, arrivals to its stop; traced: its victims traced there): "
+                     f"untraced {exact[False][0]}, <= {exact[False][1]:.2f} s; traced {exact[True][0]}, "
+                     f"<= {exact[True][1]:.2f} s ({len({r['version'] for r in self.rows})} cost versions)")
+        # (b) a counterfactual run started where it parts from the world with everyone: the first removed arrival
+        cf = [r for r in runs if r["removed"] and not r["removed_placed"] and r["first_removed"] is not None]
+        untraced = sum(_share(r["first_removed"], r) * r["cpu_s"] for r in cf if not r["traced"])
+        eligible = [r for r in cf if r["traced"] and (r["first_reader"] or 0.0) > r["first_removed"]]
+        traced = sum(_share(r["first_removed"], r) * r["cpu_s"] for r in eligible)
+        lines.append(f"(b) counterfactual runs before the first removed arrival: {len(cf)} runs of "
+                     f"{sum(r['cpu_s'] for r in cf):.2f} s; untraced <= {untraced:.2f} s, traced whose victims "
+                     f"arrive after it ({len(eligible)} runs) <= {traced:.2f} s")
+        return "\n".join(lines)
+
+
+def _resumes(before: dict[str, Any], row: dict[str, Any]) -> bool:
+    """Whether the run `before` is exactly `row`'s run up to its own stop (were it kept where it stopped)."""
+    if any(before[k] != row[k] for k in ("version", "start", "removed_ids")):
+        return False
+    if row["traced"] and not (before["traced"] and row["readers"] <= before["readers"]):
+        return False
+    upto = before["stop"]
+    return [r for r in before["kept"] if r.arrival_ts <= upto] == [r for r in row["kept"] if r.arrival_ts <= upto]
+
+
+def _share(upto: float, row: dict[str, Any]) -> float:
+    """The part of a run's event time before `upto` (0 to 1)."""
+    span = row["stop"] - row["begin"]
+    return min(1.0, max(0.0, (upto - row["begin"]) / span)) if span > 0 else 0.0
+
+
 def _goal(name: str, ok: bool, what: str) -> None:
     print(f"goal {name}: {'met' if ok else 'MISSED'} ({what})")
 
@@ -214,7 +344,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="leave the collector as it is in the timeline and full passes (every run before 2026-11-26's "
                          "seventh session did), instead of freezing survivors every second of event time, as the "
                          "agent does every second")
+    ap.add_argument("--run-stats", action="store_true",
+                    help="count the full pass's re-simulation runs and what resuming them across passes (a) or "
+                         "starting a counterfactual where it parts from the full world (b) could at most save")
+    ap.add_argument("--compiled", action="store_true",
+                    help=f"run the same command with the re-simulation's core ({', '.join(COMPILED)}) built by "
+                         "mypyc, in a copy of this tree under the cache directory (a lever measured, not shipped)")
     args = ap.parse_args(argv)
+    if args.compiled:
+        tree = compiled_tree(args.cache_dir)
+        rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--compiled"]
+        print(f"compiled: {', '.join(COMPILED)} (mypyc), run in {tree}", flush=True)
+        return subprocess.run([sys.executable, "-m", "benchmarks.replay_throughput", *rest], cwd=tree).returncode
 
     pinned = pin_one_core(None if args.cpu < 0 else args.cpu)
     print(f"machine: {machine()}\n{pinned}\ncollector in the timeline and full passes: "
@@ -255,10 +396,11 @@ def main(argv: list[str] | None = None) -> int:
         n_tl = timeline_pass(path, limit, tl_digest, collector)
     collected = {"timeline": collector.end()}
     digest = hashlib.sha256() if args.digest else None
-    full, n_full, p = None, n_tl, None
+    full, n_full, p, stats = None, n_tl, None, None
     if not args.timeline_only:
         collector = Collector(not args.no_gc_freeze)
-        with timed() as full:
+        stats = RunStats() if args.run_stats else None
+        with timed() as full, stats if stats is not None else nullcontext():
             if prof is not None:
                 prof.enable()
             n_full, p = full_pass(path, digest, limit, collector)
@@ -280,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{dec.wall_s / full.wall_s:.2f} (CPU {dec.cpu_s / full.cpu_s:.2f})")
     for name, what in collected.items():
         print(f"collector in the {name} pass: {what}")
+    if stats is not None:
+        print(stats.report())
     timeline_cpu_s = max(tl.cpu_s - dec.cpu_s, 1e-9)
     print(f"\ntimeline alone (timeline - decode): {timeline_cpu_s:.1f} CPU s, {n_tl / timeline_cpu_s:,.0f} events/s")
     if full is not None and p is not None:

@@ -235,6 +235,24 @@ _CONTENTION = (Cause.PREFILL_CONTENTION.value, Cause.DECODE_BATCHING.value, Caus
 _Lazy = tuple[StepShares, str, float, float, float]  # a step's shares, the victim, seconds per unit of each cause
 
 
+# VictimCauses' empty fields, made by named functions, not lambdas: mypyc (`benchmarks.replay_throughput
+# --compiled`) stops with an internal error on a dataclass field whose default factory is a lambda
+def _by_cause() -> defaultdict[str, float]:
+    return defaultdict(float)
+
+
+def _no_weights() -> _Weights:
+    return {p: defaultdict(_by_cause) for p in PHASES}
+
+
+def _no_steps() -> dict[str, list[_Lazy]]:
+    return {p: [] for p in PHASES}
+
+
+def _no_sums() -> dict[str, dict[str, float]]:
+    return {p: {} for p in PHASES}
+
+
 @dataclass
 class VictimCauses:
     """One victim's mechanism weights, the evidence behind each cause, and the seconds it lost to preemption.
@@ -243,11 +261,11 @@ class VictimCauses:
     weights only when its blame is split (`split`): a result names a few of the requests its steps held, and the
     victim's overall weights per cause are summed as the steps come (`weights` expands every culprit)."""
 
-    _eager: _Weights = field(default_factory=lambda: {p: defaultdict(lambda: defaultdict(float)) for p in PHASES})
+    _eager: _Weights = field(default_factory=_no_weights)
     evidence: dict[str, str] = field(default_factory=dict)
     preempted_s: float = 0.0
-    _lazy: dict[str, list[_Lazy]] = field(default_factory=lambda: {p: [] for p in PHASES})
-    _lazy_overall: dict[str, dict[str, float]] = field(default_factory=lambda: {p: {} for p in PHASES})
+    _lazy: dict[str, list[_Lazy]] = field(default_factory=_no_steps)
+    _lazy_overall: dict[str, dict[str, float]] = field(default_factory=_no_sums)
 
     def add(self, phase: str, cause: Cause, by: Mapping[str, float], seconds: float, evidence: Evidence) -> None:
         """`seconds` shared out by the weights `by` (any scale); nothing when either is empty."""
