@@ -66,6 +66,7 @@ GOAL_DURATION_S = 600
 GOAL_MAX_IDLE_S = 0.1
 # what `--compiled` builds with mypyc: the list the opt-in compiled build (setup.py, ATTRIB_MYPYC=1) reads too
 COMPILED = COMPILED_MODULES
+COMPILED_BUILDS_KEPT = 3  # compiled builds kept in the cache directory, the newest (one per source hash)
 _ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -175,7 +176,19 @@ def compiled_site(cache_dir: Path | None) -> Path:
     _build_step([*pip, "install", "--no-deps", "--no-index", "--target", str(out / "site"),
                  *map(str, (out / "dist").glob("*.whl"))], out / "src")
     (out / "built").write_text("\n".join(compiled_sources()) + "\n")
+    prune_compiled(out.parent, keep=COMPILED_BUILDS_KEPT)
     return out / "site"
+
+
+def prune_compiled(cache: Path, keep: int) -> list[Path]:
+    """Drop all but the `keep` newest compiled builds (~35 MB each, one per source hash) from the cache directory:
+    the ones this builder made (with a `site/`), oldest first; returns what went."""
+    builds = sorted((d for d in cache.glob("compiled-*") if (d / "built").exists() and (d / "site").is_dir()),
+                    key=lambda d: (d / "built").stat().st_mtime)
+    gone = builds[:max(0, len(builds) - keep)]
+    for d in gone:
+        shutil.rmtree(d, ignore_errors=True)
+    return gone
 
 
 def _build_step(cmd: list[str], cwd: Path) -> None:

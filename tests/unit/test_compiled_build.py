@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from attrib_agent.agent.build_kind import COMPILED_MODULES, KIND_COMPILED, KIND_PURE, build_kind, compiled_sources
-from benchmarks.replay_throughput import compiled_site, run_with
+from benchmarks.replay_throughput import compiled_site, prune_compiled, run_with
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGEST_ARGS = ["--input", "gpu-rate", "--full-events", "2000", "--digest"]
@@ -35,6 +35,21 @@ def test_this_process_runs_pure_python_and_the_list_names_real_modules() -> None
     assert len(set(COMPILED_MODULES)) == len(COMPILED_MODULES)
     for path in compiled_sources():
         assert (ROOT / path).is_file(), path
+
+
+def test_the_cache_keeps_only_the_newest_compiled_builds(tmp_path: Path) -> None:
+    builds = []
+    for i in range(5):
+        d = tmp_path / f"compiled-{i:016x}"
+        (d / "site").mkdir(parents=True)
+        (d / "built").write_text("x\n")
+        os.utime(d / "built", (1000 + i, 1000 + i))
+        builds.append(d)
+    other = tmp_path / "compiled-in-place"  # not a wheel build (no site/): not this builder's to drop
+    (other / "attrib_agent").mkdir(parents=True)
+    (other / "built").write_text("x\n")
+    assert prune_compiled(tmp_path, keep=3) == builds[:2]
+    assert sorted(d.name for d in tmp_path.iterdir()) == sorted([other.name, *(d.name for d in builds[2:])])
 
 
 @pytest.fixture(scope="module")
