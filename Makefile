@@ -1,5 +1,5 @@
 # Every target sets up .venv first (idempotent), so a fresh clone needs nothing else.
-.PHONY: setup system helm demo test unit lint picture
+.PHONY: setup system helm demo test unit lint picture compiled
 
 setup:
 	@bash scripts/setup-venv.sh
@@ -29,3 +29,7 @@ lint: setup
 # Redraw docs/img/page.png (the README's picture) from the page test's replayed state in headless Chromium
 picture: setup system
 	ATTRIB_UPDATE_PICTURE=1 .venv/bin/python -m pytest tests/unit/sinks/test_page_browser.py -k screenshot -q
+
+# Optional: the agent's wheel with the re-simulation's core built by mypyc (setup.py; docs/deployment.md), in dist/
+compiled: setup
+	ATTRIB_MYPYC=1 .venv/bin/python -m pip wheel --no-build-isolation --no-deps --no-index -w dist .

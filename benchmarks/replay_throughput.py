@@ -23,9 +23,10 @@ not always ours). The timeline and full passes run the collector as the agent do
 survivors every second, here of the pass's event time, as benchmarks/forecast_latency.py; the agent ticks on the
 wall clock); `--no-gc-freeze` leaves it as it is, as every run before 2026-11-26's seventh session did: full
 collections over the unfrozen heap then cost 25-50 % of the timeline pass on the GPU-rate input.
-`--compiled` measures a lever the package does not ship: the re-simulation's core (`COMPILED`) built with mypyc
-(the same source, same float operations: the digests must not move), in a copy of the tree under the cache
-directory (built once per source hash), and the same command run there.
+`--compiled` measures the opt-in compiled build (`ATTRIB_MYPYC=1 pip install .`, docs/deployment.md): the
+re-simulation's core (`COMPILED`, listed once in attrib_agent/agent/build_kind.py) built with mypyc (the same source,
+same float operations: the digests must not move), in a copy of the tree under the cache directory (built once per
+source hash), and the same command run there.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import cProfile
 import gc
 import hashlib
 import json
+import os
 import pstats
 import shutil
 import subprocess
@@ -45,6 +47,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from attrib_agent.agent.build_kind import COMPILED_MODULES, build_kind, compiled_sources
 from attrib_agent.agent.gc_freeze import GcFreezer
 from attrib_agent.attribution import attributor
 from attrib_agent.pipeline import AttributionPipeline, PipelineConfig
@@ -61,10 +64,9 @@ GOAL_STEPS_PER_S = 100  # issue 14 item 1: a GPU server's rates, never idle, for
 GOAL_FINISHED_PER_S = 50
 GOAL_DURATION_S = 600
 GOAL_MAX_IDLE_S = 0.1
-# what `--compiled` builds with mypyc: the re-simulation's per-step code, its step prices, the observed causes and the
-# step-cost fits (the modules a GPU-rate pass spends most of its attribution in; the others stay as they are)
-COMPILED = ("block_pool", "causes", "cost_model", "period_cost", "scheduler_sim", "sim_cache", "sim_step",
-            "sim_stretch", "sim_trace")
+# what `--compiled` builds with mypyc: the list the opt-in compiled build (setup.py, ATTRIB_MYPYC=1) reads too
+COMPILED = COMPILED_MODULES
+COMPILED_BUILDS_KEPT = 3  # compiled builds kept in the cache directory, the newest (one per source hash)
 _ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -150,25 +152,60 @@ def timeline_pass(path: Path, limit: int | None = None, digest: Any | None = Non
     return n
 
 
-def compiled_tree(cache_dir: Path | None) -> Path:
-    """A copy of this tree with `COMPILED` built by mypyc, under the cache directory, keyed by the sources' hash
-    (built once, ~1 min; needs mypyc and a C compiler)."""
-    sources = sorted([*(_ROOT / "attrib_agent").rglob("*.py"), *(_ROOT / "benchmarks").glob("*.py")])
+def compiled_site(cache_dir: Path | None) -> Path:
+    """The package as `ATTRIB_MYPYC=1 pip install` ships it (setup.py: `COMPILED` built by mypyc), installed into a
+    directory under the cache directory, keyed by the sources' hash: built once (~30-60 s), offline
+    (`--no-build-isolation --no-index`: this environment's setuptools and mypy). Needs a C compiler and the Python
+    headers; without them it raises with the build's own words (a test of the build must fail, not skip)."""
+    files = sorted(f for f in (_ROOT / "attrib_agent").rglob("*")
+                   if f.is_file() and "__pycache__" not in f.parts and f.suffix not in (".pyc", ".so", ".pyd"))
+    files += [_ROOT / "setup.py", _ROOT / "pyproject.toml", _ROOT / "README.md"]
     h = hashlib.sha256()
-    for f in sources:
+    for f in files:
         h.update(str(f.relative_to(_ROOT)).encode() + b"\0" + f.read_bytes())
-    tree = (cache_dir or default_cache_dir()) / f"compiled-{h.hexdigest()[:16]}"
-    if (tree / "built").exists():
-        return tree
-    shutil.rmtree(tree, ignore_errors=True)
-    for f in sources:
-        (tree / f.relative_to(_ROOT)).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(f, tree / f.relative_to(_ROOT))
-    (tree / "tests").symlink_to(_ROOT / "tests")  # the GPU-rate input's sources
-    modules = [f"attrib_agent/attribution/{m}.py" for m in COMPILED]
-    subprocess.run([sys.executable, "-m", "mypyc", *modules], cwd=tree, check=True, stdout=subprocess.DEVNULL)
-    (tree / "built").write_text("\n".join(modules) + "\n")
-    return tree
+    out = (cache_dir or default_cache_dir()) / f"compiled-{h.hexdigest()[:16]}"
+    if (out / "built").exists():
+        return out / "site"
+    shutil.rmtree(out, ignore_errors=True)
+    for f in files:
+        (out / "src" / f.relative_to(_ROOT)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, out / "src" / f.relative_to(_ROOT))
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    _build_step([*pip, "wheel", "--no-build-isolation", "--no-deps", "--no-index", "-w", str(out / "dist"), "."],
+                out / "src")
+    _build_step([*pip, "install", "--no-deps", "--no-index", "--target", str(out / "site"),
+                 *map(str, (out / "dist").glob("*.whl"))], out / "src")
+    (out / "built").write_text("\n".join(compiled_sources()) + "\n")
+    prune_compiled(out.parent, keep=COMPILED_BUILDS_KEPT)
+    return out / "site"
+
+
+def prune_compiled(cache: Path, keep: int) -> list[Path]:
+    """Drop all but the `keep` newest compiled builds (~35 MB each, one per source hash) from the cache directory:
+    the ones this builder made (with a `site/`), oldest first; returns what went."""
+    builds = sorted((d for d in cache.glob("compiled-*") if (d / "built").exists() and (d / "site").is_dir()),
+                    key=lambda d: (d / "built").stat().st_mtime)
+    gone = builds[:max(0, len(builds) - keep)]
+    for d in gone:
+        shutil.rmtree(d, ignore_errors=True)
+    return gone
+
+
+def _build_step(cmd: list[str], cwd: Path) -> None:
+    """One pip step of the compiled build; a failure raised with the tail of pip's (and the compiler's) output."""
+    done = subprocess.run(cmd, cwd=cwd, env={**os.environ, "ATTRIB_MYPYC": "1"}, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-30:])
+        raise RuntimeError(f"the compiled build failed at `pip {cmd[5]}` (ATTRIB_MYPYC=1 needs mypy's mypyc, a C "
+                           f"compiler and the Python headers):\n{tail}")
+
+
+def run_with(site: Path, args: list[str], *, capture: bool = False) -> subprocess.CompletedProcess[str]:
+    """This benchmark run with the package installed in `site` first on the path (this tree's benchmarks/ after it,
+    for the harness and the inputs): the same command over another build."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(_ROOT)])}
+    return subprocess.run([sys.executable, "-m", "benchmarks.replay_throughput", *args], cwd=site, env=env, text=True,
+                          capture_output=capture)
 
 
 class RunStats:
@@ -349,16 +386,17 @@ def main(argv: list[str] | None = None) -> int:
                          "starting a counterfactual where it parts from the full world (b) could at most save")
     ap.add_argument("--compiled", action="store_true",
                     help=f"run the same command with the re-simulation's core ({', '.join(COMPILED)}) built by "
-                         "mypyc, in a copy of this tree under the cache directory (a lever measured, not shipped)")
+                         "mypyc, in a copy of this tree under the cache directory (what `ATTRIB_MYPYC=1 pip install .` "
+                         "ships)")
     args = ap.parse_args(argv)
     if args.compiled:
-        tree = compiled_tree(args.cache_dir)
+        site = compiled_site(args.cache_dir)
         rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--compiled"]
-        print(f"compiled: {', '.join(COMPILED)} (mypyc), run in {tree}", flush=True)
-        return subprocess.run([sys.executable, "-m", "benchmarks.replay_throughput", *rest], cwd=tree).returncode
+        print(f"compiled: {', '.join(COMPILED)} (mypyc), the ATTRIB_MYPYC=1 build installed in {site}", flush=True)
+        return run_with(site, rest).returncode
 
     pinned = pin_one_core(None if args.cpu < 0 else args.cpu)
-    print(f"machine: {machine()}\n{pinned}\ncollector in the timeline and full passes: "
+    print(f"machine: {machine()}\n{pinned}\nbuild: {build_kind()}\ncollector in the timeline and full passes: "
           f"{'as it is' if args.no_gc_freeze else 'survivors frozen every second of event time, as the agent'}")
     if args.input == "gpu-rate":
         path, n_built = gpu_rate_input(args)

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 
 from attrib_agent import __version__
+from attrib_agent.agent.build_kind import build_kind
 from attrib_agent.agent.core import AgentCore, ServeOptions
 from attrib_agent.agent.live import LiveAgent, up_or_ended
 from attrib_agent.agent.replay import replay_into
@@ -61,7 +62,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = _config(args, live=True)
     if cfg is None:
         return 2
-    logger.info("attrib-agent %s starting: %s", __version__,
+    logger.info("attrib-agent %s (%s) starting: %s", __version__, build_kind(),
                 ", ".join(f"{k}={v} [{src}]" for k, v, src in cfg.describe()))
     try:
         agent = LiveAgent(cfg)

@@ -7,8 +7,10 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from attrib_agent import __version__
+from attrib_agent.agent.build_kind import build_kind
 from attrib_agent.cli.agent import add_agent_commands, parse_listen
 from attrib_agent.cli.lab import (
     add_lab_options,
@@ -26,9 +28,22 @@ from attrib_agent.lab.server import LabError
 from attrib_agent.lab.workload import SCENARIOS
 
 
+class _Version(argparse.Action):
+    """`--version`: the version and which build runs, read from the modules themselves."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        print(f"attrib-agent {__version__} ({build_kind()})")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attrib-agent", description=__doc__)
-    p.add_argument("--version", action="version", version=f"attrib-agent {__version__}")
+    p.add_argument("--version", action=_Version, help="show the version and the build (compiled by mypyc or pure "
+                   "Python) and exit")
     sub = p.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="real vLLM + the agent beside it: a whale scenario, and who slowed the shorts")
