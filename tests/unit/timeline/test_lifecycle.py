@@ -134,12 +134,14 @@ def test_bounded_whatever_arrives(evs: list[RequestEvent], bound: int) -> None:
     for ev in evs:
         book.feed(ev)
         assert len(book) <= bound
-        assert [lc.request_id for lc in book.lifecycles()] == [e.lifecycle.request_id for e in
-                                                               book.queued_between(None, float("inf"))]
+        # the list kept beside the queue (updated as lifecycles change) is the queue's entries' own, bounded too
+        assert book.lifecycles() == [e.lifecycle for e in book.queued_between(None, float("inf"))]
+        assert len(book.lifecycles()) <= bound
         # the lookup by id (the preemption inference's, no dict built a pass) holds exactly what is listed
         assert dict(book.by_id()) == {lc.request_id: lc for lc in book.lifecycles()}
     book.forget_ended_before(T0 + 100.0)
     assert dict(book.by_id()) == {lc.request_id: lc for lc in book.lifecycles()}
+    assert book.lifecycles() == [e.lifecycle for e in book.queued_between(None, float("inf"))]
 
 
 def test_a_request_received_but_never_added_is_not_in_the_book() -> None:
