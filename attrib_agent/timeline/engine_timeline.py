@@ -237,8 +237,12 @@ class EngineTimeline:
         return cached or 0
 
     def lifecycles(self) -> list[RequestLifecycle]:
+        """Every held lifecycle in queue order, those without a span completed from the steps (`lifecycle`)."""
         self._inference.refresh()
-        return [lc if lc.complete else self._partial(lc) for lc in self._book.lifecycles()]
+        out = self._book.lifecycles()
+        for i, lc in self._book.incomplete():
+            out[i] = self._partial(lc)
+        return out
 
     def _partial(self, lc: RequestLifecycle) -> RequestLifecycle:
         departed = self._inference.departure(lc.request_id)

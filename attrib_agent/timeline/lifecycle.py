@@ -78,6 +78,7 @@ class LifecycleBook:
         self._lifecycles: dict[str, RequestLifecycle] = {}  # the entries' lifecycles: the step inference's lookup
         self._queue: list[tuple[float, int, str]] = []  # (queue_ts, order, request_id), sorted
         self._queued: list[RequestLifecycle] = []  # the lifecycles in `_queue`'s order: `lifecycles()` is a copy
+        self._open: dict[str, None] = {}  # ids of the queued lifecycles without a span yet (a few: the running)
         # received, not (yet) in the engine: id -> entry, in receipt order (expired from the front)
         self._unadmitted: OrderedDict[str, BookEntry] = OrderedDict()
         self._next_order = 0
@@ -117,6 +118,17 @@ class LifecycleBook:
         """Every held lifecycle, in queue order: a copy of the list kept beside the queue (read at every settle;
         a walk of every entry cost ~1 ms a read at GPU rates)."""
         return self._queued.copy()
+
+    def incomplete(self) -> list[tuple[int, RequestLifecycle]]:
+        """(position in `lifecycles()`, lifecycle) of each held lifecycle without its span: the few a reader
+        completes from the steps, found without a walk of every entry."""
+        out = []
+        for rid in self._open:
+            entry = self._entries[rid]
+            i = self._position(entry, rid)
+            if i is not None:
+                out.append((i, entry.lifecycle))
+        return out
 
     def _position(self, entry: BookEntry, request_id: str) -> int | None:
         """Where the entry sits in `_queue` (and `_queued`), by bisection; None if it is not queued."""
@@ -173,6 +185,8 @@ class LifecycleBook:
             i = self._position(entry, rid)
             if i is not None:
                 self._queued[i] = lc
+            if lc.complete:
+                self._open.pop(rid, None)
         if new:
             self._bound()
         return BookChange(rid, new=new, span_landed=landed, aborted=aborted)
@@ -205,6 +219,8 @@ class LifecycleBook:
         i = bisect.bisect_right(self._queue, key)
         self._queue.insert(i, key)
         self._queued.insert(i, waiting.lifecycle)
+        if not waiting.lifecycle.complete:
+            self._open[rid] = None
         return waiting
 
     def expire_unadmitted(self, before_ts: float) -> int:
@@ -222,6 +238,7 @@ class LifecycleBook:
     def forget(self, request_id: str) -> None:
         entry = self._entries.pop(request_id, None)
         self._lifecycles.pop(request_id, None)
+        self._open.pop(request_id, None)
         i = None if entry is None else self._position(entry, request_id)
         if i is not None:
             del self._queue[i]
