@@ -336,12 +336,14 @@ class EngineTimeline:
     def preemptions(self) -> list[InferredPreemption]:
         """Inferred once per timeline version (like the ledger): the timeline view, the counters and each settle
         read them, and the inference walks every step held."""
-        outcomes = self.outcomes()
+        self._inference.refresh()
         if self._preempted is None or self._preempted[0] != self._version:
-            found = infer_preemptions(outcomes, list(self._samples), self._book.by_id(), in_order=True,
-                                      eventful=None if len(self._exact) else self._window.eventful(),
+            exact = self.outcomes() if len(self._exact) else None
+            found = infer_preemptions(self._window.held_outcomes() if exact is None else exact,  # read, not kept
+                                      list(self._samples), self._book.by_id(), in_order=True,
+                                      eventful=None if exact is not None else self._window.eventful(),
                                       end_ms=self._window.ends_ms())
-            found = certain(found, exact_iterations(outcomes, self._exact)) if len(self._exact) else found
+            found = found if exact is None else certain(found, exact_iterations(exact, self._exact))
             self._preempted = (self._version, found, [p for p in found if p.actionable])
         return list(self._preempted[1])
 
