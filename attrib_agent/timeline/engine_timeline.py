@@ -159,7 +159,7 @@ class EngineTimeline:
         self._book.expire_unadmitted(last - self._book.admit_window_s)
         self._infer_through(last - self._open_timeout_s)  # every departure a timeout can close is known
         horizon = last - self._keep_s
-        for entry in self._book.entries():  # an open request holds the window from its queueing
+        for entry in self._book.open_entries():  # an open request holds the window from its queueing
             lc = entry.lifecycle
             if entry.queue_ts < horizon and lc.end_ts is None and not self._closed_by_timeout(lc.request_id, last):
                 horizon = entry.queue_ts

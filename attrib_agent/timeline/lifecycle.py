@@ -119,6 +119,10 @@ class LifecycleBook:
         a walk of every entry cost ~1 ms a read at GPU rates)."""
         return self._queued.copy()
 
+    def open_entries(self) -> list[BookEntry]:
+        """The entries without a span (every one with no end is among them: a span brings the finish)."""
+        return [self._entries[rid] for rid in self._open]
+
     def incomplete(self) -> list[tuple[int, RequestLifecycle]]:
         """(position in `lifecycles()`, lifecycle) of each held lifecycle without its span: the few a reader
         completes from the steps, found without a walk of every entry."""

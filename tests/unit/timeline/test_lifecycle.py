@@ -140,6 +140,10 @@ def test_bounded_whatever_arrives(evs: list[RequestEvent], bound: int) -> None:
         # the index of those without a span (what `EngineTimeline.lifecycles` completes from the steps)
         assert sorted(book.incomplete(), key=lambda p: p[0]) == [(i, lc) for i, lc in enumerate(book.lifecycles())
                                                                  if not lc.complete]
+        # every request without an end is among the open entries (the timeline's bound walks only those)
+        assert {lc.request_id for lc in book.lifecycles() if lc.end_ts is None} <= \
+            {e.lifecycle.request_id for e in book.open_entries()}
+        assert [e.lifecycle for e in book.open_entries()] == [lc for _, lc in book.incomplete()]
         # the lookup by id (the preemption inference's, no dict built a pass) holds exactly what is listed
         assert dict(book.by_id()) == {lc.request_id: lc for lc in book.lifecycles()}
     book.forget_ended_before(T0 + 100.0)
