@@ -159,7 +159,7 @@ class EngineTimeline:
         self._book.expire_unadmitted(last - self._book.admit_window_s)
         self._infer_through(last - self._open_timeout_s)  # every departure a timeout can close is known
         horizon = last - self._keep_s
-        for entry in self._book.entries():  # an open request holds the window from its queueing
+        for entry in self._book.open_entries():  # an open request holds the window from its queueing
             lc = entry.lifecycle
             if entry.queue_ts < horizon and lc.end_ts is None and not self._closed_by_timeout(lc.request_id, last):
                 horizon = entry.queue_ts
@@ -237,8 +237,12 @@ class EngineTimeline:
         return cached or 0
 
     def lifecycles(self) -> list[RequestLifecycle]:
+        """Every held lifecycle in queue order, those without a span completed from the steps (`lifecycle`)."""
         self._inference.refresh()
-        return [lc if lc.complete else self._partial(lc) for lc in self._book.lifecycles()]
+        out = self._book.lifecycles()
+        for i, lc in self._book.incomplete():
+            out[i] = self._partial(lc)
+        return out
 
     def _partial(self, lc: RequestLifecycle) -> RequestLifecycle:
         departed = self._inference.departure(lc.request_id)
@@ -332,12 +336,14 @@ class EngineTimeline:
     def preemptions(self) -> list[InferredPreemption]:
         """Inferred once per timeline version (like the ledger): the timeline view, the counters and each settle
         read them, and the inference walks every step held."""
-        outcomes = self.outcomes()
+        self._inference.refresh()
         if self._preempted is None or self._preempted[0] != self._version:
-            found = infer_preemptions(outcomes, list(self._samples), self._book.by_id(), in_order=True,
-                                      eventful=None if len(self._exact) else self._window.eventful(),
+            exact = self.outcomes() if len(self._exact) else None
+            found = infer_preemptions(self._window.held_outcomes() if exact is None else exact,  # read, not kept
+                                      list(self._samples), self._book.by_id(), in_order=True,
+                                      eventful=None if exact is not None else self._window.eventful(),
                                       end_ms=self._window.ends_ms())
-            found = certain(found, exact_iterations(outcomes, self._exact)) if len(self._exact) else found
+            found = found if exact is None else certain(found, exact_iterations(exact, self._exact))
             self._preempted = (self._version, found, [p for p in found if p.actionable])
         return list(self._preempted[1])
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from attrib_agent.timeline.model import StepRecord
 from attrib_agent.timeline.sched_state import SchedState, StepInput, fact_ms
@@ -174,6 +174,11 @@ class StepWindow:
 
     def outcomes(self) -> list[tuple[StepInput, StepOutcome]]:
         return list(self._pairs)
+
+    def held_outcomes(self) -> Sequence[tuple[StepInput, StepOutcome]]:
+        """`outcomes()` without the copy, for a reader that keeps nothing of it (a copy of ~36,000 pairs at GPU
+        rates touches every pair: ~0.3-0.8 ms)."""
+        return self._pairs
 
     def records(self) -> list[StepRecord]:
         """`[o.record for _, o in outcomes()]`, kept: a copy of a list, not a walk of the window."""

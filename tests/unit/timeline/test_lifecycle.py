@@ -134,12 +134,23 @@ def test_bounded_whatever_arrives(evs: list[RequestEvent], bound: int) -> None:
     for ev in evs:
         book.feed(ev)
         assert len(book) <= bound
-        assert [lc.request_id for lc in book.lifecycles()] == [e.lifecycle.request_id for e in
-                                                               book.queued_between(None, float("inf"))]
+        # the list kept beside the queue (updated as lifecycles change) is the queue's entries' own, bounded too
+        assert book.lifecycles() == [e.lifecycle for e in book.queued_between(None, float("inf"))]
+        assert len(book.lifecycles()) <= bound
+        # the index of those without a span (what `EngineTimeline.lifecycles` completes from the steps)
+        assert sorted(book.incomplete(), key=lambda p: p[0]) == [(i, lc) for i, lc in enumerate(book.lifecycles())
+                                                                 if not lc.complete]
+        # every request without an end is among the open entries (the timeline's bound walks only those)
+        assert {lc.request_id for lc in book.lifecycles() if lc.end_ts is None} <= \
+            {e.lifecycle.request_id for e in book.open_entries()}
+        assert [e.lifecycle for e in book.open_entries()] == [lc for _, lc in book.incomplete()]
         # the lookup by id (the preemption inference's, no dict built a pass) holds exactly what is listed
         assert dict(book.by_id()) == {lc.request_id: lc for lc in book.lifecycles()}
     book.forget_ended_before(T0 + 100.0)
     assert dict(book.by_id()) == {lc.request_id: lc for lc in book.lifecycles()}
+    assert book.lifecycles() == [e.lifecycle for e in book.queued_between(None, float("inf"))]
+    assert sorted(lc.request_id for _, lc in book.incomplete()) == sorted(lc.request_id for lc in book.lifecycles()
+                                                                          if not lc.complete)
 
 
 def test_a_request_received_but_never_added_is_not_in_the_book() -> None:
