@@ -20,3 +20,14 @@ def external_id(internal: str) -> str:
     """The frontend's id for the engine's `internal` one (itself when it carries no random suffix)."""
     m = INTERNAL_SUFFIX.fullmatch(internal)
     return m.group("base") if m else internal
+
+
+def frontend_ids(engine_id: str) -> tuple[str, ...]:
+    """The ids the frontend may know an engine id by, nearest first: the id without its random suffix, then, for
+    an n>1 request's child (`<i>_<id>`), its parent's; none when it carries no suffix."""
+    m = INTERNAL_SUFFIX.fullmatch(engine_id)
+    if m is None:
+        return ()
+    base = m.group("base")
+    child = CHILD_PREFIX.fullmatch(base)
+    return (base, child.group("parent")) if child else (base,)

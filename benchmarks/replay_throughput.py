@@ -24,9 +24,9 @@ survivors every second, here of the pass's event time, as benchmarks/forecast_la
 wall clock); `--no-gc-freeze` leaves it as it is, as every run before 2026-11-26's seventh session did: full
 collections over the unfrozen heap then cost 25-50 % of the timeline pass on the GPU-rate input.
 `--compiled` measures the opt-in compiled build (`ATTRIB_MYPYC=1 pip install .`, docs/deployment.md): the
-re-simulation's core (`COMPILED`, listed once in attrib_agent/agent/build_kind.py) built with mypyc (the same source,
-same float operations: the digests must not move), in a copy of the tree under the cache directory (built once per
-source hash), and the same command run there.
+re-simulation's core (`COMPILED_MODULES`, listed once in attrib_agent/agent/build_kind.py) built with mypyc (the
+same source, same float operations: the digests must not move), in a copy of the tree under the cache directory
+(built once per source hash), and the same command run there.
 """
 
 from __future__ import annotations
@@ -64,8 +64,6 @@ GOAL_STEPS_PER_S = 100  # issue 14 item 1: a GPU server's rates, never idle, for
 GOAL_FINISHED_PER_S = 50
 GOAL_DURATION_S = 600
 GOAL_MAX_IDLE_S = 0.1
-# what `--compiled` builds with mypyc: the list the opt-in compiled build (setup.py, ATTRIB_MYPYC=1) reads too
-COMPILED = COMPILED_MODULES
 COMPILED_BUILDS_KEPT = 3  # compiled builds kept in the cache directory, the newest (one per source hash)
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -153,8 +151,8 @@ def timeline_pass(path: Path, limit: int | None = None, digest: Any | None = Non
 
 
 def compiled_site(cache_dir: Path | None) -> Path:
-    """The package as `ATTRIB_MYPYC=1 pip install` ships it (setup.py: `COMPILED` built by mypyc), installed into a
-    directory under the cache directory, keyed by the sources' hash: built once (~30-60 s), offline
+    """The package as `ATTRIB_MYPYC=1 pip install` ships it (setup.py: `COMPILED_MODULES` built by mypyc), installed
+    into a directory under the cache directory, keyed by the sources' hash: built once (~30-60 s), offline
     (`--no-build-isolation --no-index`: this environment's setuptools and mypy). Needs a C compiler and the Python
     headers; without them it raises with the build's own words (a test of the build must fail, not skip)."""
     files = sorted(f for f in (_ROOT / "attrib_agent").rglob("*")
@@ -171,10 +169,10 @@ def compiled_site(cache_dir: Path | None) -> Path:
         (out / "src" / f.relative_to(_ROOT)).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(f, out / "src" / f.relative_to(_ROOT))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
-    _build_step([*pip, "wheel", "--no-build-isolation", "--no-deps", "--no-index", "-w", str(out / "dist"), "."],
+    _build_step(pip, ["wheel", "--no-build-isolation", "--no-deps", "--no-index", "-w", str(out / "dist"), "."],
                 out / "src")
-    _build_step([*pip, "install", "--no-deps", "--no-index", "--target", str(out / "site"),
-                 *map(str, (out / "dist").glob("*.whl"))], out / "src")
+    _build_step(pip, ["install", "--no-deps", "--no-index", "--target", str(out / "site"),
+                      *map(str, (out / "dist").glob("*.whl"))], out / "src")
     (out / "built").write_text("\n".join(compiled_sources()) + "\n")
     prune_compiled(out.parent, keep=COMPILED_BUILDS_KEPT)
     return out / "site"
@@ -191,12 +189,13 @@ def prune_compiled(cache: Path, keep: int) -> list[Path]:
     return gone
 
 
-def _build_step(cmd: list[str], cwd: Path) -> None:
+def _build_step(pip: list[str], args: list[str], cwd: Path) -> None:
     """One pip step of the compiled build; a failure raised with the tail of pip's (and the compiler's) output."""
-    done = subprocess.run(cmd, cwd=cwd, env={**os.environ, "ATTRIB_MYPYC": "1"}, capture_output=True, text=True)
+    done = subprocess.run([*pip, *args], cwd=cwd, env={**os.environ, "ATTRIB_MYPYC": "1"}, capture_output=True,
+                          text=True)
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-30:])
-        raise RuntimeError(f"the compiled build failed at `pip {cmd[5]}` (ATTRIB_MYPYC=1 needs mypy's mypyc, a C "
+        raise RuntimeError(f"the compiled build failed at `pip {args[0]}` (ATTRIB_MYPYC=1 needs mypy's mypyc, a C "
                            f"compiler and the Python headers):\n{tail}")
 
 
@@ -385,14 +384,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="count the full pass's re-simulation runs and what resuming them across passes (a) or "
                          "starting a counterfactual where it parts from the full world (b) could at most save")
     ap.add_argument("--compiled", action="store_true",
-                    help=f"run the same command with the re-simulation's core ({', '.join(COMPILED)}) built by "
+                    help=f"run the same command with the re-simulation's core ({', '.join(COMPILED_MODULES)}) built by "
                          "mypyc, in a copy of this tree under the cache directory (what `ATTRIB_MYPYC=1 pip install .` "
                          "ships)")
     args = ap.parse_args(argv)
     if args.compiled:
         site = compiled_site(args.cache_dir)
         rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--compiled"]
-        print(f"compiled: {', '.join(COMPILED)} (mypyc), the ATTRIB_MYPYC=1 build installed in {site}", flush=True)
+        print(f"compiled: {', '.join(COMPILED_MODULES)} (mypyc), the ATTRIB_MYPYC=1 build installed in {site}",
+              flush=True)
         return run_with(site, rest).returncode
 
     pinned = pin_one_core(None if args.cpu < 0 else args.cpu)

@@ -29,6 +29,7 @@ from attrib_agent.events import (
 )
 from attrib_agent.health import SourceHealth
 from attrib_agent.sources.log import patterns as p
+from attrib_agent.vllm_ids import frontend_ids
 
 logger = logging.getLogger(__name__)
 
@@ -115,16 +116,11 @@ class RequestIds:
         with `strip_unknown` (an `Added` line: its id is internal), the base; else the id itself."""
         if self._known(request_id):
             return request_id
-        m = p.INTERNAL_SUFFIX.fullmatch(request_id)
-        if m is None:
-            return request_id
-        base = m.group("base")
-        if self._known(base):
-            return base
-        child = p.CHILD_PREFIX.fullmatch(base)
-        if child and self._known(child.group("parent")):
-            return child.group("parent")
-        return base if strip_unknown else request_id
+        forms = frontend_ids(request_id)
+        for form in forms:
+            if self._known(form):
+                return form
+        return forms[0] if forms and strip_unknown else request_id
 
     def _expire(self, now: float) -> None:
         received, ended = self._received, self._ended

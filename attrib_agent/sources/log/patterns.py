@@ -14,8 +14,6 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from attrib_agent import vllm_ids
-
 # vllm/logging_utils/formatter.py ColoredFormatter wraps prefix parts in ANSI colours (VLLM_LOGGING_COLOR=1).
 ANSI: Final = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -70,11 +68,10 @@ STATS_PREFIX_HIT: Final = re.compile(rf"Prefix cache hit rate: ({_NUM})%")
 RECEIVED: Final = re.compile(r"Received request (?P<id>\S+): params: (?P<params>.*), lora_request: .*\.")
 RECEIVED_LEAD: Final = re.compile(r"Received request ")
 
-# vllm/v1/engine/async_llm.py: `Added request %s.` with the engine's internal id (its forms: vllm_ids).
+# vllm/v1/engine/async_llm.py: `Added request %s.` with the engine's internal id (its forms:
+# attrib_agent/vllm_ids.py).
 ADDED: Final = re.compile(r"Added request (?P<internal>\S+)\.")
 ADDED_LEAD: Final = re.compile(r"Added request ")
-INTERNAL_SUFFIX: Final = vllm_ids.INTERNAL_SUFFIX
-CHILD_PREFIX: Final = vllm_ids.CHILD_PREFIX
 
 # vllm/v1/engine/async_llm.py abort(): `Aborted request(s) %s.` with ",".join(ids) (internal ids when vLLM
 # aborts on its own), and generate()'s `Request %s aborted.` (external id).
