@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from attrib_agent.vllm_ids import RESPONSES_FIRST_TURN, external_id
+from attrib_agent.vllm_ids import RESPONSES_FIRST_TURN, frontend_ids
 
 MAX_ID_CHARS: Final = 256
 # What X-Request-Id values look like in practice (uuids, tags, dashes): no slashes, spaces or control chars.
@@ -43,8 +43,10 @@ def check_id(raw: str) -> str:
 
 def id_forms(raw: str) -> tuple[str, ...]:
     """The id itself first, then the forms vLLM derives from a client id (`cmpl-X-0`, `chatcmpl-X`, `X-0`,
-    `resp_..._0` ...), then the frontend's id when `raw` is the engine's (a log line's `<id>-<8 hex>`)."""
-    forms = [raw] + [p + raw + s for p in _PREFIXES for s in _SUFFIXES] + [raw + RESPONSES_FIRST_TURN, external_id(raw)]
+    `resp_..._0` ...), then the frontend's ids when `raw` is the engine's (a log line's `<id>-<8 hex>`, an n>1
+    child's `<i>_<id>-<8 hex>`: the log parser's rule, `vllm_ids.frontend_ids`)."""
+    forms = [raw] + [p + raw + s for p in _PREFIXES for s in _SUFFIXES] + [raw + RESPONSES_FIRST_TURN,
+                                                                           *frontend_ids(raw)]
     return tuple(dict.fromkeys(f for f in forms if len(f) <= MAX_ID_CHARS))
 
 

@@ -57,6 +57,10 @@ def test_the_engines_id_from_vllms_log_resolves_to_the_request() -> None:
     assert resp.status_code == 200
     assert resp.json()["request_id"] == victim.request_id
     assert call(app, f"/v1/requests/{victim.request_id}-9f3a01bx/culprits").status_code == 404  # not 8 hex
+    # an n>1 request's child (`Added request 1_<id>-<8 hex>.`): the agent files it under its parent, as the log
+    # parser does
+    resp = call(app, f"/v1/requests/1_{victim.request_id}-9f3a01bc/culprits")
+    assert resp.status_code == 200 and resp.json()["request_id"] == victim.request_id
 
 
 def test_a_responses_api_id_resolves_to_its_first_turn() -> None:
