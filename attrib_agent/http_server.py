@@ -9,6 +9,7 @@ headers middleware (nothing reads the client's address; it was a layer around ev
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
 import uvicorn
@@ -25,13 +26,26 @@ def uvicorn_config(app: Any, host: str, port: int) -> uvicorn.Config:
 async def start_server(app: Any, host: str, port: int, what: str,
                        name: str | None = None) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
     """Serve `app` on this loop; returns once listening: the server, its task, and its port (port 0 picks a
-    free one). Raises what stopped it at start-up (e.g. the port is taken), or OSError naming `what`."""
+    free one). Raises OSError naming `what` when it cannot listen (the port is taken) or stopped at start-up."""
+    sock = listening_socket(host, port, what)
     server = uvicorn.Server(uvicorn_config(app, host, port))
-    task = asyncio.create_task(server.serve(), name=name)
+    task = asyncio.create_task(server.serve(sockets=[sock]), name=name)
     while not server.started and not task.done():
         await asyncio.sleep(0.02)
     if task.done():
         await task
         raise OSError(f"{what} stopped at start-up on {host}:{port}")
-    bound = server.servers[0].sockets[0].getsockname()[1] if server.servers else port
-    return server, task, bound
+    return server, task, int(sock.getsockname()[1])
+
+
+def listening_socket(host: str, port: int, what: str) -> socket.socket:
+    """The server's socket, bound here: a taken port raises OSError naming `what`, where uvicorn's own bind
+    would log and `sys.exit(3)` from inside the event loop, past the agent's error path and its clean-up."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart reuses a TIME_WAIT port
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(e.errno, f"{what} cannot listen on {host}:{port}: {e.strerror}") from e
+    return sock

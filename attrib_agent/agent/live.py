@@ -25,6 +25,7 @@ from attrib_agent.sources.source import Source, SourceContext
 logger = logging.getLogger("attrib_agent")
 
 GAP_CHECK_S = 0.25
+STOP_WAIT_S = 10.0  # how long the tasks get to end after stop before they are cancelled
 RESTART_SAME_GAP_SCRAPES = 20  # a restart seen within this many scrapes after an outage ended is its gap
 
 
@@ -53,7 +54,7 @@ class LiveAgent:
         return next((s for s in self.sources if s.name == name), None)
 
     async def run(self, stop: asyncio.Event, started: Callable[[LiveAgent], None] | None = None) -> None:
-        cfg, core, state = self.config, self.core, self.state
+        core = self.core
         restored = core.restore()
         if restored:
             logger.info("journal: serving %d earlier results again", restored)
@@ -63,7 +64,25 @@ class LiveAgent:
             tasks.append(asyncio.create_task(coro, name=name))
             return tasks[-1]
 
-        ctx = SourceContext(health=state.source, clock=self._clock, adopt_health=state.adopt)
+        try:
+            await self._start(spawn, stop)
+            if started is not None:
+                started(self)
+            await stop.wait()
+        finally:  # also when a source or the API could not start: what did start stops, nothing is left serving
+            stop.set()
+            errors = await _ended(tasks, STOP_WAIT_S)
+            for source in reversed(self.sources):
+                await source.aclose()
+            core.shutdown()
+        if errors:
+            raise errors[0]  # a task that failed while running, raised once everything is stopped
+
+    async def _start(self, spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]],
+                     stop: asyncio.Event) -> None:
+        """Start the sources, the pipeline and the API; raises what kept one from starting (e.g. a port taken)."""
+        cfg, core = self.config, self.core
+        ctx = SourceContext(health=self.state.source, clock=self._clock, adopt_health=self.state.adopt)
         for spec in source_registry.SOURCES:
             source = spec.build(cfg, ctx)
             if source is None:
@@ -82,17 +101,7 @@ class LiveAgent:
         host, port = cfg.listen_host, cfg.listen_port
         api = spawn(core.serve(ServeOptions(host, port, cfg.reveal_api_token()), stop, on_api), "api")
         if not await up_or_ended(api_ready, api):
-            stop.set()
             await api  # raises what stopped it
-        if started is not None:
-            started(self)
-        await stop.wait()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await asyncio.wait_for(t, 10)
-        for source in reversed(self.sources):
-            await source.aclose()
-        core.shutdown()
 
     async def _watch_gaps(self, stop: asyncio.Event) -> None:
         """vLLM unreachable (scrapes failing) or restarted (counters reset) opens a gap; a success closes it."""
@@ -129,6 +138,18 @@ async def _started(source: Source, task: asyncio.Task[Any]) -> None:
     if not await up_or_ended(source.started, task):
         await task  # raises what stopped it
         raise OSError(f"source {source.name} ended before it started")
+
+
+async def _ended(tasks: list[asyncio.Task[Any]], wait_s: float) -> list[BaseException]:
+    """Wait up to `wait_s` for the tasks to end after stop and cancel those that did not; what they raised."""
+    if not tasks:
+        return []
+    _, pending = await asyncio.wait(tasks, timeout=wait_s)
+    for t in pending:
+        t.cancel()
+    if pending:
+        await asyncio.wait(pending)
+    return [e for t in tasks if not t.cancelled() and (e := t.exception()) is not None]
 
 
 async def up_or_ended(up: asyncio.Event, task: asyncio.Task[Any]) -> bool:

@@ -148,7 +148,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         core.shutdown()  # the sinks' exit: spans sent, the journal closed, the step-cost fit saved (state_dir)
         return 0
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    except OSError as e:  # the API cannot listen (a port taken), as `run` says it
+        print(f"attrib-agent: error: {e}", file=sys.stderr)
+        return 1
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
