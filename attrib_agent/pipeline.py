@@ -169,8 +169,9 @@ class AttributionPipeline:
             self.step_seconds_total += event.elapsed_ms / 1000.0
         self.timeline.feed(event)
         self.engine_watch.see(event, self.attributor.cost)
-        if isinstance(event, RequestSpan):
-            self._remember_span(event)
+        if isinstance(event, RequestSpan) and (owner := self.timeline.span_owner(event)) is not None:
+            # an n>1 request's spans all name the parent: each is its child's (the timeline's lifecycle)
+            self._remember_span(event if owner == event.request_id else replace(event, request_id=owner))
         if self._next_settle is None:
             self._next_settle = ts + self.config.settle_interval_s
         if ts < self._next_settle:

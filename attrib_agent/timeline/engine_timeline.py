@@ -145,9 +145,9 @@ class EngineTimeline:
             if log_ts != ev.log_ts:  # a copy only when the stamp changes (1 s stamps: receipt time instead)
                 ev = replace(ev, log_ts=log_ts)
         change = self._book.feed(ev)
-        entry = self._book.entry(ev.request_id)
+        entry = self._book.entry(change.request_id)  # an n>1 parent's span: the child it went to
         if entry is not None and (change.span_landed or change.new or change.aborted):
-            self._inference.request_changed(ev.request_id, entry.queue_ts,
+            self._inference.request_changed(change.request_id, entry.queue_ts,
                                             span_landed=change.span_landed and not (change.new or change.aborted))
 
     # ---- bounds ------------------------------------------------------------------------------------------
@@ -213,6 +213,15 @@ class EngineTimeline:
         if lc is None:
             return None
         return lc if lc.complete else self._partial(lc)
+
+    def span_owner(self, span: RequestSpan) -> str | None:
+        """The lifecycle `span` (just fed) went to: its own id, or for an n>1 parent's span the child it was given
+        (None when every child had one already: a repeated export)."""
+        kids = self._book.children(span.request_id)
+        if not kids or span.request_id in self._book:
+            return span.request_id
+        got = self._book.last_span_request
+        return got if got in kids else None
 
     def logged(self, request_id: str) -> RequestLifecycle | None:
         """What the log lines and the span say of the request, no step inferred for it: a status read asked many
