@@ -134,8 +134,8 @@ async def _one(
         "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
-    if req.n > 1:
-        body["n"] = req.n
+    if req.n > 1:  # vLLM refuses n > 1 with greedy sampling; seeded, so a rerun samples the same (child i: seed + i)
+        body.update(n=req.n, temperature=1.0, seed=int(hashlib.sha256(req.request_id.encode()).hexdigest()[:8], 16))
     path = "/v1/completions"
     if req.api == "chat":
         path = "/v1/chat/completions"
