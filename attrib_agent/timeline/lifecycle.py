@@ -240,6 +240,17 @@ class LifecycleBook:
                 return child
         return ""
 
+    def client_of(self, request_id: str) -> str:
+        """The client request `request_id` is part of: its n>1 parent while the book holds it as a child, else it."""
+        if not self._parents or (m := CHILD_PREFIX.fullmatch(request_id)) is None:
+            return request_id
+        got = self._parents.get(m["parent"])
+        return m["parent"] if got is not None and request_id in got[1] else request_id
+
+    def clients(self) -> dict[str, str]:
+        """Each n>1 child held -> its parent."""
+        return {child: parent for parent, (_, kids) in self._parents.items() for child in kids}
+
     def children(self, parent: str) -> tuple[str, ...]:
         """An n>1 request's children in the book, in child order (empty for any other id)."""
         got = self._parents.get(parent)
