@@ -72,6 +72,10 @@ class RequestIds:
         self._ended: OrderedDict[str, float] = OrderedDict()  # external id -> when it ended, for the grace
         # n>1 parents (external id) -> their children's ids in flight, in index order (bounded like `_live`)
         self._children: OrderedDict[str, list[str]] = OrderedDict()
+        # ids whose span landed before any log line named them (live, a span can beat the log's poll) -> spans not
+        # yet given to a child: if `Added` lines then name children of it, the first ones take them. Held while
+        # the id is in `_ended`'s grace (so bounded as it is).
+        self._early: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._received) + len(self._live) + len(self._ended)
@@ -107,6 +111,9 @@ class RequestIds:
                 kids.append(external)
             while len(self._children) > self.limit:
                 self._children.popitem(last=False)
+            if self._early.get(parent):  # one of its spans came before this line: this child's, ended
+                self._early[parent] -= 1
+                self.ended(external, self._ended.get(parent, 0.0))
         if external not in self._ended:  # its span came first (the log read late): in its grace already
             self._live[external] = None
             self._live.move_to_end(external)
@@ -123,7 +130,16 @@ class RequestIds:
         self._ended.move_to_end(request_id)
         self._expire(ts)
         while len(self._ended) > self.max_ended:
-            self._ended.popitem(last=False)
+            self._early.pop(self._ended.popitem(last=False)[0], None)
+
+    def span_landed(self, request_id: str, ts: float) -> None:
+        """A span named `request_id` landed: it ends the request, or for an n>1 parent its first child still in
+        flight; one that no log line named yet is kept for the children `Added` lines may name next."""
+        target = self.requests(request_id, first=True)[0]
+        if target == request_id and request_id not in self._live and (
+                request_id not in self._ended or request_id in self._early):
+            self._early[request_id] = self._early.get(request_id, 0) + 1
+        self.ended(target, ts)
 
     def external(self, request_id: str) -> str:
         """The external id for an id vLLM logged (aborts may name the internal one)."""
@@ -149,14 +165,14 @@ class RequestIds:
 
     def _is_parent(self, request_id: str) -> bool:
         """Received and not added under its own id (an n>1 request's `Added` lines name only its children)."""
-        return request_id in self._children or request_id in self._received
+        return request_id in self._children or request_id in self._received or request_id in self._early
 
     def _known(self, request_id: str) -> bool:
         return (request_id in self._live or request_id in self._received or request_id in self._ended
                 or request_id in self._children)
 
     def _resolve(self, request_id: str, *, strip_unknown: bool) -> str:
-        """A held external id as is; else `<base>-<8 hex>` -> base (a child keeps its `<i>_` prefix) when that is held; else,
+        """A held external id as is; else `<base>-<8 hex>` -> base (a child keeps its `<i>_`) when that is held; else,
         with `strip_unknown` (an `Added` line: its id is internal), the base; else the id itself."""
         if self._known(request_id):
             return request_id
@@ -170,7 +186,7 @@ class RequestIds:
         while received and now - next(iter(received.values())) > self.admit_window_s:
             received.popitem(last=False)
         while ended and now - next(iter(ended.values())) > self.grace_s:
-            ended.popitem(last=False)
+            self._early.pop(ended.popitem(last=False)[0], None)
 
 
 Builder = Callable[[re.Match[str], float, float | None, RequestIds], list[LogEvent]]
@@ -354,7 +370,7 @@ class LogLineParser:
         """`request_id`'s span was received at `ts`: it finished, so its ids are kept only for the grace after
         (the agent tells the parser; the log has no line for a normal finish). An n>1 request's children each
         have a span named by the parent: each ends the first child still in flight."""
-        self.ids.ended(self.ids.requests(request_id, first=True)[0], ts)
+        self.ids.span_landed(request_id, ts)
 
     def parse(self, line: str, ts: float) -> LogEvent | None:
         """The line's event, or None. Only `Aborted request(s) a,b` yields several: use parse_all for those."""
