@@ -479,9 +479,9 @@ class AttributionPipeline:
         if settled is not None:
             return settled
         lc = self.timeline.logged(request_id)  # the inferred times are not needed: no step inference forced
-        if lc is None:  # an n>1 client request: running while a child is, aborted when every child was
-            kids = self.timeline.children(request_id)
-            return "unknown" if not kids else "aborted" if all(self.status(k) == "aborted" for k in kids) else "running"
+        if lc is None:  # an n>1 client request: running while a child is, else skipped or aborted as they were
+            kids = {self.status(k) for k in self.timeline.children(request_id)}
+            return "unknown" if not kids else "running" if kids - {"skipped", "aborted"} else min(kids)
         if lc.complete:
             return "running"
         lost = lc.aborted_ts is not None or self._lost(lc) or self.timeline.lost_in_restart(request_id)
