@@ -308,6 +308,8 @@ class AttributionPipeline:
             else:
                 clients[cid] = self._file_child(cid, r)
         out.extend(clients.values())
+        if self._parts:
+            out.extend(self._close_clients(clients))
         for rid in wanted - attributed:  # forgotten by the timeline before it could be attributed
             self._partial.pop(rid, None)
             self._spans.pop(rid, None)
@@ -324,23 +326,38 @@ class AttributionPipeline:
         parts = self._parts.setdefault(client_id, {})
         self._parts.move_to_end(client_id)
         parts[part.request_id] = part
-        kids = self.timeline.children(client_id)
-        order = [*kids, *(k for k in parts if k not in kids)]
-        got = [parts[k] for k in order if k in parts]
-        final = len(got) == len(order) and all(p.final for p in got)
-        combined = client_result(client_id, got, final=final)
-        self.store.put(combined)
         self._client[part.request_id] = client_id
         self._client.move_to_end(part.request_id)
         while len(self._client) > self.config.max_results:
             self._client.popitem(last=False)
-        if final:
-            self.tally.add(combined)
-            del self._parts[client_id]
+        combined = self._combine(client_id, parts)
         while len(self._parts) > self.config.max_pending:
             self._parts.popitem(last=False)
             self.dropped_pending += 1
         return combined
+
+    def _combine(self, client_id: str, parts: dict[str, AttributionResult]) -> AttributionResult:
+        """The client request's result from its children's parts so far, stored; final (and tallied) when every
+        part is and no other child of it can still finish (one aborted, or gone from the timeline, has no part)."""
+        kids = self.timeline.children(client_id)
+        order = [*kids, *(k for k in parts if k not in kids)]
+        final = self._client_done(kids, parts)
+        combined = client_result(client_id, [parts[k] for k in order if k in parts], final=final)
+        self.store.put(combined)
+        if final:
+            self.tally.add(combined)
+            del self._parts[client_id]
+        return combined
+
+    def _client_done(self, kids: tuple[str, ...], parts: dict[str, AttributionResult]) -> bool:
+        """Every part final, and every other child the timeline holds ended without one (aborted)."""
+        return all(p.final for p in parts.values()) and not any(
+            k not in parts and (lc := self.timeline.logged(k)) is not None and lc.aborted_ts is None for k in kids)
+
+    def _close_clients(self, filed: dict[str, AttributionResult]) -> list[AttributionResult]:
+        """Client requests waiting only for children that were aborted since: final now (none waits forever)."""
+        return [self._combine(cid, parts) for cid, parts in list(self._parts.items())
+                if cid not in filed and self._client_done(self.timeline.children(cid), parts)]
 
     def client_id(self, request_id: str) -> str:
         """The request the agent reports `request_id` under: an n>1 child's client request, else itself."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from attrib_agent.agent.core import AgentCore
 from attrib_agent.agent.replay import tell_spans_to_log
 from attrib_agent.attribution.result import AttributionResult
-from attrib_agent.events import RequestAdded, RequestSpan
+from attrib_agent.events import Event, RequestAborted, RequestAdded, RequestSpan
 from attrib_agent.pipeline import AttributionPipeline, PipelineConfig
 from attrib_agent.recording import LOG
 from attrib_agent.sinks.api.app import api_app
@@ -188,3 +188,23 @@ def test_the_maps_for_n_gt_1_are_bounded() -> None:
                             start_ts=float(i), end_ts=i + 0.5, queue_s=0.0, ttft_s=0.1, e2e_s=0.5, prefill_s=0.1,
                             decode_s=0.4, inference_s=0.5, prompt_tokens=8, completion_tokens=4, max_tokens=4))
     assert len(tl._early) == MAX_EARLY_SPANS and not tl._early_kids
+
+
+def test_a_client_request_with_an_aborted_child_is_final_with_the_others() -> None:
+    """One child of an n=3 request aborted (its span never comes): the result is final, with the two that finished
+    (before, it stayed partial for ever, waiting for the aborted child's part)."""
+    parent = next(rid for rid, row in sent().items() if n_of(row) == 3)
+    events: list[Event] = []
+    spans, abort_at = 0, float("inf")
+    for ev in ReplaySource(RECORDING).events():
+        if ev.ts >= abort_at:  # the abort a while after the others' results were filed
+            events.append(RequestAborted(ts=ev.ts, log_ts=None, request_id=f"2_{parent}"))
+            abort_at = float("inf")
+        if isinstance(ev, RequestSpan) and ev.request_id == parent and (spans := spans + 1) == 3:
+            abort_at = ev.ts + 1.0
+            continue
+        events.append(ev)
+    p = AttributionPipeline()
+    out = [*p.feed_all(events), *p.settle()]
+    (r,) = [x for x in out if x.request_id == parent and x.final]
+    assert r.completion_tokens == 128 and p.status(parent) == "final" and not p._parts
