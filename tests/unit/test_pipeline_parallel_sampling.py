@@ -15,6 +15,10 @@ import shutil
 from functools import cache
 from pathlib import Path
 
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
 from attrib_agent.agent.core import AgentCore
 from attrib_agent.agent.replay import tell_spans_to_log
 from attrib_agent.attribution.result import AttributionResult
@@ -22,6 +26,7 @@ from attrib_agent.events import Event, RequestAborted, RequestAdded, RequestSpan
 from attrib_agent.pipeline import AttributionPipeline, PipelineConfig
 from attrib_agent.recording import LOG
 from attrib_agent.sinks.api.app import api_app
+from attrib_agent.sinks.otel.spans import SlowdownSpans
 from attrib_agent.sources.log.source import LogRecordParser
 from attrib_agent.sources.replay import ReplaySource
 from attrib_agent.timeline.engine_timeline import MAX_EARLY_SPANS, EngineTimeline
@@ -146,7 +151,8 @@ def test_a_childs_span_before_its_added_line_gives_the_log_orders_results(tmp_pa
     for rid in parents:
         assert p.timeline.lifecycle(rid) is None
         kids = p.timeline.children(rid)
-        assert kids == base_p.timeline.children(rid) and all(p.timeline.lifecycle(k).complete for k in kids)
+        assert kids == base_p.timeline.children(rid)
+        assert all((lc := p.timeline.lifecycle(k)) is not None and lc.complete for k in kids)
     # and the log parser's in-flight memory empties, as in log order (each child ended by one of the spans)
     log = source.parsers[LOG]
     assert isinstance(log, LogRecordParser)
@@ -208,3 +214,27 @@ def test_a_client_request_with_an_aborted_child_is_final_with_the_others() -> No
     out = [*p.feed_all(events), *p.settle()]
     (r,) = [x for x in out if x.request_id == parent and x.final]
     assert r.completion_tokens == 128 and p.status(parent) == "final" and not p._parts
+
+
+def test_spans_carry_the_client_requests_id_under_its_first_childs_vllm_span() -> None:
+    """The `attrib.slowdown` span of an n>1 request names the client request, with its summed tokens, as a child
+    of its first child's `llm_request`; a short it slowed links to that span."""
+    p, _ = in_log_order()
+    out: list[AttributionResult] = list(p.store)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    SlowdownSpans(provider).emit_all(out, p.span_of, p.timeline)
+    got = {str((s.attributes or {})["gen_ai.request.id"]): s for s in exporter.get_finished_spans()}
+    provider.shutdown()
+    rows = sent()
+    multi = [rid for rid, row in rows.items() if n_of(row) > 1]
+    assert set(multi) <= set(got)  # each slowed (ITL): its span is there, under the client's id
+    for rid in multi:
+        s, r = got[rid], p.result(rid)
+        assert r is not None and (s.attributes or {})["gen_ai.usage.output_tokens"] == rows[rid]["output_tokens"]
+        assert s.parent is not None and f"{s.parent.span_id:016x}" == r.span_id
+    whale = next(rid for rid in multi if n_of(rows[rid]) == 4)
+    linked = [s for s in got.values() if any(f"{ln.context.span_id:016x}" == p.span_of(whale)[1]  # type: ignore[index]
+                                             for ln in s.links)]
+    assert linked and all(str((s.attributes or {})["gen_ai.request.id"]) not in multi for s in linked)
