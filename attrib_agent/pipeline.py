@@ -18,11 +18,11 @@ from dataclasses import dataclass, field, replace
 from attrib_agent.attribution.attributor import AttributionConfig, Attributor
 from attrib_agent.attribution.cost_model import StepCostModel
 from attrib_agent.attribution.fit_snapshot import EngineWatch
-from attrib_agent.attribution.result import AttributionResult
+from attrib_agent.attribution.result import AttributionResult, client_result
 from attrib_agent.attribution.slo import SloConfig, SloTally
 from attrib_agent.attribution.store import DEFAULT_MAX_BYTES, ResultStore
 from attrib_agent.attribution.tally import SlowdownTally
-from attrib_agent.attribution.whales import KvUse, footprints, whales
+from attrib_agent.attribution.whales import KvUse, client_uses, footprints, whales
 from attrib_agent.events import EngineStep, Event, GpuSample, MetricsSnapshot, RequestSpan
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.model import RequestLifecycle
@@ -147,6 +147,11 @@ class AttributionPipeline:
         self._last_pass: float | None = None
         self.victims_skipped = 0
         self._skipped: OrderedDict[str, None] = OrderedDict()  # the last max_pending skipped ids, for status()
+        # n>1 requests (parallel sampling): the timeline keeps each child apart (vLLM runs each as its own engine
+        # request), the agent reports one result per client request (`client_result`): its children's results
+        # so far (the last max_pending client requests), and each child filed -> its client id (max_results)
+        self._parts: OrderedDict[str, dict[str, AttributionResult]] = OrderedDict()
+        self._client: OrderedDict[str, str] = OrderedDict()
 
     # ---- input -------------------------------------------------------------------------------------------
     def feed(self, event: Event) -> list[AttributionResult]:
@@ -169,8 +174,11 @@ class AttributionPipeline:
             self.step_seconds_total += event.elapsed_ms / 1000.0
         self.timeline.feed(event)
         self.engine_watch.see(event, self.attributor.cost)
-        if isinstance(event, RequestSpan):
-            self._remember_span(event)
+        if isinstance(event, RequestSpan) and (owner := self.timeline.span_owner(event)) is not None:
+            # an n>1 request's spans all name the parent: each is its child's (the timeline's lifecycle)
+            self._remember_span(event if owner == event.request_id else replace(event, request_id=owner))
+        elif self.timeline.moved_spans:  # a parent's span came before the log named its children: the child's now
+            self._span_moved()
         if self._next_settle is None:
             self._next_settle = ts + self.config.settle_interval_s
         if ts < self._next_settle:
@@ -190,11 +198,12 @@ class AttributionPipeline:
         self._last_pass = None  # this pass runs, shedding or not: the timeline it needs goes next
         out = self.settle()
         for rid in list(self._partial):
-            r = self.store.get(rid)
+            r = self.store.get(self._client.get(rid, rid))  # an n>1 child: its client request's result
             if r is not None and not r.final:
                 r = replace(r, final=True)
                 self.store.put(r)
                 self._spans.pop(rid, None)
+                self._parts.pop(r.request_id, None)
                 self.tally.add(r)
                 out.append(r)
         self._partial.clear()
@@ -210,6 +219,17 @@ class AttributionPipeline:
         for ev in events:
             out.extend(self.feed(ev))
         return out
+
+    def _span_moved(self) -> None:
+        """The spans the timeline gave to an n>1 child after the log named the parent's children: what was filed
+        under the parent (due, waiting, a partial result of a lifecycle that is gone) is the child's."""
+        for span, child in self.timeline.moved_spans:
+            parent = span.request_id
+            self._due.pop(parent, None)
+            self._spans.pop(parent, None)
+            self._partial.pop(parent, None)
+            self._remember_span(replace(span, request_id=child))
+        self.timeline.moved_spans.clear()
 
     def _remember_span(self, span: RequestSpan) -> None:
         done = self.store.get(span.request_id)
@@ -261,6 +281,9 @@ class AttributionPipeline:
         if not wanted:
             return []
         out: list[AttributionResult] = []
+        attributed: set[str] = set()
+        finalised: set[str] = set()
+        clients: dict[str, AttributionResult] = {}  # n>1 client requests this pass filed a child of
         for r in self.attributor.attribute(self.timeline, wanted):
             lc = lcs.get(r.request_id)
             ids = self.span_of(r.request_id)
@@ -268,27 +291,80 @@ class AttributionPipeline:
             final = timed_out or lc is None or not self._blockers(r.request_id, lcs, now)
             mode = self.timeline.mode(lc.arrival_ts if lc is not None else None, r.finished_ts)
             r = replace(r, final=final, trace_id=ids[0] if ids else None, span_id=ids[1] if ids else None, mode=mode)
-            self.store.put(r)
+            cid = self.timeline.client_of(r.request_id)
+            if cid == r.request_id:
+                self.store.put(r)
             if final:
                 self._partial.pop(r.request_id, None)
                 self._spans.pop(r.request_id, None)  # the stored result carries its span's ids (`span_of`)
-                self.tally.add(r)
+                if cid == r.request_id:
+                    self.tally.add(r)
+                finalised.add(r.request_id)
             else:
                 self._partial[r.request_id] = r.finished_ts
-            out.append(r)
-        attributed = {r.request_id for r in out}
+            attributed.add(r.request_id)
+            if cid == r.request_id:
+                out.append(r)
+            else:
+                clients[cid] = self._file_child(cid, r)
+        out.extend(clients.values())
+        if self._parts:
+            out.extend(self._close_clients(clients))
         for rid in wanted - attributed:  # forgotten by the timeline before it could be attributed
             self._partial.pop(rid, None)
             self._spans.pop(rid, None)
         while len(self._partial) > self.config.max_pending:
             self._partial.popitem(last=False)
             self.dropped_pending += 1
-        self._count_preemptions({r.request_id for r in out if r.final})
+        self._count_preemptions(finalised)
         self.store.expire(now)
         return out
 
+    def _file_child(self, client_id: str, part: AttributionResult) -> AttributionResult:
+        """The client request's one result with `part` (one child's) in it, stored and, once every child the
+        timeline holds has a final part, final and tallied (once)."""
+        parts = self._parts.setdefault(client_id, {})
+        self._parts.move_to_end(client_id)
+        parts[part.request_id] = part
+        self._client[part.request_id] = client_id
+        self._client.move_to_end(part.request_id)
+        while len(self._client) > self.config.max_results:
+            self._client.popitem(last=False)
+        combined = self._combine(client_id, parts)
+        while len(self._parts) > self.config.max_pending:
+            self._parts.popitem(last=False)
+            self.dropped_pending += 1
+        return combined
+
+    def _combine(self, client_id: str, parts: dict[str, AttributionResult]) -> AttributionResult:
+        """The client request's result from its children's parts so far, stored; final (and tallied) when every
+        part is and no other child of it can still finish (one aborted, or gone from the timeline, has no part)."""
+        kids = self.timeline.children(client_id)
+        order = [*kids, *(k for k in parts if k not in kids)]
+        final = self._client_done(kids, parts)
+        combined = client_result(client_id, [parts[k] for k in order if k in parts], final=final)
+        self.store.put(combined)
+        if final:
+            self.tally.add(combined)
+            del self._parts[client_id]
+        return combined
+
+    def _client_done(self, kids: tuple[str, ...], parts: dict[str, AttributionResult]) -> bool:
+        """Every part final, and every other child the timeline holds ended without one (aborted)."""
+        return all(p.final for p in parts.values()) and not any(
+            k not in parts and (lc := self.timeline.logged(k)) is not None and lc.aborted_ts is None for k in kids)
+
+    def _close_clients(self, filed: dict[str, AttributionResult]) -> list[AttributionResult]:
+        """Client requests waiting only for children that were aborted since: final now (none waits forever)."""
+        return [self._combine(cid, parts) for cid, parts in list(self._parts.items())
+                if cid not in filed and self._client_done(self.timeline.children(cid), parts)]
+
+    def client_id(self, request_id: str) -> str:
+        """The request the agent reports `request_id` under: an n>1 child's client request, else itself."""
+        return self._client.get(request_id) or self.timeline.client_of(request_id)
+
     def _attributed(self, rid: str) -> bool:
-        return chosen(rid, self.attribute_share)
+        return chosen(self.timeline.client_of(rid), self.attribute_share)  # an n>1 request's children together
 
     def _beyond_cap(self, wanted: set[str], refining: int) -> set[str]:
         """The new victims this pass leaves for the next under `max_pass_victims`, counting the `refining` partial
@@ -368,7 +444,11 @@ class AttributionPipeline:
                              self.store.bytes, dict(self.timeline.sizes()), self.last_event_ts)
 
     def result(self, request_id: str) -> AttributionResult | None:
-        return self.store.get(request_id)
+        """The stored result; for an n>1 child's id, its client request's (the one result reported)."""
+        r = self.store.get(request_id)
+        if r is None and request_id in self._client:
+            r = self.store.get(self._client[request_id])
+        return r
 
     def lifecycle(self, request_id: str) -> RequestLifecycle | None:
         return self.timeline.lifecycle(request_id)
@@ -416,8 +496,9 @@ class AttributionPipeline:
         if settled is not None:
             return settled
         lc = self.timeline.logged(request_id)  # the inferred times are not needed: no step inference forced
-        if lc is None:
-            return "unknown"
+        if lc is None:  # an n>1 client request: running while a child is, else skipped or aborted as they were
+            kids = {self.status(k) for k in self.timeline.children(request_id)}
+            return "unknown" if not kids else "running" if kids - {"skipped", "aborted"} else min(kids)
         if lc.complete:
             return "running"
         lost = lc.aborted_ts is not None or self._lost(lc) or self.timeline.lost_in_restart(request_id)
@@ -427,6 +508,8 @@ class AttributionPipeline:
         """`status()` where the settle passes' own maps answer it (stored, waiting, skipped), without reading the
         timeline: cheap, and safe to ask from another thread than the one feeding (a dict lookup each)."""
         r = self.store.get(request_id)
+        if r is None and request_id in self._client:  # an n>1 child: its client request's result
+            r = self.store.get(self._client[request_id])
         if r is not None:
             return "final" if r.final else "partial"
         if request_id in self._due:
@@ -445,9 +528,11 @@ class AttributionPipeline:
         block_size, pool = self.timeline.pool()
         last_ts = latest.step.ts if latest.step is not None else None
         held = {k: v for k, v in latest.held.items() if v > 0}
-        weights = {rid: f for rid, f in footprints(self._kv_uses()).items() if f > 0}
+        clients = self.timeline.clients()  # the whale rule judges an n>1 request as its client request
+        weights = {rid: f for rid, f in footprints(client_uses(self._kv_uses(), clients)).items() if f > 0}
         pool_tokens = block_size * pool if block_size and pool else None
-        in_flight = set(whales(weights, self.config.attribution.whale_factor, pool_tokens)) & held.keys()
+        in_flight = set(whales(weights, self.config.attribution.whale_factor, pool_tokens)) & (
+            {clients.get(rid, rid) for rid in held} if clients else held.keys())
         whale_ids = tuple(sorted(in_flight))
         top = max(held.items(), key=lambda kv: (kv[1], kv[0]), default=None)
         last_rec = latest.sample

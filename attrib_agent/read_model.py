@@ -144,6 +144,10 @@ class AgentState:
     def status(self, request_id: str) -> str:
         return self.pipeline.status(request_id)
 
+    def client_id(self, request_id: str) -> str:
+        """The request the agent reports `request_id` under (an n>1 child's client request, else itself)."""
+        return self.pipeline.client_id(request_id)
+
     def settled_status(self, request_id: str) -> str | None:
         """`status()` when stored, waiting or skipped (None otherwise): no timeline read, safe from the loop."""
         return self.pipeline.settled_status(request_id)

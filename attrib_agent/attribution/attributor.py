@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import defaultdict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -34,7 +34,7 @@ from attrib_agent.attribution.sim_cache import CostVersions, FrozenCost, RunCach
 from attrib_agent.attribution.sim_start import StepIndex, observed_start, without
 from attrib_agent.attribution.sim_trace import Pricer
 from attrib_agent.attribution.sim_types import SchedulerConfig, SimOutcome, SimRequest, SimResult, SimStart, StepCost
-from attrib_agent.attribution.whales import KvUse, footprints, whales
+from attrib_agent.attribution.whales import KvUse, client_uses, footprints, whales
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.model import RequestLifecycle
 
@@ -112,11 +112,18 @@ class _PeriodPlan:
 
     def __init__(self, period: list[SimRequest], victims: list[str], config: AttributionConfig,
                  sched: SchedulerConfig, cost: StepCost, start: SimStart | None = None,
-                 runs: RunCache | None = None, version: int = 0) -> None:
+                 runs: RunCache | None = None, version: int = 0, client: Mapping[str, str] | None = None) -> None:
         self.period = period
+        # n>1 children -> their client request: one player, removed with all its children (whales.client_uses)
+        self.client: Mapping[str, str] = client or {}
+        self._members: dict[str, frozenset[str]] = {}
+        for r in period if self.client else ():
+            cid = self.client.get(r.request_id)
+            if cid is not None:
+                self._members[cid] = self._members.get(cid, frozenset()) | {r.request_id}
         self._start, self._runs, self._version = start, runs, version
         self.victims = victims
-        ranked = whales(_footprints(period), config.whale_factor, sched.block_size * sched.num_blocks)
+        ranked = whales(_footprints(period, self.client), config.whale_factor, sched.block_size * sched.num_blocks)
         self.all_whales = frozenset(ranked)  # what marks a culprit a whale
         self.whales = ranked[: config.max_players]  # the players given exact Shapley values
         self._sched, self._cost = sched, cost
@@ -127,12 +134,22 @@ class _PeriodPlan:
         self._sims: dict[frozenset[str], SimResult] = {}
         self._traced: dict[frozenset[str], SimResult] = {}
 
+    def client_of(self, rid: str) -> str:
+        return self.client.get(rid, rid)
+
+    def _expand(self, removed: frozenset[str]) -> frozenset[str]:
+        """The requests a coalition of players stands for: a client request's children all go together."""
+        if not self._members or not removed & self._members.keys():
+            return removed
+        return frozenset().union(*(self._members.get(p, frozenset({p})) for p in removed))
+
     def _without(self, removed: frozenset[str], readers: Iterable[str]) -> tuple[list[SimRequest], list[str]]:
         return [r for r in self.period if r.request_id not in removed], [v for v in readers if v not in removed]
 
     def _simulate(self, removed: frozenset[str], readers: Iterable[str], traced: bool) -> SimResult:
         """The period without `removed`, run until `readers` finish (traced, if asked): from the run cache
         when an earlier run (of this settle or one before) answers exactly, else simulated and kept there."""
+        removed = self._expand(removed)
         kept, awaited = self._without(removed, readers)
         key = RunCache.key(self._start, self._sched, self._version, removed,
                            self.period[0].arrival_ts if self.period else 0.0)
@@ -162,7 +179,7 @@ class _PeriodPlan:
 
     def world(self, rid: str, which: str, present: frozenset[str]) -> float:
         """Victim `rid`'s re-simulated TTFT/ITL in the world where only `present` of the other whales ran."""
-        own = frozenset({rid}) & frozenset(self.whales)
+        own = frozenset({self.client_of(rid)}) & frozenset(self.whales)
         return _metric(self.run(present | own).outcomes.get(rid), self._arrivals[rid], which)
 
     def relevant(self, rid: str, which: str) -> frozenset[str]:
@@ -179,7 +196,7 @@ class _PeriodPlan:
         key = (rid, which)
         if key not in self._relevant:
             floor = self.floors.get(rid, (0.0, 0.0))[0 if which == "ttft" else 1]
-            players = [w for w in self.whales if w != rid]
+            players = [w for w in self.whales if w != self.client_of(rid)]
             effect = largest_effects(players, lambda s: self.world(rid, which, s))
             self._relevant[key] = frozenset(w for w, e in effect.items() if e >= max(floor, MIN_CULPRIT_S))
         return self._relevant[key]
@@ -279,6 +296,7 @@ class Attributor:
         """Results for the finished requests (all, or those named) of the timeline."""
         self.learn(timeline)
         cfg = self.scheduler_config(timeline)
+        clients = timeline.clients()  # n>1 children -> their client request (empty without n>1 traffic)
         wanted = None if request_ids is None else set(request_ids)
         known: list[tuple[SimRequest, float]] = []
         lcs: dict[str, RequestLifecycle] = {}
@@ -300,7 +318,7 @@ class Attributor:
                        if lcs[r.request_id].complete and (mine is None or r.request_id in mine)]
             if victims:
                 plan = _PeriodPlan(period, [v.req.request_id for v in victims], self.config, cfg, prices, start,
-                                   self.runs, self.prices.version)
+                                   self.runs, self.prices.version, clients)
                 plans.append((plan, victims))
                 full = plan.run(frozenset(plan.whales)).outcomes
                 for v in victims:
@@ -311,6 +329,9 @@ class Attributor:
                         self._itl_offsets.append(v.lc.mean_itl_s - o.mean_itl_s)
         # a culprit is in its victim's period: block-seconds of those alone, not the ledger of every request held
         kv = timeline.block_seconds({r.request_id for plan, _ in plans for r in plan.period})
+        for child, cid in clients.items():  # a client request's blocks: its children's
+            if child in kv:
+                kv[cid] = kv.get(cid, 0.0) + kv[child]
         membership = timeline.membership_quality().exact_share
         offsets = self.frontend_offsets()  # fixed from here on: only the loop above feeds them
         out: list[AttributionResult] = []
@@ -379,7 +400,8 @@ class Attributor:
                 base: _Baseline, view: EngineView) -> AttributionResult:
         whale_list, whale_set, runner = plan.whales, set(plan.whales), plan.run
         rid = v.req.request_id
-        players = [w for w in whale_list if w != rid]
+        me = plan.client_of(rid)  # an n>1 child's client request: never a player against its own children
+        players = [w for w in whale_list if w != me]
         obs_ttft, obs_itl = v.lc.ttft_s, v.lc.mean_itl_s
         base_ttft, base_itl, ttft_slow, itl_slow = base.ttft_s, base.itl_s, base.ttft_slow_s, base.itl_slow_s
 
@@ -412,11 +434,12 @@ class Attributor:
                 light = none - (base_ttft if which == "ttft" else base_itl)
                 if light > 0:
                     for other, secs in self._light_split(plan, players, rid, which).items():
-                        blame[other] += light * secs
+                        blame[plan.client_of(other)] += light * secs
                 _fit_to(blame, slow)
         n_gaps = itl_gaps(v.lc.completion_tokens)
         for other in list(set(blame_ttft) | set(blame_itl)):  # too little to name: it joins the unexplained
-            if blame_ttft.get(other, 0.0) + n_gaps * blame_itl.get(other, 0.0) < MIN_CULPRIT_S:
+            if blame_ttft.get(other, 0.0) + n_gaps * blame_itl.get(other, 0.0) < MIN_CULPRIT_S or (
+                    other == me != rid):  # (its siblings: the client's own doing, no other request's)
                 blame_ttft.pop(other, None)
                 blame_itl.pop(other, None)
         # causes label blamed seconds: a victim nobody is blamed for reports only its preempted time
@@ -445,7 +468,7 @@ class Attributor:
             ttft_slowdown_s=ttft_slow, itl_s=obs_itl, itl_baseline_s=base_itl, itl_slowdown_s=itl_slow,
             culprits=tuple(culprits), unexplained_ttft_s=unexplained_ttft, unexplained_itl_s=unexplained_itl,
             no_interference=ttft_slow == 0.0 and itl_slow == 0.0, quality=max(0.0, fidelity) * membership,
-            is_whale=rid in whale_set, engine=v.lc.engine, arrival_ts=v.lc.arrival_ts,
+            is_whale=me in whale_set, engine=v.lc.engine, arrival_ts=v.lc.arrival_ts,
             prompt_tokens=v.lc.prompt_tokens, completion_tokens=v.lc.completion_tokens,
             preempted_s=mech.preempted_s if mech else 0.0 if base.blamed else preempted_seconds(v.lc, view),
             evidence=mech.evidence_for(*(c.causes for c in culprits), *(c.itl_causes for c in culprits))
@@ -458,11 +481,13 @@ class Attributor:
         return _normalised(_trace_by_request(traced, which))
 
 
-def _footprints(period: list[SimRequest]) -> dict[str, int]:
+def _footprints(period: list[SimRequest], client: Mapping[str, str]) -> dict[str, int]:
     """KV footprints (whales.py): a shared prefix (`prefix_tokens`, where the re-simulation knows one) is held in
-    common, so it does not count towards any one request's weight, nor towards the first of its group's."""
+    common, so it does not count towards any one request's weight, nor towards the first of its group's. An n>1
+    request's children count as their client request (`client_uses`)."""
     ordered = sorted(period, key=lambda r: (r.arrival_ts, r.request_id))
-    return footprints(KvUse(r.request_id, r.prompt_tokens, r.output_tokens, r.prefix_tokens) for r in ordered)
+    return footprints(client_uses((KvUse(r.request_id, r.prompt_tokens, r.output_tokens, r.prefix_tokens)
+                                   for r in ordered), client))
 
 
 def _sim_request(lc: RequestLifecycle, cached: int = 0) -> SimRequest | None:

@@ -7,7 +7,7 @@ and no part is negative. Ids only, no request content.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import FrozenInstanceError, dataclass, field
 from enum import StrEnum
 from typing import Final
@@ -231,3 +231,67 @@ class AttributionResult:
 
     def top_culprit(self) -> Culprit | None:
         return max(self.culprits, key=lambda c: (c.ttft_s + c.itl_s, c.request_id), default=None)
+
+
+def client_result(client_id: str, parts: Sequence[AttributionResult], *, final: bool) -> AttributionResult:
+    """One result for a client request vLLM ran as n engine requests (n > 1, parallel sampling), from its children's
+    `parts` (child order); the one place these rules are written (docs/sources.md, "Requests with n > 1"):
+    - TTFT (observed, baseline, slowdown, unexplained, each culprit's TTFT blame and causes): the child whose first
+      token came first, what a streaming client sees first;
+    - ITL: per output-token gap over all children (each child's figure weighted by its gaps), as vLLM's
+      `vllm:inter_token_latency_seconds` pools every child's gaps (vllm/v1/metrics/stats.py:549-552); vLLM
+      reports no per-parent ITL, only per child (stats.py:607-611);
+    - completion tokens summed; finished when the last child did; preempted seconds summed;
+    - a culprit's blame added over the children (TTFT from the first only), its share of the combined blame,
+      KV block-seconds the most any child saw; blame of a child on its siblings is not in the parts (unexplained).
+    `final` when every child's part is."""
+    first = min(parts, key=lambda r: (r.ttft_s is None, r.ttft_s or 0.0))
+    gaps = [r.itl_gaps for r in parts]
+    total_gaps = sum(gaps)
+
+    def per_gap(values: Sequence[float | None]) -> float | None:
+        known = [(v, g) for v, g in zip(values, gaps, strict=True) if v is not None]
+        weight = sum(g for _, g in known)
+        if not known:
+            return None
+        return sum(v * g for v, g in known) / weight if weight > 0 else known[0][0]
+
+    def per_gap_f(values: Sequence[float]) -> float:
+        return sum(v * g for v, g in zip(values, gaps, strict=True)) / total_gaps if total_gaps > 0 else 0.0
+
+    tokens = [r.completion_tokens for r in parts if r.completion_tokens is not None]
+    completion = sum(tokens) if tokens else None
+    n_gaps = itl_gaps(completion)
+    ids = sorted({c.request_id for r in parts for c in r.culprits})
+    blamed: list[tuple[str, float, float, Mapping[str, float], Mapping[str, float], float, bool]] = []
+    for cid in ids:
+        mine = [r.culprit(cid) for r in parts]
+        at_first = first.culprit(cid)
+        itl = per_gap_f([c.itl_s if c is not None else 0.0 for c in mine])
+        itl_causes: dict[str, float] = {}
+        for c, g in zip(mine, gaps, strict=True):
+            for cause, v in (c.itl_causes.items() if c is not None and total_gaps > 0 else ()):
+                itl_causes[cause] = itl_causes.get(cause, 0.0) + v * g / total_gaps
+        blamed.append((cid, at_first.ttft_s if at_first is not None else 0.0, itl,
+                       at_first.causes if at_first is not None else NO_CAUSES, itl_causes,
+                       max(c.kv_block_seconds for c in mine if c is not None), any(c.is_whale for c in mine if c)))
+    total = sum(t + n_gaps * i for _, t, i, *_ in blamed)
+    culprits = sorted((Culprit(cid, t, i, (t + n_gaps * i) / total if total > 0 else 0.0, causes, kv, whale,
+                               itl_causes)
+                       for cid, t, i, causes, itl_causes, kv, whale in blamed),
+                      key=lambda c: (-(c.ttft_s + n_gaps * c.itl_s), c.request_id))
+    itl_slow = per_gap_f([r.itl_slowdown_s for r in parts])
+    evidence: dict[str, str] = {}
+    for r in reversed(parts):
+        evidence.update(r.evidence)
+    return AttributionResult(
+        request_id=client_id, finished_ts=max(r.finished_ts for r in parts), ttft_s=first.ttft_s,
+        ttft_baseline_s=first.ttft_baseline_s, ttft_slowdown_s=first.ttft_slowdown_s,
+        itl_s=per_gap([r.itl_s for r in parts]), itl_baseline_s=per_gap([r.itl_baseline_s for r in parts]),
+        itl_slowdown_s=itl_slow, culprits=tuple(culprits), unexplained_ttft_s=first.unexplained_ttft_s,
+        unexplained_itl_s=per_gap_f([r.unexplained_itl_s for r in parts]),
+        no_interference=first.ttft_slowdown_s == 0.0 and itl_slow == 0.0, quality=min(r.quality for r in parts),
+        is_whale=any(r.is_whale for r in parts), engine=first.engine, arrival_ts=first.arrival_ts,
+        prompt_tokens=first.prompt_tokens, completion_tokens=completion, trace_id=first.trace_id,
+        span_id=first.span_id, final=final, preempted_s=sum(r.preempted_s for r in parts), evidence=evidence,
+        mode="exact" if all(r.mode == "exact" for r in parts) else "inferred")

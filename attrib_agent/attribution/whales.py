@@ -52,6 +52,23 @@ def footprints(uses: Iterable[KvUse]) -> dict[str, int]:
     return out
 
 
+def client_uses(uses: Iterable[KvUse], client_of: Mapping[str, str]) -> list[KvUse]:
+    """`uses` with an n>1 request's children (`client_of`: child id -> client id) as one use of its client request,
+    at its first child's place: the whale rule judges what the client sent. vLLM caches a block when it allocates
+    it (v1/core/kv_cache_manager.py:612-616), so the children after the first read the prompt's full blocks from
+    the prefix cache: the prompt is held once (less what the first child read of others'), the outputs one each."""
+    if not client_of:
+        return list(uses)
+    merged: dict[str, KvUse] = {}
+    for u in uses:
+        cid = client_of.get(u.request_id, u.request_id)
+        got = merged.get(cid)
+        merged[cid] = KvUse(cid, u.prompt_tokens, u.output_tokens, u.cached_tokens) if got is None else KvUse(
+            cid, max(got.prompt_tokens, u.prompt_tokens), got.output_tokens + u.output_tokens,
+            min(got.cached_tokens, u.cached_tokens))
+    return list(merged.values())
+
+
 def whales(footprints: Mapping[str, int], factor: float, pool_tokens: int | None = None,
            pool_share: float = POOL_SHARE) -> list[str]:
     """The whales among `footprints` (request id -> KV footprint in tokens), largest first (ties by id): a footprint

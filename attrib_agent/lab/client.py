@@ -39,6 +39,7 @@ class PlannedRequest:
     # The run's privacy canary, for text prompts: vLLM is made to generate it (structured output) and carries it
     # in its span (W3C tracestate), so a privacy test finds it in vLLM's output log lines and OTLP bodies too.
     canary: str | None = None
+    n: int = 1  # parallel sampling: vLLM runs n child sequences of `max_tokens` each for this one request
 
 
 @dataclass
@@ -59,6 +60,7 @@ class ClientResult:
     prompt_tokens: int = 0
     output_tokens: int = 0
     max_tokens: int = 0
+    n: int = 1  # sequences asked for; output_tokens sums them (the final usage chunk's total)
     status: str = "pending"
     error: str | None = None
 
@@ -119,6 +121,7 @@ async def _one(
         intended_send_ts=start_ts + req.offset_s,
         prompt_tokens=len(req.prompt_token_ids),
         max_tokens=req.max_tokens,
+        n=req.n,
     )
     delay = clock.mono_at(res.intended_send_ts) - time.monotonic()
     if delay > 0:
@@ -131,6 +134,8 @@ async def _one(
         "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
+    if req.n > 1:  # vLLM refuses n > 1 with greedy sampling; seeded, so a rerun samples the same (child i: seed + i)
+        body.update(n=req.n, temperature=1.0, seed=int(hashlib.sha256(req.request_id.encode()).hexdigest()[:8], 16))
     path = "/v1/completions"
     if req.api == "chat":
         path = "/v1/chat/completions"
@@ -144,6 +149,7 @@ async def _one(
         headers.update(canary_headers(req.canary, req.request_id))
         body["structured_outputs"] = {"regex": re.escape(req.canary) + " [a-z ]*"}
     res.actual_send_ts = clock.now()
+    per_choice: dict[int, int] = {}  # continuous usage counts each choice's own tokens (n > 1: one per child)
     try:
         async with client.stream(
             "POST", f"{base_url}{path}", json=body, headers=headers
@@ -163,7 +169,11 @@ async def _one(
                     # chat: the engine request id is the response id.
                     res.vllm_request_id = res.response_id if req.api == "chat" else f"{res.response_id}-0"
                 usage = chunk.get("usage") or {}
+                choices = chunk.get("choices") or []
                 done = int(usage.get("completion_tokens") or 0)
+                if choices and isinstance(choices[0], dict):  # a choice's chunk: usage is that choice's so far
+                    per_choice[int(choices[0].get("index") or 0)] = done
+                    done = sum(per_choice.values())
                 new = done - res.output_tokens
                 if new > 0:
                     if res.first_token_ts is None:
@@ -173,7 +183,7 @@ async def _one(
                 if usage.get("prompt_tokens"):
                     res.prompt_tokens = int(usage["prompt_tokens"])
         res.finish_ts = clock.now()
-        res.status = "ok" if res.output_tokens == req.max_tokens else "short_output"
+        res.status = "ok" if res.output_tokens == req.n * req.max_tokens else "short_output"
     except (httpx.HTTPError, ValueError) as e:
         res.status, res.error = "error", f"{type(e).__name__}: {e}"[:300]
     return res

@@ -65,7 +65,7 @@ def make_plan(scenario: Scenario, tag: str, canary: str) -> list[PlannedRequest]
             text = f"{canary} please summarise request {r.spec_id} in one line"
         plan.append(PlannedRequest(r.spec_id, r.klass.name, r.is_whale, rid, r.offset_s,
                                    prefixed_token_ids(r, tag, seed), r.klass.output_tokens,
-                                   api=r.api, prompt_text=text, canary=canary if text else None))
+                                   api=r.api, prompt_text=text, canary=canary if text else None, n=r.n))
     return plan
 
 
@@ -196,7 +196,8 @@ def scenario_meta(s: Scenario) -> dict[str, Any]:
         "requests": [{"spec_id": r.spec_id, "class": r.klass.name, "offset_s": r.offset_s, "is_whale": r.is_whale,
                       "api": r.api,
                       "prompt_tokens": r.klass.prompt_tokens, "output_tokens": r.klass.output_tokens,
-                      **({"prefix": [list(seg) for seg in r.prefix]} if r.prefix else {})}
+                      **({"prefix": [list(seg) for seg in r.prefix]} if r.prefix else {}),
+                      **({"n": r.n} if r.n > 1 else {})}
                      for r in s.requests],
     }
 

@@ -50,6 +50,7 @@ class RequestSpec:
     # Shared leading segments (name, tokens), e.g. a system prompt then a document: requests naming the same
     # segments start with the same token ids in a run (vLLM's prefix cache hits them); the rest is the request's own.
     prefix: tuple[tuple[str, int], ...] = ()
+    n: int = 1  # parallel sampling (`"n"` in the body): vLLM runs n child engine requests of the class's output
 
     @property
     def is_whale(self) -> bool:
@@ -258,6 +259,13 @@ SCENARIOS: dict[str, Scenario] = {
             "2 long decodes; beside them, 0.9 s apart, bursts of 1, 4, 8 more decoders, then one 256- and"
             " 1,024-token prefill, 5 times: what a co-member adds to the same decodes' step time (`lab marginal`)",
             marginal_plan(),
+        ),
+        _scenario(
+            "nseq",
+            "20 shorts beside parallel-sampling requests: two 256/64 with n=3 and a 1,024/200 whale with n=4 (vLLM"
+            " runs each child as its own engine request, `<i>_<id>-<hex>`, prefix shared, own decode blocks)",
+            [*_shorts(), RequestSpec("p1", RequestClass("par", 256, 64), 2.0, n=3),
+             RequestSpec("w1", whale(1024, 200), 3.5, n=4), RequestSpec("p2", RequestClass("par", 256, 64), 6.0, n=3)],
         ),
         _scenario(
             "smoke",

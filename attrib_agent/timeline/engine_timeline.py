@@ -8,7 +8,7 @@ chunks, with the requests that ended before them; hard caps bound steps, request
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -35,8 +35,12 @@ from attrib_agent.timeline.reinference import TimelineInference
 from attrib_agent.timeline.sched_state import Geometry, StepInput
 from attrib_agent.timeline.step_outcome import StepOutcome
 from attrib_agent.timeline.timeline_window import StepWindow
+from attrib_agent.vllm_ids import CHILD_PREFIX
 
 DEFAULT_TOKEN_BUDGET = 2048  # vLLM's max_num_batched_tokens on CPU; GPUs often run 8192
+MAX_EARLY_SPANS = 256
+"""Spans that admitted their request before any log line (kept in case `Added` lines then name it an n>1 parent):
+the last this many. Live, such a span is at most a log poll (0.1 s) ahead of the lines."""
 BOUND_EVERY_FEEDS = 1024  # how often the time-based bounds are applied (the hard caps are checked every feed)
 
 
@@ -82,6 +86,12 @@ class EngineTimeline:
         self._exact = ExactSteps(max_steps, max_requests)  # the step plugin's facts (exact mode), when it reports
         self._overlaid: tuple[int, list[tuple[StepInput, StepOutcome]]] | None = None
         self.skipped: dict[str, int] = {}
+        # spans that admitted their request before any log line named it, with the `Received` line that came
+        # after (live, a short request's span can beat the log's 0.1 s poll): if `Added` lines then name it an
+        # n>1 parent, its children take its place (`_early_parent`). The last MAX_EARLY_SPANS.
+        self._early: OrderedDict[str, tuple[list[RequestSpan], RequestReceived | None]] = OrderedDict()
+        self._early_kids: OrderedDict[str, list[RequestSpan]] = OrderedDict()  # such spans, for the next children
+        self.moved_spans: list[tuple[RequestSpan, str]] = []  # (span, the child it went to) since the caller took them
 
     # ---- input -------------------------------------------------------------------------------------------
     def feed(self, event: Event) -> None:
@@ -144,11 +154,75 @@ class EngineTimeline:
             log_ts = self._log_time(ev.log_ts, ev.ts)
             if log_ts != ev.log_ts:  # a copy only when the stamp changes (1 s stamps: receipt time instead)
                 ev = replace(ev, log_ts=log_ts)
+        early = self._early_parent(ev.request_id) if isinstance(ev, RequestAdded) and self._early else None
+        if early is not None:
+            self._readmit_as_parent(early)
         change = self._book.feed(ev)
-        entry = self._book.entry(ev.request_id)
+        entry = self._book.entry(change.request_id)  # an n>1 parent's span: the child it went to
         if entry is not None and (change.span_landed or change.new or change.aborted):
-            self._inference.request_changed(ev.request_id, entry.queue_ts,
+            self._inference.request_changed(change.request_id, entry.queue_ts,
                                             span_landed=change.span_landed and not (change.new or change.aborted))
+        if isinstance(ev, RequestSpan) and change.new:
+            self._early[ev.request_id] = ([ev], None)
+            while len(self._early) > MAX_EARLY_SPANS:
+                self._early.popitem(last=False)
+        elif isinstance(ev, RequestSpan) and (got := self._early.get(ev.request_id)) is not None:
+            if change.request_id == ev.request_id and all(sp.span_id != ev.span_id for sp in got[0]):
+                got[0].append(ev)  # another child's span, before the log named the children (not a repeat)
+        elif isinstance(ev, RequestReceived) and ev.request_id in self._early:
+            self._early[ev.request_id] = (self._early[ev.request_id][0], ev)
+        if early is not None:
+            self._early_kids[early[0][0].request_id] = early[0]
+            while len(self._early_kids) > MAX_EARLY_SPANS:
+                self._early_kids.popitem(last=False)
+        if isinstance(ev, RequestAdded) and self._early_kids and change.new:
+            self._span_to_child(change.request_id)
+
+    def _span_to_child(self, child: str) -> None:
+        """A newly added n>1 child takes the next of the spans its parent's name brought before the log named it
+        (spans of alike children: which goes to which changes no step)."""
+        m = CHILD_PREFIX.fullmatch(child)
+        spans = self._early_kids.get(m["parent"]) if m is not None else None
+        if not spans:
+            return
+        span = spans.pop(0)
+        if not spans:
+            del self._early_kids[span.request_id]
+        self._on_request(span)
+        if (got := self._book.last_span_request) and got != span.request_id:
+            self.moved_spans.append((span, got))
+
+    def _early_parent(self, child: str) -> tuple[list[RequestSpan], RequestReceived | None] | None:
+        """For the `Added` line of an n>1 child whose parent a span admitted first (and no child yet): that span
+        and the parent's `Received` line; else None."""
+        m = CHILD_PREFIX.fullmatch(child)
+        if m is None or m["parent"] not in self._book or self._book.children(m["parent"]):
+            return None
+        return self._early.pop(m["parent"], None)
+
+    def _readmit_as_parent(self, early: tuple[list[RequestSpan], RequestReceived | None]) -> None:
+        """The lifecycle a parent's span made before the log named its children leaves (the steps re-inferred
+        without it); its `Received` line (else the span's start) waits for the children, as in log order."""
+        span, received = early[0][0], early[1]
+        entry = self._book.entry(span.request_id)
+        self._book.forget(span.request_id)
+        if entry is not None:
+            self._inference.request_changed(span.request_id, entry.queue_ts)
+        self._inference.forget(span.request_id)
+        self._book.feed(received if received is not None else RequestReceived(
+            ts=span.start_ts, log_ts=span.start_ts, request_id=span.request_id, max_tokens=span.max_tokens))
+
+    def client_of(self, request_id: str) -> str:
+        """The client request `request_id` is part of: an n>1 child's parent (while the book holds it), else itself."""
+        return self._book.client_of(request_id)
+
+    def clients(self) -> dict[str, str]:
+        """Each n>1 child the book holds -> its parent (the client request); empty without n>1 traffic."""
+        return self._book.clients()
+
+    def children(self, parent: str) -> tuple[str, ...]:
+        """An n>1 request's children the book holds, in child order (empty for any other id)."""
+        return self._book.children(parent)
 
     # ---- bounds ------------------------------------------------------------------------------------------
     def _bound(self) -> None:
@@ -213,6 +287,15 @@ class EngineTimeline:
         if lc is None:
             return None
         return lc if lc.complete else self._partial(lc)
+
+    def span_owner(self, span: RequestSpan) -> str | None:
+        """The lifecycle `span` (just fed) went to: its own id, or for an n>1 parent's span the child it was given
+        (None when every child had one already: a repeated export)."""
+        kids = self._book.children(span.request_id)
+        if not kids or span.request_id in self._book:
+            return span.request_id
+        got = self._book.last_span_request
+        return got if got in kids else None
 
     def logged(self, request_id: str) -> RequestLifecycle | None:
         """What the log lines and the span say of the request, no step inferred for it: a status read asked many

@@ -8,6 +8,11 @@ Only requests that entered the engine count: `Added request` (or a span) is the 
 `Received request` for calls that never reach the engine (`/tokenize` and `/detokenize`, rejected or aborted
 requests); such an id waits apart, bounded in number and in event time, and leaves without a trace if no
 `Added` line comes: it never joins the queue the step inference reads, never holds a result, never shows.
+
+An n>1 request (parallel sampling) is n engine requests in vLLM 0.32, its children `<i>_<id>` (the log parser
+names them so): each has its own sequence, KV blocks and span, so each is a lifecycle here. They take the parent's
+`Received` line (arrival, max_tokens, queue place); the parent's spans, all named by the parent's id, go to its
+children one each, in child order.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Final
 
 from attrib_agent.events import RequestAborted, RequestAdded, RequestFailed, RequestReceived, RequestSpan, quick_init
 from attrib_agent.timeline.model import RequestLifecycle
+from attrib_agent.vllm_ids import CHILD_PREFIX
 
 RequestEvent = RequestReceived | RequestAdded | RequestAborted | RequestFailed | RequestSpan
 
@@ -82,6 +88,9 @@ class LifecycleBook:
         # received, not (yet) in the engine: id -> entry, in receipt order (expired from the front)
         self._unadmitted: OrderedDict[str, BookEntry] = OrderedDict()
         self._next_order = 0
+        # n>1 parents -> (their `Received` entry, their children in the book in child order); bounded by the entries
+        self._parents: dict[str, tuple[BookEntry | None, list[str]]] = {}
+        self.last_span_request: str | None = None  # the lifecycle the last span fed went to (a child for n>1)
         self.evicted = 0
         self.non_generation = 0  # `Received` ids of calls that never use the engine (tokenize-...)
         self.never_admitted = 0  # received ids that left without an `Added` line or span (window, bound, abort)
@@ -154,10 +163,19 @@ class LifecycleBook:
         rid = ev.request_id
         if not isinstance(ev, RequestSpan):
             self.expire_unadmitted(_log_time(ev) - self.admit_window_s)
+        elif rid in self._parents and rid not in self._entries:
+            rid = self._span_child(rid)
+            self.last_span_request = rid
+            if not rid:  # more spans than children (a repeated export): nothing to change
+                return BookChange(ev.request_id, new=False, span_landed=False, aborted=False)
+        else:
+            self.last_span_request = rid
         entry = self._entries.get(rid)
         new = entry is None
         if entry is None:
             waiting = self._unadmitted.get(rid)
+            if waiting is None and isinstance(ev, RequestAdded):
+                waiting = self._child_entry(rid)
             if isinstance(ev, RequestReceived):
                 self._receive(ev, waiting)
                 return BookChange(rid, new=False, span_landed=False, aborted=False)
@@ -194,6 +212,49 @@ class LifecycleBook:
         if new:
             self._bound()
         return BookChange(rid, new=new, span_landed=landed, aborted=aborted)
+
+    def _child_entry(self, rid: str) -> BookEntry | None:
+        """For an n>1 child whose parent was received (or has children here): the parent's arrival, max_tokens
+        and queue time, in a place of its own after its older siblings; None for any other id."""
+        m = CHILD_PREFIX.fullmatch(rid)
+        if m is None:
+            return None
+        parent = m.group("parent")
+        got = self._parents.get(parent)
+        received = got[0] if got is not None else self._unadmitted.pop(parent, None)
+        if got is None and received is None:
+            return None
+        self._parents[parent] = (received, [*(got[1] if got else ()), rid])
+        if received is None:
+            return None
+        self._next_order += 1
+        return replace(received, lifecycle=replace(received.lifecycle, request_id=rid), order=self._next_order - 1)
+
+    def _span_child(self, parent: str) -> str:
+        """The child a span named by its n>1 parent belongs to: the first, in child order, with none yet ("" if
+        all have one). vLLM's children of one request are alike (prompt, arrival, parameters), so which of two
+        finishing together gets which span changes no step."""
+        for child in self._parents[parent][1]:
+            lc = self._lifecycles.get(child)
+            if lc is not None and not lc.complete:
+                return child
+        return ""
+
+    def client_of(self, request_id: str) -> str:
+        """The client request `request_id` is part of: its n>1 parent while the book holds it as a child, else it."""
+        if not self._parents or (m := CHILD_PREFIX.fullmatch(request_id)) is None:
+            return request_id
+        got = self._parents.get(m["parent"])
+        return m["parent"] if got is not None and request_id in got[1] else request_id
+
+    def clients(self) -> dict[str, str]:
+        """Each n>1 child held -> its parent."""
+        return {child: parent for parent, (_, kids) in self._parents.items() for child in kids}
+
+    def children(self, parent: str) -> tuple[str, ...]:
+        """An n>1 request's children in the book, in child order (empty for any other id)."""
+        got = self._parents.get(parent)
+        return tuple(got[1]) if got else ()
 
     def _receive(self, ev: RequestReceived, waiting: BookEntry | None) -> None:
         """A `Received` line alone: held apart until `Added` (or a span) shows the request entered the engine."""
@@ -247,6 +308,11 @@ class LifecycleBook:
         if i is not None:
             del self._queue[i]
             del self._queued[i]
+        if self._parents and (m := CHILD_PREFIX.fullmatch(request_id)) and (got := self._parents.get(m["parent"])):
+            if request_id in got[1]:
+                got[1].remove(request_id)
+            if not got[1]:
+                del self._parents[m["parent"]]
 
     def forget_ended_before(self, ts: float) -> int:
         """Drop requests that ended (finished or aborted) before `ts`; returns how many left."""

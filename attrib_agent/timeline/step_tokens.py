@@ -55,12 +55,15 @@ def assign_tokens(st: SchedState, si: StepInput, geo: Geometry, work: StepWork) 
 
 
 def _cut_before_last(wanted: list[tuple[Slot, int]], live: list[Slot]) -> bool:
-    """Whether the budget cap cut a member that is not the step's last: vLLM never does (it stops scheduling
-    when its budget runs out, so only the last member can be partial). The line counting the later members
-    means the budget did not bind there; the known sizes were too large, and prefix-cache hits (invisible on
+    """Whether the budget cap cut a member that is not the step's last, or cut the last to nothing: vLLM never
+    does (it stops scheduling when its budget runs out, so only the last member can be partial, and a member it
+    counts computed something). The line counting those members means the budget did not bind there (the budget
+    is only the largest step seen so far); the known sizes were too large, and prefix-cache hits (invisible on
     the line, found at admission) explain the difference. Left capped, a member would get 0 tokens and fall
-    out of a step the line says it ran in, and the next step would take it for preempted."""
-    return bool(live) and any(s.tokens is not None and s.tokens < n and s is not live[-1] for s, n in wanted)
+    out of a step the line says it ran in, and the next step would take it for preempted (an n>1 request's
+    children: three 256-token prompts admitted together, 256 + 128 + 128 computed, the last capped to 0)."""
+    return bool(live) and any(s.tokens is not None and s.tokens < n and (s is not live[-1] or s.tokens <= 0)
+                              for s, n in wanted)
 
 
 def _prefix_hits(ctx: list[Slot], si: StepInput, budget: int, *, block_size: int | None = None,

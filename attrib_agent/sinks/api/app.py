@@ -84,7 +84,7 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
 
     def lookup(raw: str) -> Response:  # where the pipeline lives: status() may read the timeline
         try:
-            found = resolve(raw, lambda rid: state.status(rid) != "unknown")
+            found = resolve(raw, lambda rid: state.status(rid) != "unknown", state.client_id)
         except BadRequestId as exc:
             return error(400, str(exc), errs, "bad_id")
         if found.request_id is None and found.candidates:

@@ -50,10 +50,14 @@ def id_forms(raw: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(f for f in forms if len(f) <= MAX_ID_CHARS))
 
 
-def resolve(raw: str, known: Callable[[str], bool]) -> Resolved:
-    """vLLM's id for `raw`: the id itself when known, else the single known derived form (none if ambiguous)."""
+def resolve(raw: str, known: Callable[[str], bool], filed: Callable[[str], str] | None = None) -> Resolved:
+    """vLLM's id for `raw`: the id itself when known, else the single known derived form (none if ambiguous).
+    `filed`: the request the agent reports a known id under (an n>1 child's client request): forms that name the
+    same one are one answer, and it is that request's id."""
     check_id(raw)
     if known(raw):
-        return Resolved(raw, (raw,))
+        return Resolved(filed(raw) if filed else raw, (raw,))
     hits = tuple(f for f in id_forms(raw)[1:] if known(f))
+    if filed is not None:
+        hits = tuple(dict.fromkeys(filed(f) for f in hits))
     return Resolved(hits[0] if len(hits) == 1 else None, hits)

@@ -29,7 +29,7 @@ from attrib_agent.events import (
 )
 from attrib_agent.health import SourceHealth
 from attrib_agent.sources.log import patterns as p
-from attrib_agent.vllm_ids import frontend_ids
+from attrib_agent.vllm_ids import CHILD_PREFIX, external_id
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,11 @@ class RequestIds:
     until its `Added` line (or ADMIT_WINDOW_S), a request in flight from `Added` to its end (an abort or failure
     line, or its span via `ended`), and an ended one ENDED_GRACE_S more (late lines). An internal id
     (`<external>-<8 hex>`, `<i>_<external>-<8 hex>`) is resolved from the external ids held, never stored: the
-    memory is sized by the requests in flight, not by how many went by. Each map has a hard bound, oldest first."""
+    memory is sized by the requests in flight, not by how many went by. Each map has a hard bound, oldest first.
+
+    An n>1 request's children (`<i>_<external>-<8 hex>`, parallel sampling) are vLLM's engine requests, each with
+    its own sequence, KV blocks and span: each is named `<i>_<external>` and held in flight on its own; a line that
+    names the parent (its abort) names every child of it still in flight."""
 
     def __init__(self, limit: int = MAX_TRACKED_IDS, *, max_received: int = MAX_RECEIVED,
                  max_ended: int = MAX_ENDED, admit_window_s: float = ADMIT_WINDOW_S,
@@ -66,13 +70,24 @@ class RequestIds:
         self._received: OrderedDict[str, float] = OrderedDict()  # external id -> receipt time, not added yet
         self._live: OrderedDict[str, None] = OrderedDict()  # external ids in flight (added, not ended)
         self._ended: OrderedDict[str, float] = OrderedDict()  # external id -> when it ended, for the grace
+        # n>1 parents (external id) -> their children's ids in flight, in index order (bounded like `_live`)
+        self._children: OrderedDict[str, list[str]] = OrderedDict()
+        # ids whose span landed before any log line named them (live, a span can beat the log's poll) -> spans not
+        # yet given to a child: if `Added` lines then name children of it, the first ones take them. Held while
+        # the id is in `_ended`'s grace (so bounded as it is).
+        self._early: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._received) + len(self._live) + len(self._ended)
 
     def sizes(self) -> dict[str, int]:
-        """Ids held by state: `received` (waiting for `Added`), `in_flight`, `ended` (in their grace)."""
+        """Ids held by state: `received` (waiting for `Added`), `in_flight`, `ended` (in their grace). n>1 parents
+        (`parents()`) name children held in flight, at most `limit` of them."""
         return {"received": len(self._received), "in_flight": len(self._live), "ended": len(self._ended)}
+
+    def parents(self) -> int:
+        """n>1 requests with a child still in flight."""
+        return len(self._children)
 
     def received(self, request_id: str, ts: float) -> None:
         self._expire(ts)
@@ -87,6 +102,18 @@ class RequestIds:
         """The external id behind `internal_id`, now in flight (remembered for later aborts)."""
         external = self._resolve(internal_id, strip_unknown=True)
         self._received.pop(external, None)
+        child = CHILD_PREFIX.fullmatch(external)
+        if child and external not in self._ended and self._is_parent(parent := child.group("parent")):
+            self._received.pop(parent, None)
+            kids = self._children.setdefault(parent, [])
+            self._children.move_to_end(parent)
+            if external not in kids:
+                kids.append(external)
+            while len(self._children) > self.limit:
+                self._children.popitem(last=False)
+            if self._early.get(parent):  # one of its spans came before this line: this child's, ended
+                self._early[parent] -= 1
+                self.ended(external, self._ended.get(parent, 0.0))
         if external not in self._ended:  # its span came first (the log read late): in its grace already
             self._live[external] = None
             self._live.move_to_end(external)
@@ -96,38 +123,70 @@ class RequestIds:
 
     def ended(self, request_id: str, ts: float) -> None:
         """`request_id` (external) ended: aborted, failed, or its span landed. Its ids stay mapped `grace_s` more."""
+        self.child_ended(request_id)
         self._received.pop(request_id, None)
         self._live.pop(request_id, None)
         self._ended[request_id] = ts
         self._ended.move_to_end(request_id)
         self._expire(ts)
         while len(self._ended) > self.max_ended:
-            self._ended.popitem(last=False)
+            self._early.pop(self._ended.popitem(last=False)[0], None)
+
+    def span_landed(self, request_id: str, ts: float) -> None:
+        """A span named `request_id` landed: it ends the request, or for an n>1 parent its first child still in
+        flight; one that no log line named yet is kept for the children `Added` lines may name next."""
+        target = self.requests(request_id, first=True)[0]
+        if target == request_id and request_id not in self._live and (
+                request_id not in self._ended or request_id in self._early):
+            self._early[request_id] = self._early.get(request_id, 0) + 1
+        self.ended(target, ts)
 
     def external(self, request_id: str) -> str:
         """The external id for an id vLLM logged (aborts may name the internal one)."""
         return self._resolve(request_id, strip_unknown=False)
 
+    def requests(self, request_id: str, *, first: bool = False) -> list[str]:
+        """The requests an id vLLM logged names: an n>1 parent's children still in flight (only the first with
+        `first`), else its external id."""
+        external = self._resolve(request_id, strip_unknown=False)
+        kids = self._children.get(external)
+        if not kids:
+            return [external]
+        return [kids[0]] if first else list(kids)
+
+    def child_ended(self, request_id: str) -> None:
+        """`request_id` (a child) left: its parent stops naming it."""
+        child = CHILD_PREFIX.fullmatch(request_id)
+        kids = self._children.get(child.group("parent")) if child else None
+        if kids is not None and request_id in kids:
+            kids.remove(request_id)
+            if not kids:
+                del self._children[child.group("parent")]  # type: ignore[union-attr]
+
+    def _is_parent(self, request_id: str) -> bool:
+        """Received and not added under its own id (an n>1 request's `Added` lines name only its children)."""
+        return request_id in self._children or request_id in self._received or request_id in self._early
+
     def _known(self, request_id: str) -> bool:
-        return request_id in self._live or request_id in self._received or request_id in self._ended
+        return (request_id in self._live or request_id in self._received or request_id in self._ended
+                or request_id in self._children)
 
     def _resolve(self, request_id: str, *, strip_unknown: bool) -> str:
-        """A held external id as is; else `<base>-<8 hex>` -> base (or a child's parent) when that is held; else,
+        """A held external id as is; else `<base>-<8 hex>` -> base (a child keeps its `<i>_`) when that is held; else,
         with `strip_unknown` (an `Added` line: its id is internal), the base; else the id itself."""
         if self._known(request_id):
             return request_id
-        forms = frontend_ids(request_id)
-        for form in forms:
-            if self._known(form):
-                return form
-        return forms[0] if forms and strip_unknown else request_id
+        base = external_id(request_id)  # a child's own id (`<i>_<external>`): each child is a request here
+        if base != request_id and (self._known(base) or strip_unknown):
+            return base
+        return request_id
 
     def _expire(self, now: float) -> None:
         received, ended = self._received, self._ended
         while received and now - next(iter(received.values())) > self.admit_window_s:
             received.popitem(last=False)
         while ended and now - next(iter(ended.values())) > self.grace_s:
-            ended.popitem(last=False)
+            self._early.pop(ended.popitem(last=False)[0], None)
 
 
 Builder = Callable[[re.Match[str], float, float | None, RequestIds], list[LogEvent]]
@@ -198,24 +257,27 @@ def _added(m: re.Match[str], ts: float, log_ts: float | None, ids: RequestIds) -
     return [RequestAdded(ts=ts, log_ts=log_ts, request_id=ids.added(internal), internal_id=internal)]
 
 
-def _ended(ids: RequestIds, request_id: str, ts: float) -> str:
-    """The external id of a request that ended with this line (its ids stay mapped for the grace)."""
-    external = ids.external(request_id)
-    ids.ended(external, ts)
-    return external
+def _ended(ids: RequestIds, request_id: str, ts: float) -> list[str]:
+    """The requests that ended with this line (an n>1 parent's children in flight, else the one), their ids kept
+    mapped for the grace."""
+    gone = ids.requests(request_id)
+    for external in gone:
+        ids.ended(external, ts)
+    return gone
 
 
 def _aborted_many(m: re.Match[str], ts: float, log_ts: float | None, ids: RequestIds) -> list[LogEvent]:
-    return [RequestAborted(ts=ts, log_ts=log_ts, request_id=_ended(ids, i, ts)) for i in m["ids"].split(",") if i]
+    return [RequestAborted(ts=ts, log_ts=log_ts, request_id=r) for i in m["ids"].split(",") if i
+            for r in _ended(ids, i, ts)]
 
 
 def _aborted_one(m: re.Match[str], ts: float, log_ts: float | None, ids: RequestIds) -> list[LogEvent]:
-    return [RequestAborted(ts=ts, log_ts=log_ts, request_id=_ended(ids, m["id"], ts))]
+    return [RequestAborted(ts=ts, log_ts=log_ts, request_id=r) for r in _ended(ids, m["id"], ts)]
 
 
 def _failed(m: re.Match[str], ts: float, log_ts: float | None, ids: RequestIds) -> list[LogEvent]:
-    return [RequestFailed(ts=ts, log_ts=log_ts, request_id=_ended(ids, m["id"], ts),
-                          reason=p.failure_reason(m["tail"]))]
+    reason = p.failure_reason(m["tail"])
+    return [RequestFailed(ts=ts, log_ts=log_ts, request_id=r, reason=reason) for r in _ended(ids, m["id"], ts)]
 
 
 # First match wins. Each row's lead says "this message was meant to be that kind": a line with the lead
@@ -306,8 +368,9 @@ class LogLineParser:
 
     def span_landed(self, request_id: str, ts: float) -> None:
         """`request_id`'s span was received at `ts`: it finished, so its ids are kept only for the grace after
-        (the agent tells the parser; the log has no line for a normal finish)."""
-        self.ids.ended(request_id, ts)
+        (the agent tells the parser; the log has no line for a normal finish). An n>1 request's children each
+        have a span named by the parent: each ends the first child still in flight."""
+        self.ids.span_landed(request_id, ts)
 
     def parse(self, line: str, ts: float) -> LogEvent | None:
         """The line's event, or None. Only `Aborted request(s) a,b` yields several: use parse_all for those."""

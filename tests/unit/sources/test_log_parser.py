@@ -348,9 +348,10 @@ def test_added_aborted_failed_variants() -> None:
     (failed,) = _parse_rendered(parser, template, serving, "Request %s failed with an internal error during generation",
                                 w1, level="ERROR")
     assert failed == RequestFailed(1.0, _log_ts(template), w1, "internal_error")
-    # n>1 children `<i>_<internal>` and VLLM_DISABLE_REQUEST_ID_RANDOMIZATION (internal == external)
+    # n>1 children `<i>_<internal>` (each its own engine request: `<i>_<external>`) and
+    # VLLM_DISABLE_REQUEST_ID_RANDOMIZATION (internal == external)
     assert _parse_rendered(parser, template, engine, "Added request %s.", f"1_{i1}") == [
-        RequestAdded(1.0, _log_ts(template), w1, f"1_{i1}")]
+        RequestAdded(1.0, _log_ts(template), f"1_{w1}", f"1_{i1}")]
     assert _parse_rendered(parser, template, engine, "Added request %s.", w2) == [
         RequestAdded(1.0, _log_ts(template), w2, w2)]
     assert "SECRET" not in repr(parser.health)

@@ -84,21 +84,52 @@ def test_memory_follows_the_requests_in_flight_not_how_many_went_by() -> None:
 
 def test_a_request_in_flight_keeps_its_mapping_however_many_others_come_and_go() -> None:
     """A whale in flight while 20,000 shorts pass (more than every bound here): its abort by internal id still
-    names it, and so does its child's."""
+    names it; so does an n>1 whale's child's, and an abort naming that parent names each child still in flight."""
     ids = RequestIds(limit=64, max_received=16, max_ended=16)
     parser = LogLineParser(SourceHealth("log"))
     parser.ids = ids
     receive(parser, "cmpl-whale-0", 0.0)
     add(parser, internal("cmpl-whale-0"), 0.0)
-    add(parser, "1_" + internal("cmpl-whale-0", 7), 0.0)
+    receive(parser, "cmpl-par-0", 0.0)
+    for i in range(3):  # vLLM's children share the parent's internal id: `<i>_<external>-<8 hex>`
+        add(parser, f"{i}_" + internal("cmpl-par-0", 7), 0.0)
     for n in range(20_000):
         rid = f"cmpl-s{n}-0"
         receive(parser, rid, n * 0.01)
         add(parser, internal(rid, n), n * 0.01)
         parser.span_landed(rid, n * 0.01)
-    assert len(ids) <= 1 + 16
-    events = abort(parser, internal("cmpl-whale-0"), 300.0) + abort(parser, "1_" + internal("cmpl-whale-0", 7), 300.0)
-    assert [e.request_id for e in events if isinstance(e, RequestAborted)] == ["cmpl-whale-0", "cmpl-whale-0"]
+    assert len(ids) <= 1 + 3 + 16 and ids.parents() == 1
+    events = abort(parser, internal("cmpl-whale-0"), 300.0) + abort(parser, "1_" + internal("cmpl-par-0", 7), 300.0)
+    events += abort(parser, "cmpl-par-0", 300.0)
+    assert [e.request_id for e in events if isinstance(e, RequestAborted)] == [
+        "cmpl-whale-0", "1_cmpl-par-0", "0_cmpl-par-0", "2_cmpl-par-0"]
+    assert ids.parents() == 0
+
+
+def test_each_child_of_an_n_gt_1_request_is_its_own_request_and_each_span_ends_one() -> None:
+    """vLLM 0.32 runs an n>1 request as n engine requests (parallel_sampling.py `get_child_info`: `<i>_<internal>`),
+    each exporting its own span named by the parent's external id (output_processor.py `do_tracing`)."""
+    parser = LogLineParser(SourceHealth("log"))
+    receive(parser, "cmpl-p-0", 0.0)
+    added = [e for i in range(3) for e in add(parser, f"{i}_" + internal("cmpl-p-0"), 0.01)]
+    assert [(e.request_id, e.internal_id) for e in added if isinstance(e, RequestAdded)] == [
+        (f"{i}_cmpl-p-0", f"{i}_" + internal("cmpl-p-0")) for i in range(3)]
+    assert parser.ids.sizes() == {"received": 0, "in_flight": 3, "ended": 0} and parser.ids.parents() == 1
+    for k in range(3):
+        parser.span_landed("cmpl-p-0", 1.0 + k)
+        assert parser.ids.sizes()["in_flight"] == 2 - k
+    assert parser.ids.parents() == 0
+    # an ordinary id that merely starts with digits and `_` is no child: no received parent names it
+    (plain,) = add(parser, internal("7_job"), 2.0)
+    assert isinstance(plain, RequestAdded) and plain.request_id == "7_job" and parser.ids.parents() == 0
+
+
+def test_n_gt_1_parents_are_bounded() -> None:
+    ids = RequestIds(limit=4, max_received=8, max_ended=2)
+    for n in range(50):
+        ids.received(f"p{n}", 0.0)
+        ids.added(f"0_p{n}-{n:08x}")
+    assert ids.parents() == 4 and ids.sizes()["in_flight"] == 4
 
 
 def test_a_late_line_after_the_span_still_names_the_request_within_the_grace() -> None:
@@ -163,7 +194,7 @@ def test_after_a_vllm_restart_the_new_servers_ids_map_and_the_old_ones_are_bound
     assert len(parser.ids) <= 8 + 3
 
 
-@pytest.mark.parametrize("name", ["shorts", "preempt", "whale2", "bench-mixed", "bench-prefix"])
+@pytest.mark.parametrize("name", ["shorts", "preempt", "whale2", "bench-mixed", "bench-prefix", "nseq-steps"])
 def test_on_real_recordings_every_request_leaves_the_in_flight_memory(name: str) -> None:
     """Replayed as the agent replays (the log parser told of each span): every added request ended by a span or
     an abort, so none is left in flight, and every event is the one the parser gave before (the same ids)."""
@@ -184,7 +215,7 @@ def test_on_real_recordings_every_request_leaves_the_in_flight_memory(name: str)
     assert isinstance(log, LogRecordParser)
     ids = log.line_parser.ids
     added = {e.request_id for e in plain if isinstance(e, RequestAdded)}
-    assert added and ids.sizes()["in_flight"] == 0
+    assert added and ids.sizes()["in_flight"] == 0 and ids.parents() == 0  # n>1: each child ended by a span
     assert not set(ids._received) & added  # only calls that never reached the engine wait there
     assert 0 < ids.sizes()["ended"] <= sum(isinstance(e, RequestSpan | RequestAborted) for e in plain)
 

@@ -181,3 +181,44 @@ def test_received_ids_waiting_for_added_are_bounded() -> None:
     assert book.never_admitted == 992 and len(book) == 0
     with pytest.raises(ValueError):
         LifecycleBook(max_unadmitted=0)
+
+
+def test_an_n_gt_1_requests_children_are_lifecycles_of_their_own_and_take_its_spans_one_each() -> None:
+    """vLLM 0.32 runs `"n": 3` as three engine requests `<i>_<id>` (the log parser names them so), each exporting
+    a span named by the parent's id: each child takes the parent's `Received` line and one of its spans."""
+    from attrib_agent.events import RequestAdded, RequestReceived, RequestSpan
+    from attrib_agent.timeline.lifecycle import LifecycleBook
+
+    book = LifecycleBook()
+    book.feed(RequestReceived(ts=10.0, log_ts=10.0, request_id="cmpl-p-0", max_tokens=40))
+    for i in range(3):
+        change = book.feed(RequestAdded(ts=10.01, log_ts=10.01, request_id=f"{i}_cmpl-p-0",
+                                        internal_id=f"{i}_cmpl-p-0-0000abcd"))
+        assert change.new
+    kids = ("0_cmpl-p-0", "1_cmpl-p-0", "2_cmpl-p-0")
+    assert book.children("cmpl-p-0") == kids and "cmpl-p-0" not in book
+    assert [lc.request_id for lc in book.lifecycles()] == list(kids)
+    assert all(book.get(k).arrival_ts == 10.0 and book.get(k).max_tokens == 40 for k in kids)  # type: ignore[union-attr]
+    assert book.unadmitted() == 0 and book.never_admitted == 0
+    for k, e2e in enumerate((2.0, 2.5, 3.0)):
+        span = RequestSpan(13.0 + k, "cmpl-p-0", "0" * 32, f"{k:016x}", 10.0, 10.0 + e2e, 0.1, 0.5, e2e, 0.4,
+                           e2e - 0.6, e2e - 0.2, 256, 40, 40)
+        change = book.feed(span)
+        assert change.request_id == kids[k] and change.span_landed and book.last_span_request == kids[k]
+    assert [book.get(k).finish_ts for k in kids] == [12.0, 12.5, 13.0]  # type: ignore[union-attr]
+    again = book.feed(RequestSpan(14.0, "cmpl-p-0", "0" * 32, "f" * 16, 10.0, 13.0, 0.1, 0.5, 3.0, 0.4, 2.4, 2.8,
+                                  256, 40, 40))
+    assert not again.span_landed and [book.get(k).finish_ts for k in kids] == [12.0, 12.5, 13.0]  # type: ignore[union-attr]
+    for k in kids:
+        book.forget(k)
+    assert book.children("cmpl-p-0") == () and len(book) == 0
+
+
+def test_an_id_that_only_looks_like_a_child_is_an_ordinary_request() -> None:
+    from attrib_agent.events import RequestAdded, RequestReceived
+    from attrib_agent.timeline.lifecycle import LifecycleBook
+
+    book = LifecycleBook()
+    book.feed(RequestReceived(ts=1.0, log_ts=1.0, request_id="7_job", max_tokens=5))
+    book.feed(RequestAdded(ts=1.0, log_ts=1.0, request_id="7_job", internal_id="7_job-0000abcd"))
+    assert book.children("job") == () and book.get("7_job").max_tokens == 5  # type: ignore[union-attr]
