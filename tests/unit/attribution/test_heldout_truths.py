@@ -39,8 +39,8 @@ def test_whale1_prefill_contention_is_attributed_within_the_truths_resolution() 
 
 def test_on_the_shorts_the_truth_resolves_the_mixed_whales_blame_matches_their_shapley_share() -> None:
     """mixed's per-whale error (w1 47 %, w2 100 %) is the truth's noise: w2's true share is 8 ms of clipped
-    run-to-run spread, and w1's 0.18 s holds 0.08 s from shorts whose share is within 2 of its standard errors
-    (m013, m014, m023: sent 4-8 s after w1's prefill). On the shorts whose share is resolved (m002-m004, sent
+    run-to-run spread, and w1's 0.18 s holds 0.06 s from shorts whose share is within 2 of its standard errors
+    (m013, m014, m023: sent 3.6-7 s after w1's last token). On the shorts whose share is resolved (m002-m004, sent
     0.10-0.16 s after w1, waiting behind its 2 chunks), the engine blames 95 ms of the true 102 ms, all of it
     `prefill_contention`; w2 gets no blame."""
     truth = truth_spread.load(TRUTH / "mixed")
