@@ -55,8 +55,9 @@ def test_null_run_has_no_pressure_and_preempt_run_preempts(fixtures_dir):
 
 
 def test_fixtures_stay_small(fixtures_dir):
-    """A clone stays quick: 8 MiB holds the 8 recordings and 6 counterfactual truths (continuous, shared-prefix,
-    mid-stream preemption added 2.8 MB); a truth bigger than ~1.5 MB should be made with fewer or shorter runs."""
+    """A clone stays quick: 8 MiB holds the 8 recordings and 9 counterfactual truths (continuous, shared-prefix,
+    mid-stream preemption added 2.8 MB; the held-out whale1, mixed and kvpair 1.4 MB, 7.2 MiB in all); a truth
+    bigger than ~1.5 MB should be made with fewer or shorter runs."""
     files = [p for p in fixtures_dir.rglob("*") if p.is_file()]
     assert sum(p.stat().st_size for p in files) <= 8 * 1024 * 1024
     for truth in (fixtures_dir / "truth").iterdir():

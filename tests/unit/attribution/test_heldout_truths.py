@@ -1,0 +1,109 @@
+"""The held-out truths (whale1, mixed, kvpair; ninth session): scenarios the lab defined but no fit, constant or
+pace rule was ever tuned on. What they show, as measured (docs/attribution.md and docs/forecast.md, "Ninth
+session: held-out truths"); a change that moves a figure here updates those sections with it.
+
+Attribution holds on them where the truth resolves a harm; the forecast does not: the step-cost fit an agent kept
+from a run with no long prompt prices a whale's prefill from the prior (whale1: 2.8x its real chunks) or from
+1,024-token chunks (mixed: half of them), and mixed/w1 is called harmless in one recording though it makes a
+short wait 5x, far past the truth's noise."""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import cache
+from pathlib import Path
+
+from attrib_agent.lab.forecast_score import WhaleCase, score_dirs, summary
+from attrib_agent.lab.score import attributed, engine_blame, engine_itl_blame, score_truth
+
+from . import truth_spread
+
+TRUTH = Path(__file__).resolve().parents[2] / "fixtures" / "truth"
+HELD_OUT = ("whale1", "mixed", "kvpair")
+
+
+@cache
+def kept() -> list[WhaleCase]:
+    return score_dirs([TRUTH / name for name in HELD_OUT], persisted=True)
+
+
+def test_whale1_prefill_contention_is_attributed_within_the_truths_resolution() -> None:
+    """One whale, two shorts delayed by its four chunks (0.35 and 0.11 s of Shapley share): blamed 0.467 s of the
+    true 0.478 (2.2 %; the truth's standard error is 3 % of it), top-1 2/2, nobody blamed in the 60 null shorts."""
+    s = score_truth(TRUTH / "whale1", "attrib-agent", engine_blame, engine_itl_blame)
+    (total, se), = truth_spread.whale_totals(truth_spread.load(TRUTH / "whale1")).values()
+    assert (s.top1_hits, s.top1_total) == (2, 2) and (s.null_flagged, s.null_total) == (0, 60)
+    assert s.whale_rel_errors["w1"] <= 0.022 + 2 * se / total  # measured 2.2 %; 2 standard errors of the truth
+
+
+def test_on_the_shorts_the_truth_resolves_the_mixed_whales_blame_matches_their_shapley_share() -> None:
+    """mixed's per-whale error (w1 47 %, w2 100 %) is the truth's noise: w2's true share is 8 ms of clipped
+    run-to-run spread, and w1's 0.18 s holds 0.06 s from shorts whose share is within 2 of its standard errors
+    (m013, m014, m023: sent 3.6-7 s after w1's last token). On the shorts whose share is resolved (m002-m004, sent
+    0.10-0.16 s after w1, waiting behind its 2 chunks), the engine blames 95 ms of the true 102 ms, all of it
+    `prefill_contention`; w2 gets no blame."""
+    truth = truth_spread.load(TRUTH / "mixed")
+    runs = [r for r in truth["runs"] if r["accepted"] and r["condition"] == "w1+w2"]
+    blame: dict[str, float] = {}
+    for r in runs:
+        for victim, per in engine_blame(TRUTH / "mixed" / r["recording"]).items():
+            assert per.get("w2", 0.0) == 0.0, victim
+            blame[victim] = blame.get(victim, 0.0) + per.get("w1", 0.0) / len(runs)
+    resolved = {spec: e["shapley"]["ttft_s"]["w1"] for spec, e in truth["shorts"].items()
+                if e["shapley"]["ttft_s"]["w1"] >= 2 * truth_spread.short_shapley_se(truth, spec)["w1"]}
+    assert set(resolved) == {"m002", "m003", "m004"}
+    true_s, blamed_s = sum(resolved.values()), sum(blame.get(s, 0.0) for s in resolved)
+    assert math.isclose(true_s, 0.102, abs_tol=0.002) and abs(blamed_s - true_s) <= 0.1 * true_s  # 95 ms: -7 %
+    results, _, spec = attributed(TRUTH / "mixed" / runs[0]["recording"])
+    causes = {k for r in results if spec.get(r.request_id) in resolved for c in r.culprits for k, v in c.causes.items()
+              if v > 0.001}
+    assert causes == {"prefill_contention"}
+
+
+def test_kvpair_names_exactly_the_requests_vllm_preempted_and_none_elsewhere() -> None:
+    """vLLM preempted 1, 2 and 1 requests in kvpair's three w1+w2 runs (w2 each time, s003 too in r1; the client's
+    streams stall 0.42-0.46 s there) and none in any other run of the held-out truths."""
+    named: dict[str, list[str]] = {}
+    for name in HELD_OUT:
+        truth = json.loads((TRUTH / name / "truth.json").read_text())
+        for r in truth["runs"]:
+            results, _, spec = attributed(TRUTH / name / r["recording"])
+            got = sorted(spec.get(x.request_id, x.request_id) for x in results if x.preempted_s > 0)
+            meta = json.loads((TRUTH / name / r["recording"] / "meta.json").read_text())
+            assert len(got) == meta["preemptions"], (name, r["recording"])
+            if got:
+                named[f"{name}/{r['recording']}"] = got
+    assert named == {"kvpair/runs/w1+w2-r0": ["w2"], "kvpair/runs/w1+w2-r1": ["s003", "w2"],
+                     "kvpair/runs/w1+w2-r2": ["w2"]}
+
+
+def test_a_fit_kept_from_a_run_without_long_prompts_misprices_the_held_out_whales_prefill() -> None:
+    """whale1/w1 arrives before any step of its run. r0's agent starts from the fit of the null run before it
+    (32-token prompts only), whose chunk terms are still the prior's: its prefill is priced 1.29 s against the 0.46 s
+    its four chunks took, and the harm forecast 3.5 s against 0.48 s. r1 and r2 start from fits that have seen
+    whale1's chunks: 0.48 s each, the truth. The mean over the three is 1.49 s: 212 % off."""
+    by = {f"{c.truth}/{c.whale}": c for c in kept()}
+    w1 = by["whale1/w1"]
+    r0, r1, r2 = w1.forecast_s["declared"]
+    assert r0 > 6 * w1.true_harm_s  # 3.5 s: the prior's chunk prices
+    assert abs(r1 - w1.true_harm_s) <= 0.05 * w1.true_harm_s and abs(r2 - w1.true_harm_s) <= 0.05 * w1.true_harm_s
+
+
+def test_the_held_out_forecast_figures_as_measured() -> None:
+    """Declared load, kept fit, over the five held-out whales (three resolved: whale1/w1, mixed/w1, kvpair/w1):
+    median error 81 % (82 % over the resolved; the tuned truths' 28 % / 23 %). mixed/w1 is called harmless in
+    1 of 3 recordings (r0: its 2 chunks priced 79 ms against the 152 ms they took, by a fit kept from a run whose
+    longest chunk was 1,024 tokens, so the prefill ends before the first short arrives) though it makes m002 wait
+    5.4x, 20 standard errors past its noise: the issue's rule broken on held-out data. kvpair/w1's 2x (2 of 3
+    recordings harmless) is s002 waiting in vLLM's frontend before the engine saw it (tests/fixtures/README.md),
+    not resolved. mixed/w2, truly harmless, is called harmless in every recording."""
+    s = summary(kept(), "declared")
+    assert s["whales"] == 5 and s["resolved_whales"] == 3
+    assert math.isclose(s["median_rel_error"], 0.81, abs_tol=0.01)
+    assert math.isclose(s["median_rel_error_resolved"], 0.82, abs_tol=0.01)
+    assert s["called_harmless_but_resolved_2x"] == ["mixed/w1"]
+    assert s["called_harmless_but_2x"] == ["mixed/w1", "kvpair/w1"]
+    assert s["truly_harmless_called_harmless"] == ["mixed/w2"]
+    by = {f"{c.truth}/{c.whale}": c for c in kept()}
+    assert by["mixed/w1"].harmless["declared"] == [True, False, False]
