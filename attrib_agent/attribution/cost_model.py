@@ -154,24 +154,33 @@ _Kept = Sequence[tuple[int, _Row, float]]  # (step seq, row, elapsed) in the ord
 @dataclass(frozen=True, slots=True)
 class PriceRange:
     """The prefill a fit's prices rest on: the most prefill tokens and causal query-key pairs (`prefill_pairs`:
-    the attention work, which grows with the context a chunk attends over) of any step it was fitted on. A chunk
-    beyond either is priced by the prior or by extrapolation, not by evidence (`forecast.price_check`)."""
+    the attention work, which grows with the context a chunk attends over) of any step it was fitted on, and the
+    decodes `beside` the largest chunk. A chunk beyond it is priced by the prior or by extrapolation, not by
+    evidence (`forecast.price_check`). The decodes beside a chunk take their token of the budget: a whale's chunk
+    beside two decodes is 2,046 tokens, the same chunk alone 2,048, and the one is evidence for the other. So a
+    chunk is covered up to `prefill_tokens + beside` tokens, its pairs up to `prefill_pairs` times the square of
+    that ratio (a chunk and the context before it both that much longer)."""
 
     prefill_tokens: int = 0
     prefill_pairs: int = 0
+    beside: int = 0
 
     def covers(self, tokens: int, pairs: int) -> bool:
-        return tokens <= self.prefill_tokens and pairs <= self.prefill_pairs
+        most = self.prefill_tokens + self.beside
+        grow = most / self.prefill_tokens if self.prefill_tokens else 1.0
+        return tokens <= most and pairs <= self.prefill_pairs * grow * grow
 
 
 def seen_range(window: Iterable[tuple[_Row, float]]) -> PriceRange:
     """The `PriceRange` of the steps a fit reads (their rows hold the ints' exact floats)."""
-    tokens = pairs = 0.0
+    tokens = pairs = beside = 0.0
     for row, _ in window:
         if row[1] > 0:
-            tokens = max(tokens, row[1])
-            pairs = max(pairs, row[4])
-    return PriceRange(int(tokens), int(pairs))
+            if (row[1], row[2]) > (tokens, beside):
+                tokens, beside = row[1], row[2]
+            if row[4] > pairs:
+                pairs = row[4]
+    return PriceRange(int(tokens), int(pairs), int(beside))
 
 
 def _window(rows: _Kept, kept: Sequence[_Kept]) -> list[tuple[_Row, float]]:

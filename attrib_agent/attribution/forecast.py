@@ -98,7 +98,8 @@ class PriceCheck:
 
     def as_dict(self) -> dict[str, object]:
         return {"price_evidence": "extrapolated" if self.extrapolated else "fitted",
-                "price_seen": {"prefill_tokens": self.seen.prefill_tokens, "prefill_pairs": self.seen.prefill_pairs},
+                "price_seen": {"prefill_tokens": self.seen.prefill_tokens, "prefill_pairs": self.seen.prefill_pairs,
+                               "decodes_beside": self.seen.beside},
                 "price_needed": {"prefill_tokens": self.needed.prefill_tokens,
                                  "prefill_pairs": self.needed.prefill_pairs}}
 

@@ -119,20 +119,28 @@ def test_the_prefill_the_fit_rests_on_is_recorded_at_the_fit_and_kept_across_res
     on (issue 16: the forecast flags a price beyond it). Empty under the prior; a step observed but not yet fitted
     is not evidence; a restored fit brings the range of the window it was fitted on; forgetting it, it goes."""
     model = StepCostModel(min_steps=64, refit_every=128)
-    assert model.price_range == PriceRange(0, 0) and not model.fitted
+    def seen(m: StepCostModel) -> tuple[int, int]:
+        return m.price_range.prefill_tokens, m.price_range.prefill_pairs
+
+    assert model.price_range == PriceRange(0, 0, 0) and not model.fitted
     machine(model, 64, 5, 2e-4)  # the first fit, at step 64: one 2,048-token chunk in 50 (pairs not given)
-    assert model.fitted and model.price_range == PriceRange(2048, 0)
+    assert model.fitted and seen(model) == (2048, 0)
     model.observe(4096, 0, 0, 1.0, prefill_pairs=prefill_pairs(2048, 4096), prefill_requests=1)
-    assert model.price_range == PriceRange(2048, 0)  # seen, not yet fitted
+    assert seen(model) == (2048, 0)  # seen, not yet fitted
     model.refit()
-    assert model.price_range == PriceRange(4096, prefill_pairs(2048, 4096))
+    assert seen(model) == (4096, prefill_pairs(2048, 4096))
     fresh = StepCostModel()
     fresh.restore(json.loads(json.dumps(model.snapshot())))
     assert fresh.price_range == model.price_range  # adopted with the fit
     mine = StepCostModel(min_steps=64)
     machine(mine, 100, 6, 2e-4)
     mine.restore(model.snapshot())  # refitted on both: the larger chunk is in the merged window
-    assert mine.price_range == PriceRange(4096, prefill_pairs(2048, 4096))
+    assert seen(mine) == (4096, prefill_pairs(2048, 4096))
     mine.forget_restored()
-    assert mine.price_range == PriceRange(2048, 0)
-    assert seen_range([]) == PriceRange(0, 0)
+    assert seen(mine) == (2048, 0)
+    assert seen_range([]) == PriceRange(0, 0, 0)
+    # the decodes beside the largest chunk took their share of the budget: a chunk that much longer is covered
+    r = PriceRange(2046, 2046 * 2047 // 2, beside=2)
+    assert r.covers(2048, 2048 * 2049 // 2) and not r.covers(2049, 1000) and not r.covers(2048, 2048 * 2049)
+    assert seen_range([((1.0, 2046.0, 2.0, 500.0, 9.0, 1.0), 0.1), ((1.0, 2046.0, 5.0, 900.0, 4.0, 1.0), 0.1),
+                       ((1.0, 0.0, 9.0, 900.0, 0.0, 0.0), 0.01)]) == PriceRange(2046, 9, 5)

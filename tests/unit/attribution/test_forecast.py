@@ -278,7 +278,7 @@ def test_a_price_beyond_what_the_fit_saw_is_flagged_and_never_harmless() -> None
     assert not longer.harmless(ForecastConfig()) and not whale.harmless(ForecastConfig())
     d = whale.as_dict()
     assert d["price_evidence"] == "extrapolated"
-    assert d["price_seen"] == {"prefill_tokens": 1024, "prefill_pairs": 1024 * 1025 // 2}
+    assert d["price_seen"] == {"prefill_tokens": 1024, "prefill_pairs": 1024 * 1025 // 2, "decodes_beside": 0}
     # its largest chunk is the budget's 2,048 tokens; the most attention, the second one over 2,048 before it
     assert d["price_needed"] == {"prefill_tokens": 2048, "prefill_pairs": 1852 * 2048 + 1852 * 1853 // 2}
     # the context counts too: as many tokens per chunk as seen, but attending over more

@@ -119,7 +119,8 @@ def test_a_candidate_larger_than_anything_the_fit_saw_is_flagged_and_not_harmles
                                                  "load": load}).json()["forecasts"]
     for f in (fitted, beyond):
         assert f["ttft_extra_sum_s"] == 0 and f["in_flight"]["requests"] == 0
-        assert f["price_seen"] == {"prefill_tokens": 2048, "prefill_pairs": seen.prefill_pairs}
+        assert f["price_seen"] == {"prefill_tokens": 2048, "prefill_pairs": seen.prefill_pairs,
+                                   "decodes_beside": seen.beside}
     assert fitted["price_evidence"] == "fitted" and fitted["harmless"]
     assert beyond["price_evidence"] == "extrapolated" and not beyond["harmless"]
     assert beyond["price_needed"]["prefill_tokens"] == 2048
