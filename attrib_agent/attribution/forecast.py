@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 from attrib_agent.attribution.cost_model import PriceRange
 from attrib_agent.attribution.forecast_sim import Run, Window, simulate_from
@@ -23,7 +22,7 @@ from attrib_agent.attribution.slo import SloConfig
 from attrib_agent.attribution.step_shape import prefill_pairs
 
 __all__ = ["ArrivalLoad", "Baseline", "Candidate", "EngineState", "Forecast", "ForecastConfig", "ForecastSettings",
-           "Harm", "InFlight", "PriceCheck", "RangedCost", "Run", "baseline", "forecast", "price_check"]
+           "Harm", "InFlight", "PriceCheck", "Run", "baseline", "forecast", "price_check"]
 
 CANDIDATE_PREFIX = "candidate-"
 EXPECTED_PREFIX = "expected-"
@@ -73,14 +72,6 @@ class Harm:
                 "itl_slo_pushed": self.itl_slo_pushed, "slowed": self.slowed}
 
 
-@runtime_checkable
-class RangedCost(Protocol):
-    """A step cost that knows the prefill its prices rest on (`StepCostModel`, and the forecast's scaled copy)."""
-
-    @property
-    def price_range(self) -> PriceRange: ...
-
-
 @dataclass(frozen=True, slots=True)
 class PriceCheck:
     """Whether the candidate's prefill is priced from evidence: `needed`, its largest chunk alone (the budget's
@@ -105,8 +96,11 @@ class PriceCheck:
 
 
 def price_check(candidate: Candidate, token_budget: int, cost: object) -> PriceCheck | None:
-    """The candidate's `PriceCheck` against `cost`'s range; None for a cost that keeps none (a fixed price)."""
-    if not isinstance(cost, RangedCost):
+    """The candidate's `PriceCheck` against the range of `cost` (its `price_range`: `StepCostModel`'s, kept by the
+    forecast's scaled copy); None for a cost that keeps none (a fixed price). An attribute read, not a protocol
+    check: `isinstance` on a runtime protocol cost more than the rest of a cached forecast."""
+    seen = getattr(cost, "price_range", None)
+    if not isinstance(seen, PriceRange):
         return None
     budget = max(token_budget, 1)
     done = min(candidate.cached_prefix_tokens, candidate.prompt_tokens - 1)
@@ -118,7 +112,7 @@ def price_check(candidate: Candidate, token_budget: int, cost: object) -> PriceC
         pairs = max(pairs, prefill_pairs(done, chunk))
         done += chunk
         left -= chunk
-    return PriceCheck(cost.price_range, PriceRange(tokens, pairs))
+    return PriceCheck(seen, PriceRange(tokens, pairs))
 
 
 @dataclass(frozen=True, slots=True)

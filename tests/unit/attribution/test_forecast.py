@@ -27,7 +27,7 @@ COST = StepCostModel()  # the prior: the lab's CPU figures
 
 
 class Seen:
-    """The prior's prices as if a fit had been fitted on prefill up to `seen` (a `RangedCost`): the verdict tests
+    """The prior's prices as if a fit had been fitted on prefill up to `seen` (a `price_range`): the verdict tests
     below are about harm, not about the evidence behind a price (`test_a_price_beyond_what_the_fit_saw...`)."""
 
     def __init__(self, cost: StepCostModel, seen: PriceRange) -> None:
