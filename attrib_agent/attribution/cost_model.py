@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from itertools import combinations
@@ -151,6 +151,38 @@ def row_ok(row: _Row) -> bool:
 _Kept = Sequence[tuple[int, _Row, float]]  # (step seq, row, elapsed) in the order observed
 
 
+@dataclass(frozen=True, slots=True)
+class PriceRange:
+    """The prefill a fit's prices rest on: the most prefill tokens and causal query-key pairs (`prefill_pairs`:
+    the attention work, which grows with the context a chunk attends over) of any step it was fitted on, and the
+    decodes `beside` the largest chunk. A chunk beyond it is priced by the prior or by extrapolation, not by
+    evidence (`forecast.price_check`). The decodes beside a chunk take their token of the budget: a whale's chunk
+    beside two decodes is 2,046 tokens, the same chunk alone 2,048, and the one is evidence for the other. So a
+    chunk is covered up to `prefill_tokens + beside` tokens, its pairs up to `prefill_pairs` times the square of
+    that ratio (a chunk and the context before it both that much longer)."""
+
+    prefill_tokens: int = 0
+    prefill_pairs: int = 0
+    beside: int = 0
+
+    def covers(self, tokens: int, pairs: int) -> bool:
+        most = self.prefill_tokens + self.beside
+        grow = most / self.prefill_tokens if self.prefill_tokens else 1.0
+        return tokens <= most and pairs <= self.prefill_pairs * grow * grow
+
+
+def seen_range(window: Iterable[tuple[_Row, float]]) -> PriceRange:
+    """The `PriceRange` of the steps a fit reads (their rows hold the ints' exact floats)."""
+    tokens = pairs = beside = 0.0
+    for row, _ in window:
+        if row[1] > 0:
+            if (row[1], row[2]) > (tokens, beside):
+                tokens, beside = row[1], row[2]
+            if row[4] > pairs:
+                pairs = row[4]
+    return PriceRange(int(tokens), int(pairs), int(beside))
+
+
 def _window(rows: _Kept, kept: Sequence[_Kept]) -> list[tuple[_Row, float]]:
     """What a fit reads: the prefill steps kept past the window (older than its first step), then the window.
     Built once a fit runs: a batch of deferred refits copies the deques at each due refit (cheap) instead."""
@@ -179,6 +211,7 @@ class StepCostModel:
         self._gaps: deque[float] = deque(maxlen=max_window)
         self._coef: _Row = self.prior.as_tuple()
         self._gap_s = self.prior.step_gap_s
+        self._seen = PriceRange()  # what the coefficients were fitted on: nothing while the prior prices
         self._scale: float | None = None
         self._since_fit = 0
         # While `deferred()`: the latest due refit's inputs (window, kept, gaps), fitted once when it ends
@@ -254,6 +287,7 @@ class StepCostModel:
                                                   start=self._coef)
         self._coef = coef
         self._scale = scale
+        self._seen = seen_range(window)
         gap = statistics.fmean(gaps) if len(gaps) >= self.min_steps else self.prior.step_gap_s
         self._gap_s = max(gap + bias, 0.0)
 
@@ -261,6 +295,11 @@ class StepCostModel:
         """The prefill steps the fit reads (its window's and those kept past it), each as its row and seconds: a
         reader's own check of how the fit prices them (the forecast's, `forecast_state.prefill_factor`)."""
         return [(r, y) for r, y in _window(self._rows, self._kept) if r[1] > 0] if self._rows else []
+
+    @property
+    def price_range(self) -> PriceRange:
+        """The prefill the current coefficients were fitted on (empty before the first fit: the prior's)."""
+        return self._seen
 
     @property
     def window_steps(self) -> int:
@@ -347,8 +386,9 @@ class StepCostModel:
         self._rows = deque([*rows, *self._rows], maxlen=self._rows.maxlen)
         self._kept = [deque([*k, *mine], maxlen=KEPT_PER_SIZE) for k, mine in zip(kept_rows, self._kept, strict=True)]
         self._gaps = deque([*gaps, *self._gaps], maxlen=self._gaps.maxlen)
-        if own == 0 and scale is not None:
+        if own == 0 and scale is not None:  # adopted as fitted: on the saved window (its rows and kept ones)
             self._coef, self._gap_s, self._scale = coef, gap_s, scale
+            self._seen = seen_range(_window(self._rows, self._kept)) if self._rows else PriceRange()
         elif len(self._rows) >= self.min_steps:
             if self._scale is None:
                 self._coef = coef  # the refit's warm start
@@ -359,6 +399,7 @@ class StepCostModel:
         self._rows = deque((e for e in self._rows if e[0] >= 0), maxlen=self._rows.maxlen)
         self._kept = [deque((e for e in k if e[0] >= 0), maxlen=KEPT_PER_SIZE) for k in self._kept]
         self._coef, self._gap_s, self._scale = self.prior.as_tuple(), self.prior.step_gap_s, None
+        self._seen = PriceRange()
         if len(self._rows) >= self.min_steps:
             self.refit()
 
@@ -507,5 +548,5 @@ def huber_nonnegative_fit(rows: list[_Row], ys: list[float], *, prior: _Row, fre
     return tuple(coef), scale, bias
 
 
-__all__ = ["StepCoefficients", "StepCostModel", "StepCostPrior", "StepFeatures", "huber_nonnegative_fit",
-           "prefill_pairs", "record_row", "row_ok"]
+__all__ = ["PriceRange", "StepCoefficients", "StepCostModel", "StepCostPrior", "StepFeatures", "huber_nonnegative_fit",
+           "prefill_pairs", "record_row", "row_ok", "seen_range"]

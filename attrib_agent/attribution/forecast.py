@@ -13,14 +13,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from attrib_agent.attribution.cost_model import PriceRange
 from attrib_agent.attribution.forecast_sim import Run, Window, simulate_from
 from attrib_agent.attribution.forecast_types import ArrivalLoad, Candidate, EngineState, InFlight
 from attrib_agent.attribution.sim_step import blocks_for
 from attrib_agent.attribution.sim_types import SimRequest, StepCost
 from attrib_agent.attribution.slo import SloConfig
+from attrib_agent.attribution.step_shape import prefill_pairs
 
 __all__ = ["ArrivalLoad", "Baseline", "Candidate", "EngineState", "Forecast", "ForecastConfig", "ForecastSettings",
-           "Harm", "InFlight", "Run", "baseline", "forecast"]
+           "Harm", "InFlight", "PriceCheck", "Run", "baseline", "forecast", "price_check"]
 
 CANDIDATE_PREFIX = "candidate-"
 EXPECTED_PREFIX = "expected-"
@@ -71,6 +73,49 @@ class Harm:
 
 
 @dataclass(frozen=True, slots=True)
+class PriceCheck:
+    """Whether the candidate's prefill is priced from evidence: `needed`, its largest chunk alone (the budget's
+    worth of its uncached prompt; the pairs of its chunk attending over the most context), against `seen`, the
+    largest the fit was fitted on. Beyond it the price is the prior's or an extrapolation: a fit of 1,024-token
+    prompts priced a 3,900-token whale's two chunks 80 ms against 152 ms (the second, over 2,048 tokens of
+    context, cheaper than the first), the prior a 7,600-token one's four 1.29 s against 0.46 s."""
+
+    seen: PriceRange
+    needed: PriceRange
+
+    @property
+    def extrapolated(self) -> bool:
+        return not self.seen.covers(self.needed.prefill_tokens, self.needed.prefill_pairs)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"price_evidence": "extrapolated" if self.extrapolated else "fitted",
+                "price_seen": {"prefill_tokens": self.seen.prefill_tokens, "prefill_pairs": self.seen.prefill_pairs,
+                               "decodes_beside": self.seen.beside},
+                "price_needed": {"prefill_tokens": self.needed.prefill_tokens,
+                                 "prefill_pairs": self.needed.prefill_pairs}}
+
+
+def price_check(candidate: Candidate, token_budget: int, cost: object) -> PriceCheck | None:
+    """The candidate's `PriceCheck` against the range of `cost` (its `price_range`: `StepCostModel`'s, kept by the
+    forecast's scaled copy); None for a cost that keeps none (a fixed price). An attribute read, not a protocol
+    check: `isinstance` on a runtime protocol cost more than the rest of a cached forecast."""
+    seen = getattr(cost, "price_range", None)
+    if not isinstance(seen, PriceRange):
+        return None
+    budget = max(token_budget, 1)
+    done = min(candidate.cached_prefix_tokens, candidate.prompt_tokens - 1)
+    left = candidate.prompt_tokens - done
+    tokens = min(budget, left)
+    pairs = 0
+    while left > 0:  # the last full-budget chunk or the remainder after it: whichever attends over more
+        chunk = min(budget, left)
+        pairs = max(pairs, prefill_pairs(done, chunk))
+        done += chunk
+        left -= chunk
+    return PriceCheck(seen, PriceRange(tokens, pairs))
+
+
+@dataclass(frozen=True, slots=True)
 class Forecast:
     candidate: Candidate
     refused: bool  # its whole sequence can never fit in the pool: vLLM will not take it
@@ -83,6 +128,11 @@ class Forecast:
     preemptions: int  # extra preemptions the candidate causes
     load_basis: str = "declared"  # what `expected` is: declared, learnt, saved (the last agent's) or probe
     stay_s: float | None = None  # from now to its last token, its decode priced alone (a lower bound; not exported)
+    price: PriceCheck | None = None  # whether its prefill's price rests on chunks the fit has seen
+
+    @property
+    def extrapolated(self) -> bool:
+        return self.price is not None and self.price.extrapolated
 
     @property
     def ttft_extra_sum_s(self) -> float:
@@ -94,7 +144,11 @@ class Forecast:
         the 2x slowdown a router routes away from. With no load known (the probe) that says only what the next
         arrival would wait: a candidate that stays on the engine longer than `harmless_s` (a 32-token prompt
         decoding 1,500 tokens) can still slow a stream the agent has not seen, so it is not called harmless;
-        `load_basis` says why."""
+        `load_basis` says why. Nor is one whose prefill is priced beyond what the fit has seen (`PriceCheck`): the
+        fit's price of an unseen chunk can be half its time, and a prefill priced short ends before the next
+        arrival: "harmless" from a price no evidence supports; `price_evidence` says so."""
+        if self.extrapolated:
+            return False
         if self.load_basis == "probe" and (self.stay_s is None or self.stay_s >= config.harmless_s):
             return False
         return (self.ttft_extra_sum_s < config.harmless_s and not self.in_flight.itl_slo_pushed
@@ -112,7 +166,8 @@ class Forecast:
                     "max_tokens": self.expected_load.max_tokens, "first_in_s": self.expected_load.first_in_s,
                     "mix": [list(m) for m in self.expected_load.mix],
                     "cached_prefix_tokens": self.expected_load.cached_prefix_tokens},
-                "load_basis": self.load_basis, "extra_preemptions": self.preemptions}
+                "load_basis": self.load_basis, "extra_preemptions": self.preemptions} | (
+                    {"price_evidence": None} if self.price is None else self.price.as_dict())
 
 
 def expected_arrivals(state: EngineState, config: ForecastConfig) -> list[SimRequest]:
@@ -192,7 +247,8 @@ def forecast(state: EngineState, candidates: Sequence[Candidate], cost: StepCost
             _harm(base.run, run, base.awaiting, base.in_flight, state.ttft_offset_s, cfg, step_s),
             _harm(base.run, run, base.arrivals, base.arriving, state.ttft_offset_s, cfg, step_s),
             state.load, max(run.preemptions - base.run.preemptions, 0),
-            "probe" if state.load is None else state.load_basis, stay))
+            "probe" if state.load is None else state.load_basis, stay,
+            price_check(c, state.sched.token_budget, cost)))
     return out
 
 

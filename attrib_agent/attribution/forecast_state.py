@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from attrib_agent.attribution.attributor import Attributor
-from attrib_agent.attribution.cost_model import StepCostModel, StepFeatures
+from attrib_agent.attribution.cost_model import PriceRange, StepCostModel, StepFeatures
 from attrib_agent.attribution.fit_snapshot import EngineWatch
 from attrib_agent.attribution.forecast import ArrivalLoad, EngineState, InFlight
 from attrib_agent.attribution.sim_cache import FrozenCost
@@ -120,9 +120,10 @@ class ScaledCost:
     through it; `cost` and `factor` say what it was made from. `gap_s`, when given, is the gap between steps in
     place of the scaled model's (`forecast_cost`: measured, not fitted)."""
 
-    __slots__ = ("cost", "factor", "gap_s", "prefill", "step_seconds", "step_seconds_with_prefill")
+    __slots__ = ("cost", "factor", "gap_s", "prefill", "price_range", "step_seconds", "step_seconds_with_prefill")
     step_seconds: Callable[[int, int, int], float]
     step_seconds_with_prefill: Callable[..., float]
+    price_range: PriceRange
 
     def __init__(self, cost: StepCostModel, factor: float, gap_s: float | None = None,
                  prefill: float = 1.0) -> None:
@@ -132,6 +133,7 @@ class ScaledCost:
         if prefill != 1.0:
             prices = replace(prices, b=prices.b * prefill, e=prices.e * prefill, f=prices.f * prefill)
         self.cost, self.factor, self.gap_s, self.prefill = cost, factor, prices.gap_s, prefill
+        self.price_range = cost.price_range  # scaling moves the prices, not the evidence they rest on
         self.step_seconds, self.step_seconds_with_prefill = prices.step_seconds, prices.step_seconds_with_prefill
 
 

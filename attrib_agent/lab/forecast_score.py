@@ -65,6 +65,8 @@ class WhaleCase:
     true_se_s: float = 0.0  # standard error of true_harm_s: reps and shorts independent, as tests' truth_spread
     forecast_s: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in LOADS})
     harmless: dict[str, list[bool]] = field(default_factory=lambda: {k: [] for k in LOADS})  # the verdicts
+    # ... and whether the whale's prefill was priced beyond what the fit had seen (`Forecast.extrapolated`)
+    extrapolated: dict[str, list[bool]] = field(default_factory=lambda: {k: [] for k in LOADS})
     fits: Counter[str] = field(default_factory=Counter)  # persisted: what became of each recording's saved fit
 
     @property
@@ -253,6 +255,7 @@ def score_dirs(truth_dirs: Iterable[Path], config: ForecastConfig | None = None,
                 for name, f in got.items():
                     case.forecast_s[name].append(shorts_harm(f, spec, truth["whales"]))
                     case.harmless[name].append(f.harmless(cfg))
+                    case.extrapolated[name].append(f.extrapolated)
             out.append(case)
     return out
 
@@ -288,7 +291,8 @@ def summary(cases: list[WhaleCase], load: str) -> dict[str, Any]:
     (`Forecast.harmless`, what the endpoint answers) says so from any of its recordings; the same over the 2x
     slowdowns the truth resolves (>= RESOLVED_SE standard errors: a single rep's stall is not), and the other
     side, specificity: of the truly harmless whales (no short 2x, harm unresolved), those called harmless in
-    every recording. A verdict that is never "harmless" passes the first rule and fails this one."""
+    every recording. A verdict that is never "harmless" passes the first rule and fails this one. Also how many
+    forecasts priced the whale's prefill beyond the fit's evidence (never harmless, `Forecast.harmless`)."""
     pairs = [(c, m) for c in cases if (m := c.mean(load)) is not None]
     errors = [(abs(m - c.true_harm_s) / c.true_harm_s, c.resolved) for c, m in pairs if c.true_harm_s > 0]
     resolved = [e for e, ok in errors if ok]
@@ -304,7 +308,9 @@ def summary(cases: list[WhaleCase], load: str) -> dict[str, Any]:
                                                 if c.true_resolved_2x and any(c.harmless[load])],
             "truly_harmless": [f"{c.truth}/{c.whale}" for c in harmless],
             "truly_harmless_called_harmless": [f"{c.truth}/{c.whale}" for c in harmless
-                                               if c.harmless[load] and all(c.harmless[load])]}
+                                               if c.harmless[load] and all(c.harmless[load])],
+            "extrapolated_forecasts": sum(sum(c.extrapolated[load]) for c, _ in pairs),
+            "forecasts": sum(len(c.extrapolated[load]) for c, _ in pairs)}
 
 
 def _summary_line(cases: list[WhaleCase], load: str, label: str) -> str:
@@ -319,7 +325,8 @@ def _summary_line(cases: list[WhaleCase], load: str, label: str) -> str:
             f"called harmless though a short slowed >= 2x: {missed} (resolved 2x: "
             f"{', '.join(s['called_harmless_but_resolved_2x']) or 'none'}); truly harmless called harmless: "
             f"{len(s['truly_harmless_called_harmless'])} of {len(s['truly_harmless'])} "
-            f"({', '.join(s['truly_harmless']) or 'none'})")
+            f"({', '.join(s['truly_harmless']) or 'none'}); priced beyond the fit's evidence: "
+            f"{s['extrapolated_forecasts']} of {s['forecasts']} forecasts")
 
 
 def format_report(cases: list[WhaleCase]) -> str:
@@ -364,8 +371,9 @@ def report_command(truth_dirs: list[Path], *, warm: bool, as_json: bool, self_fi
     doc["whales"] = [{"truth": c.truth, "whale": c.whale, "context": list(c.context),
                       "true_harm_s": c.true_harm_s, "true_se_s": c.true_se_s, "resolved": c.resolved,
                       "true_slowed_2x": c.true_slowed_2x, "true_resolved_2x": c.true_resolved_2x,
-                      "forecast_s": c.forecast_s, "harmless": c.harmless}
-                     | ({"persisted_forecast_s": kept[i].forecast_s, "persisted_harmless": kept[i].harmless}
+                      "forecast_s": c.forecast_s, "harmless": c.harmless, "extrapolated": c.extrapolated}
+                     | ({"persisted_forecast_s": kept[i].forecast_s, "persisted_harmless": kept[i].harmless,
+                         "persisted_extrapolated": kept[i].extrapolated}
                         if kept is not None else {})
                      for i, c in enumerate(cases)]
     return json.dumps(doc, indent=1)

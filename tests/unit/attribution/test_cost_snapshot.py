@@ -9,7 +9,15 @@ import random
 
 import pytest
 
-from attrib_agent.attribution.cost_model import FIT_WINDOW, KEPT_PER_SIZE, SIZE_CLASSES, StepCostModel
+from attrib_agent.attribution.cost_model import (
+    FIT_WINDOW,
+    KEPT_PER_SIZE,
+    SIZE_CLASSES,
+    PriceRange,
+    StepCostModel,
+    prefill_pairs,
+    seen_range,
+)
 
 
 def machine(model: StepCostModel, n: int, seed: int, per_token: float) -> None:
@@ -104,3 +112,35 @@ def test_the_state_file_keeps_the_measured_step_gap_and_reads_files_without_one(
     for bad in (float("inf"), 2.0, "1", True, [1e-3]):
         with pytest.raises(ValueError, match="step_gap_s"):
             decode(json.dumps(doc | {"step_gap_s": bad}).encode().replace(b"Infinity", b"1e999"))
+
+
+def test_the_prefill_the_fit_rests_on_is_recorded_at_the_fit_and_kept_across_restarts() -> None:
+    """`price_range`: the largest prefill chunk (tokens, attention pairs) of the steps the coefficients were fitted
+    on (issue 16: the forecast flags a price beyond it). Empty under the prior; a step observed but not yet fitted
+    is not evidence; a restored fit brings the range of the window it was fitted on; forgetting it, it goes."""
+    model = StepCostModel(min_steps=64, refit_every=128)
+    def seen(m: StepCostModel) -> tuple[int, int]:
+        return m.price_range.prefill_tokens, m.price_range.prefill_pairs
+
+    assert model.price_range == PriceRange(0, 0, 0) and not model.fitted
+    machine(model, 64, 5, 2e-4)  # the first fit, at step 64: one 2,048-token chunk in 50 (pairs not given)
+    assert model.fitted and seen(model) == (2048, 0)
+    model.observe(4096, 0, 0, 1.0, prefill_pairs=prefill_pairs(2048, 4096), prefill_requests=1)
+    assert seen(model) == (2048, 0)  # seen, not yet fitted
+    model.refit()
+    assert seen(model) == (4096, prefill_pairs(2048, 4096))
+    fresh = StepCostModel()
+    fresh.restore(json.loads(json.dumps(model.snapshot())))
+    assert fresh.price_range == model.price_range  # adopted with the fit
+    mine = StepCostModel(min_steps=64)
+    machine(mine, 100, 6, 2e-4)
+    mine.restore(model.snapshot())  # refitted on both: the larger chunk is in the merged window
+    assert seen(mine) == (4096, prefill_pairs(2048, 4096))
+    mine.forget_restored()
+    assert seen(mine) == (2048, 0)
+    assert seen_range([]) == PriceRange(0, 0, 0)
+    # the decodes beside the largest chunk took their share of the budget: a chunk that much longer is covered
+    r = PriceRange(2046, 2046 * 2047 // 2, beside=2)
+    assert r.covers(2048, 2048 * 2049 // 2) and not r.covers(2049, 1000) and not r.covers(2048, 2048 * 2049)
+    assert seen_range([((1.0, 2046.0, 2.0, 500.0, 9.0, 1.0), 0.1), ((1.0, 2046.0, 5.0, 900.0, 4.0, 1.0), 0.1),
+                       ((1.0, 0.0, 9.0, 900.0, 0.0, 0.0), 0.01)]) == PriceRange(2046, 9, 5)

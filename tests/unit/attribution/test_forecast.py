@@ -9,19 +9,34 @@ from dataclasses import replace
 import pytest
 
 from attrib_agent.attribution import forecast_sim
-from attrib_agent.attribution.cost_model import StepCostModel
+from attrib_agent.attribution.cost_model import PriceRange, StepCostModel
 from attrib_agent.attribution.forecast import (
     ArrivalLoad,
     Candidate,
     EngineState,
     ForecastConfig,
     InFlight,
+    PriceCheck,
     baseline,
     forecast,
+    price_check,
 )
 from attrib_agent.attribution.sim_types import SchedulerConfig
 
 COST = StepCostModel()  # the prior: the lab's CPU figures
+
+
+class Seen:
+    """The prior's prices as if a fit had been fitted on prefill up to `seen` (a `price_range`): the verdict tests
+    below are about harm, not about the evidence behind a price (`test_a_price_beyond_what_the_fit_saw...`)."""
+
+    def __init__(self, cost: StepCostModel, seen: PriceRange) -> None:
+        self.step_seconds = cost.step_seconds
+        self.step_seconds_with_prefill = cost.step_seconds_with_prefill
+        self.price_range = seen
+
+
+FITTED = Seen(COST, PriceRange(2048, 10**9))  # every candidate below priced from evidence
 SCHED = SchedulerConfig(block_size=128, num_blocks=96, token_budget=2048)
 NOW = 1000.0
 
@@ -36,7 +51,7 @@ def waiting(rid: str, prompt: int, max_tokens: int) -> InFlight:
 
 def test_an_idle_engine_admits_now_at_the_solo_ttft_and_harms_nobody() -> None:
     state = EngineState(NOW, SCHED, (), ArrivalLoad(0.0, 32, 32), ttft_offset_s=0.01)  # declared: nobody comes
-    [f] = forecast(state, [Candidate(5000, 100)], COST)
+    [f] = forecast(state, [Candidate(5000, 100)], FITTED)
     assert f.admitted_now and f.wait_reason is None and not f.refused
     assert f.own_ttft_s is not None
     assert math.isclose(f.own_ttft_s, COST.solo_ttft_s(5000, 2048) + 0.01, rel_tol=1e-9)
@@ -48,16 +63,16 @@ def test_with_no_load_known_a_probe_arrival_says_what_the_next_request_waits_nev
     """A fresh agent (no arrival seen, none saved, none declared) used to expect nobody and call every whale
     harmless; the truths' whales that came first slowed shorts 2x. Now one probe arrives behind the candidate."""
     idle = EngineState(NOW, SCHED, ())
-    [whale] = forecast(idle, [Candidate(5000, 100)], COST)
+    [whale] = forecast(idle, [Candidate(5000, 100)], FITTED)
     assert whale.load_basis == "probe" and whale.expected.requests == 1 and whale.expected_load is None
     # the probe waits for the whale's first two 2,048-token chunks: head-of-line, priced by the prior
     assert whale.expected.ttft_extra_sum_s > COST.solo_ttft_s(4096, 2048) * 0.9
     assert not whale.harmless(ForecastConfig()) and whale.as_dict()["load_basis"] == "probe"
     # a decode-heavy candidate delays the probe by little, but stays on the engine for seconds: not harmless
-    [decoy] = forecast(idle, [Candidate(32, 1500)], COST)
+    [decoy] = forecast(idle, [Candidate(32, 1500)], FITTED)
     assert decoy.ttft_extra_sum_s < ForecastConfig().harmless_s and not decoy.harmless(ForecastConfig())
     # ... while one that is gone within the threshold is
-    [tiny] = forecast(idle, [Candidate(16, 2)], COST)
+    [tiny] = forecast(idle, [Candidate(16, 2)], FITTED)
     assert tiny.load_basis == "probe" and tiny.harmless(ForecastConfig())
 
 
@@ -218,14 +233,14 @@ def test_a_short_made_twice_as_slow_is_harm_though_the_summed_extra_is_under_the
     the short's 8.5 ms TTFT ~50 ms (41 ms summed, under `harmless_s`): called harmless before, not now."""
     cfg = ForecastConfig(horizon_s=0.5)
     state = EngineState(NOW, SCHED, (), ArrivalLoad(1.0, 32, 8, first_in_s=0.0))  # one short, arriving with it
-    [f] = forecast(state, [Candidate(600, 4)], COST, cfg)
+    [f] = forecast(state, [Candidate(600, 4)], FITTED, cfg)
     assert f.ttft_extra_sum_s < cfg.harmless_s and f.expected.slowed == 1 and not f.harmless(cfg)
     assert f.as_dict()["expected_arrivals"]["slowed"] == 1  # type: ignore[index]
     # a tiny one delays the short by less than its own TTFT: harmless, nobody slowed
-    [tiny] = forecast(state, [Candidate(16, 2)], COST, cfg)
+    [tiny] = forecast(state, [Candidate(16, 2)], FITTED, cfg)
     assert tiny.expected.slowed == 0 and tiny.harmless(cfg)
     # the ratio is a setting: at 10x the 600-token prompt slows nobody that much
-    assert forecast(state, [Candidate(600, 4)], COST, replace(cfg, slowed_ratio=10.0))[0].harmless(cfg)
+    assert forecast(state, [Candidate(600, 4)], FITTED, replace(cfg, slowed_ratio=10.0))[0].harmless(cfg)
     with pytest.raises(ValueError):
         ForecastConfig(slowed_ratio=1.0)
 
@@ -246,3 +261,36 @@ def test_a_time_without_the_candidate_counts_as_at_least_one_step_so_1_ms_made_2
         Run({}, {}, 0, "", frozenset(), None, {"r": [11, 0.0, 0.2, 0]})
     assert _harm(was, now, {}, ("r",), 0.0, cfg, step_s=0.005).slowed == 1
     assert _harm(was, now, {}, ("r",), 0.0, cfg, step_s=0.011).slowed == 0
+
+
+def test_a_price_beyond_what_the_fit_saw_is_flagged_and_never_harmless() -> None:
+    """Issue 16: a fit of 1,024-token prompts priced a 3,900-token whale's chunks at half their time, and the
+    forecast called it harmless. A candidate whose largest chunk (tokens, or attention pairs over its context)
+    is beyond every step the fit was fitted on is flagged `extrapolated`, and its verdict is never harmless."""
+    idle = EngineState(NOW, SCHED, (), ArrivalLoad(0.0, 32, 32))  # declared: nobody comes, nobody in flight
+    seen = Seen(COST, PriceRange(1024, 1024 * 1025 // 2))  # one 1,024-token prompt's chunk, the most it saw
+    small, same, longer, whale = forecast(idle, [Candidate(600, 4), Candidate(1024, 4), Candidate(1500, 4),
+                                                 Candidate(3900, 4)], seen)
+    for f in (small, same, longer, whale):  # nobody to harm: only the evidence decides
+        assert f.ttft_extra_sum_s == 0 and f.in_flight.requests == f.expected.requests == 0
+    assert small.harmless(ForecastConfig()) and same.harmless(ForecastConfig())
+    assert small.as_dict()["price_evidence"] == "fitted"
+    assert not longer.harmless(ForecastConfig()) and not whale.harmless(ForecastConfig())
+    d = whale.as_dict()
+    assert d["price_evidence"] == "extrapolated"
+    assert d["price_seen"] == {"prefill_tokens": 1024, "prefill_pairs": 1024 * 1025 // 2, "decodes_beside": 0}
+    # its largest chunk is the budget's 2,048 tokens; the most attention, the second one over 2,048 before it
+    assert d["price_needed"] == {"prefill_tokens": 2048, "prefill_pairs": 1852 * 2048 + 1852 * 1853 // 2}
+    # the context counts too: as many tokens per chunk as seen, but attending over more
+    wide = Seen(COST, PriceRange(2048, 2048 * 2049 // 2))
+    [two] = forecast(idle, [Candidate(2048, 4)], wide)
+    [four] = forecast(idle, [Candidate(4096, 4)], wide)
+    assert two.harmless(ForecastConfig()) and not four.harmless(ForecastConfig())
+    assert four.price is not None and four.price.needed.prefill_tokens == 2048 and four.price.extrapolated
+    # a cached prefix is not computed but attended to: the chunk is smaller, the pairs are not
+    check = price_check(Candidate(3000, 4, cached_prefix_tokens=2000), 2048, wide)
+    assert check == PriceCheck(PriceRange(2048, 2048 * 2049 // 2), PriceRange(1000, 1000 * 2000 + 1000 * 1001 // 2))
+    # the prior alone rests on no step at all; a cost that keeps no range (a fixed price) is not judged
+    [prior] = forecast(idle, [Candidate(16, 2)], COST)
+    assert prior.extrapolated and not prior.harmless(ForecastConfig())
+    assert price_check(Candidate(16, 2), 2048, object()) is None

@@ -95,15 +95,17 @@ def test_the_held_out_forecast_figures_as_measured() -> None:
     median error 81 % (82 % over the resolved; the tuned truths' 28 % / 23 %). mixed/w1 is called harmless in
     1 of 3 recordings (r0: its 2 chunks priced 79 ms against the 152 ms they took, by a fit kept from a run whose
     longest chunk was 1,024 tokens, so the prefill ends before the first short arrives) though it makes m002 wait
-    5.4x, 20 standard errors past its noise: the issue's rule broken on held-out data. kvpair/w1's 2x (2 of 3
+    5.4x, 20 standard errors past its noise: the issue's rule broken on held-out data. Since fit9 that price is
+    flagged as beyond the fit's evidence (`forecast.PriceCheck`) and never called harmless: the figures stay,
+    the verdict does not. kvpair/w1's 2x (2 of 3
     recordings harmless) is s002 waiting in vLLM's frontend before the engine saw it (tests/fixtures/README.md),
     not resolved. mixed/w2, truly harmless, is called harmless in every recording."""
     s = summary(kept(), "declared")
     assert s["whales"] == 5 and s["resolved_whales"] == 3
     assert math.isclose(s["median_rel_error"], 0.81, abs_tol=0.01)
     assert math.isclose(s["median_rel_error_resolved"], 0.82, abs_tol=0.01)
-    assert s["called_harmless_but_resolved_2x"] == ["mixed/w1"]
-    assert s["called_harmless_but_2x"] == ["mixed/w1", "kvpair/w1"]
+    assert s["called_harmless_but_resolved_2x"] == []  # fit9; was ["mixed/w1"]
+    assert s["called_harmless_but_2x"] == ["kvpair/w1"]  # fit9; was ["mixed/w1", "kvpair/w1"]
     assert s["truly_harmless_called_harmless"] == ["mixed/w2"]
     by = {f"{c.truth}/{c.whale}": c for c in kept()}
-    assert by["mixed/w1"].harmless["declared"] == [True, False, False]
+    assert by["mixed/w1"].harmless["declared"] == [False, False, False]  # fit9; was [True, False, False]

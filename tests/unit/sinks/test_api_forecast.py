@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from api_replayed import call, events, midway, state_of
+from api_replayed import call, events, midway, replayed, state_of
 from prometheus_client import make_asgi_app
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.types import ASGIApp, Message
@@ -87,15 +87,44 @@ def test_a_batch_a_declared_load_and_known_prompts() -> None:
         )["forecasts"][0]["own_ttft_s"]
 
 
+def with_saved_fit(p: AttributionPipeline) -> AttributionPipeline:
+    """`p` as an agent restarted with the fit the last agent on whale2 saved (it has not fitted one of its own
+    by the second whale: no request has finished): its prices rest on whale2's steps, 2,048-token chunks."""
+    p.attributor.cost.restore(replayed("whale2").attributor.cost.snapshot())
+    return p
+
+
 def test_a_short_slowed_2x_makes_the_answer_harmful_though_the_summed_extra_is_small() -> None:
     """`harmless` also needs nobody slowed 2x: a 200-token prompt sent with a short (declared to arrive with it)
     costs it ~16 ms, under the 50 ms threshold, but that is twice its TTFT; a 100-token one is harmless."""
-    app = api_app(state_of(at_second_whale()))
+    app = api_app(state_of(with_saved_fit(at_second_whale())))
     load = {"rate_per_s": 0.1, "prompt_tokens": 32, "max_tokens": 8, "first_in_s": 0}
     small, mid = post(app, {"candidates": [{"prompt_tokens": 100, "max_tokens": 4},
                                            {"prompt_tokens": 200, "max_tokens": 4}], "load": load}).json()["forecasts"]
     assert mid["ttft_extra_sum_s"] < 0.05 and mid["expected_arrivals"]["slowed"] == 1 and not mid["harmless"]
     assert small["expected_arrivals"]["slowed"] == 0 and small["in_flight"]["slowed"] == 0 and small["harmless"]
+
+
+def test_a_candidate_larger_than_anything_the_fit_saw_is_flagged_and_not_harmless() -> None:
+    """Issue 16 through the endpoint: on an idle engine, with nobody declared to come, nothing can be harmed, so
+    only the evidence decides. The fit saw whale2's 2,048-token chunks (over up to ~5,000 tokens of context): a
+    4,000-token prompt is priced from them; a 16,000-token one's later chunks attend over more context than any
+    step it was fitted on, so it is flagged `extrapolated` with the range, and not called harmless."""
+    p = replayed("whale2")
+    seen = p.attributor.cost.price_range
+    assert p.attributor.cost.fitted and seen.prefill_tokens == 2048
+    load = {"rate_per_s": 0, "prompt_tokens": 32, "max_tokens": 8}
+    fitted, beyond = post(api_app(state_of(p)), {"candidates": [{"prompt_tokens": 4000, "max_tokens": 4},
+                                                                {"prompt_tokens": 16_000, "max_tokens": 4}],
+                                                 "load": load}).json()["forecasts"]
+    for f in (fitted, beyond):
+        assert f["ttft_extra_sum_s"] == 0 and f["in_flight"]["requests"] == 0
+        assert f["price_seen"] == {"prefill_tokens": 2048, "prefill_pairs": seen.prefill_pairs,
+                                   "decodes_beside": seen.beside}
+    assert fitted["price_evidence"] == "fitted" and fitted["harmless"]
+    assert beyond["price_evidence"] == "extrapolated" and not beyond["harmless"]
+    assert beyond["price_needed"]["prefill_tokens"] == 2048
+    assert beyond["price_needed"]["prefill_pairs"] > seen.prefill_pairs
 
 
 @pytest.mark.parametrize(("body", "message"), [
