@@ -107,6 +107,24 @@ class PipelineStats:
     last_event_ts: float | None
 
 
+def client_lifecycle(client_id: str, children: list[RequestLifecycle]) -> RequestLifecycle:
+    """An n>1 client request's lifecycle from its children's, by `client_result`'s rules: it arrived with them,
+    waited until the first was scheduled (its queue wait), had its first token with the first child's, ended with
+    the last, and its output is every child's."""
+    def first(values: Iterable[float | None]) -> float | None:
+        return min((v for v in values if v is not None), default=None)
+
+    ends = [k.finish_ts for k in children if k.finish_ts is not None]
+    finish = max(ends) if len(ends) == len(children) else None
+    tokens = [k.completion_tokens for k in children if k.completion_tokens is not None]
+    return replace(children[0], request_id=client_id, arrival_ts=first(k.arrival_ts for k in children),
+                   scheduled_ts=first(k.scheduled_ts for k in children),
+                   first_token_ts=first(k.first_token_ts for k in children), finish_ts=finish,
+                   aborted_ts=None if finish is not None else first(k.aborted_ts for k in children),
+                   completion_tokens=sum(tokens) if len(tokens) == len(children) else None,
+                   complete=all(k.complete for k in children), prefill_s=None, decode_s=None)
+
+
 class AttributionPipeline:
     """Feed events; collect results from `feed`'s return (or `settle`). Read state for the sinks."""
 
@@ -451,7 +469,13 @@ class AttributionPipeline:
         return r
 
     def lifecycle(self, request_id: str) -> RequestLifecycle | None:
-        return self.timeline.lifecycle(request_id)
+        """The request's lifecycle; for an n>1 client request (no lifecycle of its own: vLLM runs its children),
+        the one its children make together, while the timeline holds them (`client_lifecycle`)."""
+        lc = self.timeline.lifecycle(request_id)
+        if lc is not None:
+            return lc
+        kids = [k for c in self.timeline.children(request_id) if (k := self.timeline.lifecycle(c)) is not None]
+        return client_lifecycle(request_id, kids) if kids else None
 
     def lifecycles(self) -> list[RequestLifecycle]:
         return self.timeline.lifecycles()

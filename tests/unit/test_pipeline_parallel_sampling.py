@@ -26,7 +26,7 @@ from attrib_agent.events import Event, RequestAborted, RequestAdded, RequestSpan
 from attrib_agent.pipeline import AttributionPipeline, PipelineConfig
 from attrib_agent.recording import LOG
 from attrib_agent.sinks.api.app import api_app
-from attrib_agent.sinks.otel.spans import SlowdownSpans
+from attrib_agent.sinks.otel.spans import QUEUE_EVENT, SlowdownSpans
 from attrib_agent.sources.log.source import LogRecordParser
 from attrib_agent.sources.replay import ReplaySource
 from attrib_agent.timeline.engine_timeline import MAX_EARLY_SPANS, EngineTimeline
@@ -224,7 +224,7 @@ def test_spans_carry_the_client_requests_id_under_its_first_childs_vllm_span() -
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    SlowdownSpans(provider).emit_all(out, p.span_of, p.timeline)
+    SlowdownSpans(provider).emit_all(out, p.span_of, p)  # the pipeline, as the agent's state reads it
     got = {str((s.attributes or {})["gen_ai.request.id"]): s for s in exporter.get_finished_spans()}
     provider.shutdown()
     rows = sent()
@@ -234,6 +234,14 @@ def test_spans_carry_the_client_requests_id_under_its_first_childs_vllm_span() -
         s, r = got[rid], p.result(rid)
         assert r is not None and (s.attributes or {})["gen_ai.usage.output_tokens"] == rows[rid]["output_tokens"]
         assert s.parent is not None and f"{s.parent.span_id:016x}" == r.span_id
+        kids = [lc for lc in p.timeline.lifecycles() if CHILD_PREFIX.fullmatch(lc.request_id)
+                and lc.request_id.split("_", 1)[1] == rid]
+        waits = [e for e in s.events if e.name == QUEUE_EVENT]  # its queue wait: until its first child ran
+        assert len(kids) == n_of(rows[rid]) and len(waits) == 1
+        first = min(k.scheduled_ts for k in kids if k.scheduled_ts is not None)
+        assert waits[0].timestamp == int(first * 1e9)
+        assert (waits[0].attributes or {})["attrib.queue.wait_s"] == first - min(
+            k.arrival_ts for k in kids if k.arrival_ts is not None)
     whale = next(rid for rid in multi if n_of(rows[rid]) == 4)
     linked = [s for s in got.values() if any(f"{ln.context.span_id:016x}" == p.span_of(whale)[1]  # type: ignore[index]
                                              for ln in s.links)]
