@@ -1,5 +1,5 @@
 # Every target sets up .venv first (idempotent), so a fresh clone needs nothing else.
-.PHONY: setup system helm demo test unit lint picture compiled
+.PHONY: setup system helm demo test unit lint picture compiled unit-compiled
 
 setup:
 	@bash scripts/setup-venv.sh
@@ -33,3 +33,11 @@ picture: setup system
 # Optional: the agent's wheel with the re-simulation's core built by mypyc (setup.py; docs/deployment.md), in dist/
 compiled: setup
 	ATTRIB_MYPYC=1 .venv/bin/python -m pip wheel --no-build-isolation --no-deps --no-index -w dist .
+
+# The unit tests against that build: the wheel installed under ~/.cache/attrib-agent/bench (built once per source
+# hash, as `replay_throughput --compiled`), first on the path (-P: not this checkout's package), this checkout's
+# tests and benchmarks after it; ATTRIB_EXPECT_BUILD makes test_compiled_build check the suite ran compiled
+unit-compiled: setup
+	site=$$(.venv/bin/python -c "from benchmarks.replay_throughput import compiled_site; print(compiled_site(None))") \
+	  && ATTRIB_EXPECT_BUILD=compiled PYTHONPATH=$$site:$(CURDIR) .venv/bin/python -P -m pytest -p no:cacheprovider \
+	     -o pythonpath=tools/helm_render tests/unit

@@ -24,7 +24,7 @@ survivors every second, here of the pass's event time, as benchmarks/forecast_la
 wall clock); `--no-gc-freeze` leaves it as it is, as every run before 2026-11-26's seventh session did: full
 collections over the unfrozen heap then cost 25-50 % of the timeline pass on the GPU-rate input.
 `--compiled` measures the opt-in compiled build (`ATTRIB_MYPYC=1 pip install .`, docs/deployment.md): the
-re-simulation's core (`COMPILED_MODULES`, listed once in attrib_agent/agent/build_kind.py) built with mypyc (the
+modules listed once in attrib_agent/agent/build_kind.py (`COMPILED_MODULES`) built with mypyc (the
 same source, same float operations: the digests must not move), in a copy of the tree under the cache directory
 (built once per source hash), and the same command run there.
 """
@@ -384,14 +384,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="count the full pass's re-simulation runs and what resuming them across passes (a) or "
                          "starting a counterfactual where it parts from the full world (b) could at most save")
     ap.add_argument("--compiled", action="store_true",
-                    help=f"run the same command with the re-simulation's core ({', '.join(COMPILED_MODULES)}) built by "
-                         "mypyc, in a copy of this tree under the cache directory (what `ATTRIB_MYPYC=1 pip install .` "
-                         "ships)")
+                    help=f"run the same command with the {len(COMPILED_MODULES)} modules of build_kind's "
+                         "COMPILED_MODULES (the re-simulation, the step inference, the pipeline) built by mypyc, in a "
+                         "copy of this tree under the cache directory (what `ATTRIB_MYPYC=1 pip install .` ships)")
     args = ap.parse_args(argv)
     if args.compiled:
         site = compiled_site(args.cache_dir)
         rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--compiled"]
-        print(f"compiled: {', '.join(COMPILED_MODULES)} (mypyc), the ATTRIB_MYPYC=1 build installed in {site}",
+        print(f"compiled: {len(COMPILED_MODULES)} modules (mypyc), the ATTRIB_MYPYC=1 build installed in {site}",
               flush=True)
         return run_with(site, rest).returncode
 

@@ -448,7 +448,8 @@ class Attributor:
             mech = simulated_causes(plan.traced(frozenset()).outcomes[rid])
         unexplained_ttft = max(0.0, ttft_slow - sum(blame_ttft.values()))
         unexplained_itl = max(0.0, itl_slow - sum(blame_itl.values()))
-        total = sum(blame_ttft.values()) + n_gaps * sum(blame_itl.values())
+        itl_blamed: float = sum(blame_itl.values())  # typed: mypyc took int * sum(...) for int arithmetic
+        total = sum(blame_ttft.values()) + n_gaps * itl_blamed
         culprits = []
         for other in sorted(set(blame_ttft) | set(blame_itl)):
             t, i = blame_ttft.get(other, 0.0), blame_itl.get(other, 0.0)

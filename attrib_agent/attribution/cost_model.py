@@ -219,6 +219,7 @@ class StepCostModel:
         self._pending: tuple[_Kept, list[_Kept], list[float]] | None = None  # copies: the window built at the fit
         self.steps_seen = 0
         self.skipped = 0  # observations refused (negative or non-finite)
+        self.fits = 0  # fits run: what a test counts without spying on `_fit` (a compiled class has no such seam)
 
     def observe(self, context_tokens: int, decode_requests: int, decode_context_sum: int, elapsed_s: float, *,
                 prefill_pairs: int = 0, prefill_requests: int = 0, gap_s: float | None = None) -> None:
@@ -290,6 +291,7 @@ class StepCostModel:
         self._seen = seen_range(window)
         gap = statistics.fmean(gaps) if len(gaps) >= self.min_steps else self.prior.step_gap_s
         self._gap_s = max(gap + bias, 0.0)
+        self.fits += 1
 
     def prefill_steps(self) -> list[tuple[_Row, float]]:
         """The prefill steps the fit reads (its window's and those kept past it), each as its row and seconds: a

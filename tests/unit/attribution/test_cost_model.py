@@ -217,19 +217,10 @@ def test_deferred_fits_once_on_the_window_of_the_last_refit_due() -> None:
     superseded refits is missing), and none while the batch runs."""
     eager, lazy = StepCostModel(min_steps=64, refit_every=128), StepCostModel(min_steps=64, refit_every=128)
     feed(eager, 1000, seed=5)
-    fits = 0
-    real_fit = lazy._fit
-
-    def counting(*args: object) -> None:
-        nonlocal fits
-        fits += 1
-        real_fit(*args)  # type: ignore[arg-type]
-
-    lazy._fit = counting  # type: ignore[method-assign]
     with lazy.deferred():
         feed(lazy, 1000, seed=5)
-        assert not lazy.fitted and fits == 0
-    assert fits == 1 and lazy.fitted
+        assert not lazy.fitted and lazy.fits == 0
+    assert lazy.fits == 1 and lazy.fitted and eager.fits == 8  # refits due at steps 64, 192, ..., 960
     assert lazy.steps_seen == eager.steps_seen
     for a, b in zip(lazy.coefficients.as_tuple(), eager.coefficients.as_tuple(), strict=True):
         assert a == pytest.approx(b, rel=1e-5, abs=1e-12)
@@ -242,13 +233,22 @@ def test_deferred_fits_once_on_the_window_of_the_last_refit_due() -> None:
 def test_deferred_fit_reads_exactly_the_window_at_the_last_refit_due() -> None:
     """The window a deferred batch fits on is the one the model held at the last refit due in it, steps since
     included nowhere, even those the window has pushed out since (a short window: 256 steps, 40 pushed out)."""
+    def fit_on(rows: object, kept: object, gaps: object) -> tuple[float, ...]:
+        """A fresh model's one fit, from the prior as the batch's only fit starts, on exactly this window: the
+        fit is deterministic, so the batch read this window if and only if its coefficients are these, bit for
+        bit (the model is called, not spied on: a compiled class cannot be patched)."""
+        fresh = StepCostModel(min_steps=64, refit_every=128, max_window=256)
+        fresh._fit(cost_model._window(rows, kept), list(gaps))  # type: ignore[arg-type]
+        return (*fresh.coefficients.as_tuple(), fresh.coefficients.step_gap_s, fresh.residual_scale)
+
     lazy, ref = StepCostModel(min_steps=64, refit_every=128, max_window=256), StepCostModel(max_window=256)
-    read: list[object] = []
-    lazy._fit = lambda window, gaps: read.append((window, gaps))  # type: ignore[method-assign, assignment]
     with lazy.deferred():
         feed(lazy, 1000, seed=5)  # refits due at steps 64, 192, ..., 960
     feed(ref, 960, seed=5)
-    assert read == [(cost_model._window(ref._rows, ref._kept), list(ref._gaps))]
+    assert lazy.fits == 1
+    read = (*lazy.coefficients.as_tuple(), lazy.coefficients.step_gap_s, lazy.residual_scale)
+    assert read == fit_on(ref._rows, ref._kept, ref._gaps)
+    assert read != fit_on(lazy._rows, lazy._kept, lazy._gaps)  # the batch's end window: another fit
     assert lazy._rows[0][0] > ref._rows[0][0]  # the batch's end window no longer holds the oldest ones read
 
 

@@ -4,7 +4,6 @@ prompt hints, and the bound on requests kept."""
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 from functools import cache
@@ -115,9 +114,12 @@ def _whale_chunks_priced(rep: str) -> tuple[float, float, float]:
     cost, t0 = None, 0.0
     for ev in ReplaySource(RECORDINGS.parent / "truth" / "continuous" / "runs" / f"w1-{rep}").events():
         if cost is None and isinstance(ev, RequestReceived) and "-w1-" in ev.request_id:
-            cost, t0 = copy.deepcopy(forecast_cost(p)), ev.ts  # as priced then: the model refits as it goes
+            # as priced then: a ScaledCost holds the model's coefficients frozen when made (FrozenCost), so the
+            # model's refits as it goes do not move it (no copy: a compiled model cannot be deep-copied)
+            cost, t0 = forecast_cost(p), ev.ts
+            assert isinstance(cost, ScaledCost) and cost.cost.fitted
         p.feed(ev)
-    assert isinstance(cost, ScaledCost) and cost.cost.fitted
+    assert isinstance(cost, ScaledCost)
     chunks = [o.record for _, o in p.timeline.outcomes() if o.record.end_ts > t0
               and any("-w1-" in m.request_id and m.phase == "prefill" for m in o.record.members)]
     assert len(chunks) == 2

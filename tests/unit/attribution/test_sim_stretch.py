@@ -9,19 +9,17 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import replace
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import attrib_agent.attribution.scheduler_sim as scheduler_sim
 from attrib_agent.attribution.block_pool import FreeBlockQueue
 from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior
 from attrib_agent.attribution.scheduler_sim import simulate
 from attrib_agent.attribution.sim_cache import FrozenCost
 from attrib_agent.attribution.sim_step import LiveRequest, StepPlan
-from attrib_agent.attribution.sim_stretch import Stretch, decode_stretch
+from attrib_agent.attribution.sim_stretch import decode_stretch
 from attrib_agent.attribution.sim_trace import Pricer
 from attrib_agent.attribution.sim_types import InProgress, SchedulerConfig, SimRequest, SimResult, SimStart, StepCost
 
@@ -101,24 +99,42 @@ def test_stretches_equal_the_step_by_step_run(case: tuple[list[SimRequest], Sche
     _same(fast, slow)
 
 
-def test_a_decode_only_batch_runs_as_one_stretch(monkeypatch: pytest.MonkeyPatch) -> None:
+class _CountedCost:
+    """A cost that logs each price's arity: a stretch prices each of its steps with the four features alone
+    (`Pricer.price4`: nothing prefills in it), a step run by `schedule_step` with all five. Counted through the
+    cost `simulate` is given, not by patching `scheduler_sim` (a compiled build has no such seam)."""
+
+    def __init__(self, cost: StepCostModel) -> None:
+        self.cost, self.arity = cost, []
+
+    def step_seconds(self, t: int, r: int, c: int) -> float:
+        self.arity.append(3)
+        return self.cost.step_seconds(t, r, c)
+
+    def step_seconds_with_prefill(self, *features: int) -> float:
+        self.arity.append(len(features))
+        return self.cost.step_seconds_with_prefill(*features)
+
+    def stretches(self) -> list[int]:
+        """The steps of each run of four-feature prices in a row."""
+        return [len(r) for r in "".join("s" if a == 4 else "." for a in self.arity).split(".") if r]
+
+
+def test_a_decode_only_batch_runs_as_one_stretch() -> None:
     """Four long decodes with nothing arriving: after the prefill steps, the run is a few stretches, not one
     `schedule_step` per token, and still the step-by-step result."""
     config = SchedulerConfig(block_size=16, num_blocks=200, token_budget=512)
     requests = [SimRequest(f"r{i}", 0.0, 40 + i, 300) for i in range(4)]
-    calls: list[int] = []
-
-    def counted(*args: Any) -> Stretch | None:
-        got = decode_stretch(*args)
-        if got is not None:
-            calls.append(len(got.ends))
-        return got
-
-    monkeypatch.setattr(scheduler_sim, "decode_stretch", counted)
-    fast = simulate(requests, config, COSTS[1], trace="r0")
-    slow = simulate(requests, config, COSTS[1], on_step=_stepwise, trace="r0")
+    model = COSTS[1]
+    assert isinstance(model, StepCostModel)
+    counted, stepped = _CountedCost(model), _CountedCost(model)
+    fast = simulate(requests, config, counted, trace="r0")
+    slow = simulate(requests, config, stepped, on_step=_stepwise, trace="r0")
     _same(fast, slow)
-    assert fast.steps == slow.steps >= 300 and sum(calls) >= 290 and len(calls) <= 3
+    assert fast.steps == slow.steps >= 300 and sum(counted.stretches()) >= 290 and not stepped.stretches()
+    untraced = _CountedCost(model)
+    assert simulate(requests, config, untraced).steps == fast.steps
+    assert sum(untraced.stretches()) >= 290 and len(untraced.stretches()) <= 3
 
 
 def test_a_stretch_ends_with_the_step_that_finishes_a_request_or_that_an_arrival_falls_in() -> None:

@@ -61,7 +61,7 @@ def test_bad_config_is_refused() -> None:
 def test_pipeline_counts_every_final_result_once_in_closed_label_sets() -> None:
     cfg = SloConfig(ttft_s=1.0, itl_s=0.25, long_prompt_tokens=2000, long_output_tokens=64)
     p = AttributionPipeline(PipelineConfig(slo=cfg))
-    p.feed_all(ReplaySource(RECORDINGS / "preempt").events())
+    p.feed_all(list(ReplaySource(RECORDINGS / "preempt").events()))  # typed: a list or tuple
     p.settle()
     slo = p.tally.slo
     finals = [r for r in p.store if r.final]

@@ -5,6 +5,7 @@ And the incremental stepper it builds on schedules exactly what the oracle's one
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,13 @@ from attrib_agent.lab.routing import study  # noqa: E402
 from attrib_agent.lab.routing.workload import StudyShape, arrivals, is_long  # noqa: E402
 
 TINY = ["--seeds", "1", "--rate", "6", "--duration", "5", "--whales", "2", "--json"]
+
+
+@pytest.fixture(autouse=True)
+def _checkouts_example(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The example from this checkout, also when the package under test is an installed build (the compiled
+    suite, `make unit-compiled`): a wheel does not ship examples/."""
+    monkeypatch.setattr(study, "EXAMPLE", Path(__file__).resolve().parents[3] / "examples" / "route_by_forecast.py")
 
 
 def _runs(capsys: pytest.CaptureFixture[str]) -> list[dict[str, object]]:

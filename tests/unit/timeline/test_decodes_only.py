@@ -3,6 +3,11 @@ and the GPU-rate input it is taken for most steps and gives the outcomes and the
 
 from __future__ import annotations
 
+import importlib.util
+from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
+from types import ModuleType
+
 import pytest
 
 import attrib_agent.timeline.steps as steps
@@ -13,28 +18,43 @@ from attrib_agent.timeline.step_outcome import StepOutcome
 from tests.unit.timeline.test_reinference_exact import RECORDINGS, TRUTH, TRUTH_RUNS, events, gpu_rate
 
 
-def inferred(evs: tuple[Event, ...]) -> tuple[list[StepOutcome], SchedState]:
+def python_steps() -> ModuleType:
+    """steps.py as Python: the module itself, or on the compiled build (mypyc: its globals are not looked up, so not
+    patched) its source loaded afresh, calling the same compiled helpers."""
+    path = Path(steps.__file__ or "")
+    if not path.name.endswith(tuple(EXTENSION_SUFFIXES)):
+        return steps
+    spec = importlib.util.spec_from_file_location("_steps_as_python", path.with_name("steps.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def inferred(evs: tuple[Event, ...], infer: ModuleType = steps) -> tuple[list[StepOutcome], SchedState]:
     tl = EngineTimeline(keep_s=1e12, max_steps=10**7, max_requests=10**6)
     tl.feed_all(evs)
     inference = tl._inference
     st = SchedState(budget=0)
-    return [steps.infer_step(st, si, inference.book, inference.geometry) for si, _ in tl.outcomes()], st
+    return [infer.infer_step(st, si, inference.book, inference.geometry) for si, _ in tl.outcomes()], st
 
 
 def check(evs: tuple[Event, ...], monkeypatch: pytest.MonkeyPatch, least: float) -> None:
     taken: list[bool] = []
-    real = steps._decodes_only
+    module = python_steps()
+    real = module._decodes_only
 
     def counted(st: SchedState, si: object) -> bool:
-        taken.append(real(st, si))  # type: ignore[arg-type]
+        taken.append(real(st, si))
         return taken[-1]
 
-    monkeypatch.setattr(steps, "_decodes_only", counted)
-    fast, fast_state = inferred(evs)
-    monkeypatch.setattr(steps, "_decodes_only", lambda st, si: False)
-    general, general_state = inferred(evs)
-    assert fast == general
-    assert fast_state.same_as(general_state)
+    built, built_state = inferred(evs)  # as the build runs it (compiled or not), before anything is patched
+    monkeypatch.setattr(module, "_decodes_only", counted)
+    fast, fast_state = inferred(evs, module)
+    monkeypatch.setattr(module, "_decodes_only", lambda st, si: False)
+    general, general_state = inferred(evs, module)
+    assert built == fast == general
+    assert built_state.same_as(general_state) and fast_state.same_as(general_state)
     assert sum(taken) >= least * len(taken)
 
 

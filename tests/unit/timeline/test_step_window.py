@@ -89,7 +89,10 @@ def test_a_checkpoint_copies_every_field_of_a_track() -> None:
         value = getattr(t, f.name)
         new: object = (i + 7,) if isinstance(value, tuple) else (not value) if isinstance(value, bool) else \
             f"x{i}" if isinstance(value, str) else i + 0.5 if isinstance(value, float) else i + 7
-        setattr(t, f.name, new)
+        try:
+            setattr(t, f.name, new)
+        except TypeError:  # a compiled Track checks the type: a None that is a `str | None` takes a string
+            setattr(t, f.name, f"x{i}")
     c = t.clone()
     assert c is not t and c.key() == t.key()
     assert all(getattr(c, f.name) == getattr(t, f.name) for f in fields(Track))
