@@ -41,7 +41,9 @@ async def start_server(app: Any, host: str, port: int, what: str,
 def listening_socket(host: str, port: int, what: str) -> socket.socket:
     """The server's socket, bound here: a taken port raises OSError naming `what`, where uvicorn's own bind
     would log and `sys.exit(3)` from inside the event loop, past the agent's error path and its clean-up."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    # proto TCP, as asyncio's own bind: asyncio sets TCP_NODELAY on accepted connections only when their proto says
+    # TCP, and a socket made with proto 0 leaves Nagle on (answers then wait ~40 ms for the client's delayed ACK)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart reuses a TIME_WAIT port
     try:
         sock.bind((host, port))
