@@ -309,8 +309,7 @@ class Attributor:
             known.append((req, end))
         # the fits frozen for the pass (the same formula on the same coefficients: the same prices), so a
         # decode-only step's members are priced in one loop (`StepPrices.marginals`)
-        view = engine_view(timeline, cfg, Pricer(FrozenCost.of(self.period.cost(self.cost))),
-                           own=Pricer(FrozenCost.of(self.cost)))
+        view = engine_view(timeline, cfg, Pricer(FrozenCost.of(self.period.cost(self.cost))))
         prices = self.prices.current(self.cost)
         plans = []
         for period, start, mine in self._periods(known, lcs, wanted, timeline):

@@ -9,10 +9,10 @@ ITL), with what happened to the victim in each observed step it was in flight (d
   it alone frees; a shared prefix is nobody's alone) and the pool's free blocks count each shared block once
   (timeline/kv_share.py);
 - queued with room but the token budget full: `prefill_contention` on the chunks that filled it;
-- running (or arriving mid-step): the step's time beyond the victim's own, by what each other member adds to the
-  step's *period* (the victim's inter-token time: attribution/period_cost.py): `prefill_contention` for chunks,
-  `decode_batching` for decodes, and `kv_bandwidth` for the part that is their context's memory traffic, taken
-  from NVML's measured DRAM bandwidth when the GPU reports it.
+- running (or arriving mid-step): the step's time less the victim's own share of the step's price, by what each
+  other member adds to the step's *period* (the victim's inter-token time: attribution/period_cost.py):
+  `prefill_contention` for chunks, `decode_batching` for decodes, and `kv_bandwidth` for the part that is their
+  context's memory traffic, taken from NVML's measured DRAM bandwidth when the GPU reports it.
 A culprit's seconds in a phase are split by its own weights there (or, when it has none, e.g. it acted only by
 being there in a counterfactual, by the victim's overall weights). Without observed steps, the simulated
 trace's waits are used instead (`simulated`).
@@ -62,7 +62,6 @@ class EngineView:
     gpu: GpuSamples | None = None
     # by step, where prefix blocks are shared: each holder's exclusive blocks, and the blocks counted twice
     kv_shared: Mapping[tuple[int, float], tuple[Mapping[str, int], int]] = field(default_factory=dict)
-    own: Pricer | None = None  # a running victim's own cost in a step's elapsed time (None: `pricer`)
     _ends: list[float] = field(default_factory=list)
     _queue: list[RequestLifecycle] = field(default_factory=list)  # by arrival
     _arrivals: list[float] = field(default_factory=list)
@@ -477,8 +476,12 @@ def _contention(out: VictimCauses, phase: str, step: StepRecord, seconds: float,
     index = shares.index
     if seconds <= 0 or not index or (len(index) == 1 and rid in index):
         return
-    if mine is not None:  # the step's elapsed time, so the victim's own part in the same terms
-        seconds = min(seconds, step.elapsed_s) - (view.own or view.pricer).solo(_member(mine))
+    if mine is not None:  # the step's elapsed time less the victim's own share of its price, as vLLM's steps are
+        # read (lab/cause_truth.py): an absolute price taken out of a 2 ms decode step priced 3.4 ms for the victim
+        # alone left its co-members nothing, so ITL blame between decoders fell to `other` or to a rare chunk
+        full = view.prices(step)[0].full
+        seconds = min(seconds, step.elapsed_s)
+        seconds -= seconds * min(view.pricer.solo(_member(mine)) / full, 1.0) if full > 0 else seconds
     (pf, bt, bw), (pf_pos, bt_pos, bw_pos) = shares.sums, shares.positive
     own = index.get(rid)
     if own is not None:  # the sums less the victim's own part (0 where it was the only one)
@@ -511,15 +514,14 @@ def _normalised(d: Mapping[str, float]) -> dict[str, float]:
     return {k: v / total for k, v in d.items() if v > 0} if total > 0 else {}
 
 
-def engine_view(timeline: EngineTimeline, config: SchedulerConfig, pricer: Pricer,
-                own: Pricer | None = None) -> EngineView:
+def engine_view(timeline: EngineTimeline, config: SchedulerConfig, pricer: Pricer) -> EngineView:
     """The timeline's steps, requests, preemptions and GPU readings, with the pool the attributor simulates."""
     # the step list, their ends and the steps sharing prefix blocks are kept by the timeline as its window
     # changes: a pass copies two lists instead of walking the window's outcomes (35k steps at GPU rates)
     ends = timeline.step_ends()
     return EngineView(timeline.steps(), {lc.request_id: lc for lc in timeline.lifecycles()},
                       timeline.actionable_preemptions(), config.num_blocks, config.block_size, config.token_budget,
-                      pricer, timeline.gpu, SharedBlocks(timeline.outcomes(), ends), own, _ends=list(ends))
+                      pricer, timeline.gpu, SharedBlocks(timeline.outcomes(), ends), _ends=list(ends))
 
 
 class SharedBlocks(Mapping[_StepKey, tuple[Mapping[str, int], int]]):
