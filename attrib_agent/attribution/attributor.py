@@ -30,7 +30,7 @@ from attrib_agent.attribution.period_cost import PeriodCost
 from attrib_agent.attribution.result import NO_CAUSES, NO_EVIDENCE, AttributionResult, Culprit, itl_gaps
 from attrib_agent.attribution.scheduler_sim import shapley, simulate
 from attrib_agent.attribution.shapley import largest_effects, with_shortfall
-from attrib_agent.attribution.sim_cache import CostVersions, FrozenCost, RunCache
+from attrib_agent.attribution.sim_cache import CostVersions, RunCache
 from attrib_agent.attribution.sim_start import StepIndex, observed_start, without
 from attrib_agent.attribution.sim_trace import Pricer
 from attrib_agent.attribution.sim_types import SchedulerConfig, SimOutcome, SimRequest, SimResult, SimStart, StepCost
@@ -309,7 +309,7 @@ class Attributor:
             known.append((req, end))
         # the fits frozen for the pass (the same formula on the same coefficients: the same prices), so a
         # decode-only step's members are priced in one loop (`StepPrices.marginals`)
-        view = engine_view(timeline, cfg, Pricer(FrozenCost.of(self.period.cost(self.cost))))
+        view = engine_view(timeline, cfg, Pricer(self.period.prices(self.cost)))
         prices = self.prices.current(self.cost)
         plans = []
         for period, start, mine in self._periods(known, lcs, wanted, timeline):
