@@ -36,6 +36,7 @@ from attrib_agent.timeline.model import StepRecord
 MIN_STEP_S = 1e-12  # a step's least compute time: the formula's floor, for the model and its frozen copies
 _Row = tuple[float, ...]  # 1, prefill tokens, decode requests, decode context sum, prefill pairs, prefill requests
 TERMS: Final = 6
+HUBER_K: Final = 1.345  # Huber's tuning constant: 95 % efficiency on Gaussian residuals
 _INF: Final = float("inf")
 
 
@@ -283,15 +284,28 @@ class StepCostModel:
     def _fit(self, window: list[tuple[_Row, float]], gaps: list[float]) -> None:
         rows = [r for r, _ in window]
         ys = [y for _, y in window]
-        free = [j == 0 or sum(1 for r in rows if r[j] > 0) >= self.min_support for j in range(TERMS)]
-        coef, scale, bias = huber_nonnegative_fit(rows, ys, prior=self.prior.as_tuple(), free=free,
-                                                  start=self._coef)
+        coef, scale, bias = huber_nonnegative_fit(rows, ys, prior=self.prior.as_tuple(),
+                                                  free=self._free(rows), start=self._coef)
         self._coef = coef
         self._scale = scale
         self._seen = seen_range(window)
         gap = statistics.fmean(gaps) if len(gaps) >= self.min_steps else self.prior.step_gap_s
         self._gap_s = max(gap + bias, 0.0)
         self.fits += 1
+
+    def _free(self, rows: list[_Row]) -> list[bool]:
+        """The terms the fit may move: the intercept, and each feature at least `min_support` rows have."""
+        return [j == 0 or sum(1 for r in rows if r[j] > 0) >= self.min_support for j in range(TERMS)]
+
+    def posterior(self) -> dict[int, tuple[float, float]]:
+        """Per term the fit may move, the mean and spread of its price given the current window, the bound >= 0
+        dropped (`huber_posterior` at the fitted coefficients); empty before a fit."""
+        if not self._rows or not self.fitted:
+            return {}
+        window = _window(self._rows, self._kept)
+        rows = [r for r, _ in window]
+        return huber_posterior(rows, [y for _, y in window], prior=self.prior.as_tuple(), free=self._free(rows),
+                               coef=self._coef)
 
     def prefill_steps(self) -> list[tuple[_Row, float]]:
         """The prefill steps the fit reads (its window's and those kept past it), each as its row and seconds: a
@@ -502,8 +516,37 @@ def _best_support(a: list[list[float]], b: list[float]) -> list[float]:
     return best
 
 
+def _huber_inputs(rows: list[_Row], ys: list[float], prior: _Row, free: list[bool]
+                  ) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+    """What the fit works on: the free terms, their RMS scales, the rows scaled by them, the target less the fixed
+    terms' prior share, the prior in scaled units (each feature's RMS contribution, seconds), the penalty floor."""
+    idx = [j for j in range(len(prior)) if free[j]]
+    fixed = [j for j in range(len(prior)) if not free[j]]
+    x_all = np.asarray(rows, dtype=np.float64).reshape(len(rows), len(prior))
+    target = np.asarray(ys, dtype=np.float64) - x_all[:, fixed] @ np.asarray([prior[j] for j in fixed])
+    raw = x_all[:, idx]
+    rms = np.sqrt((raw * raw).sum(axis=0) / len(rows))
+    scales = np.where(rms > 0, rms, 1.0)
+    pri = np.asarray([prior[j] for j in idx]) * scales
+    floor = 1e-4 * max(float(np.median(np.abs(target))), 1e-6)
+    return idx, scales, raw / scales, target, pri, floor
+
+
+def _huber_system(xs: np.ndarray, target: np.ndarray, theta: Sequence[float], pri: np.ndarray, floor: float,
+                  huber_k: float, prior_spread: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """The weighted normal equations (A, b) of one IRLS step at `theta` (scaled units), with the prior's
+    penalty, and the residuals' MAD scale they were weighted by: the fit iterates them, its posterior reads them."""
+    absr = np.abs(target - xs @ np.asarray(theta))
+    scale = max(1.4826 * float(np.median(absr)), 1e-6)
+    cut = huber_k * scale
+    w = np.where(absr <= cut, 1.0, cut / np.maximum(absr, 1e-300))
+    penalty = (scale / (prior_spread * np.abs(pri) + floor)) ** 2
+    wx = xs * w[:, None]
+    return wx.T @ xs + np.diag(penalty), wx.T @ target + penalty * pri, scale
+
+
 def huber_nonnegative_fit(rows: list[_Row], ys: list[float], *, prior: _Row, free: list[bool], start: _Row,
-                          iterations: int = 12, huber_k: float = 1.345, prior_spread: float = 1.0
+                          iterations: int = 12, huber_k: float = HUBER_K, prior_spread: float = 1.0
                           ) -> tuple[_Row, float, float]:
     """Huber IRLS with coefficients >= 0 and a Gaussian prior on each: mean the prior, spread `prior_spread`
     times its contribution. Where the data cannot tell two features apart (only 32-token prefills: tokens and
@@ -512,29 +555,10 @@ def huber_nonnegative_fit(rows: list[_Row], ys: list[float], *, prior: _Row, fre
     coefficient thus stays near zero. Coefficients not `free` stay at the prior. Returns (coefficients, MAD
     scale, mean residual with residuals clipped at 5 scales). Vectorised: a refit runs every 128 steps over up
     to 1,024 of them, and the per-row arithmetic in Python was the pipeline's largest single cost."""
-    idx = [j for j in range(len(prior)) if free[j]]
-    fixed = [j for j in range(len(prior)) if not free[j]]
-    x_all = np.asarray(rows, dtype=np.float64).reshape(len(rows), len(prior))
-    target = np.asarray(ys, dtype=np.float64) - x_all[:, fixed] @ np.asarray([prior[j] for j in fixed])
-    n = len(rows)
-    raw = x_all[:, idx]
-    rms = np.sqrt((raw * raw).sum(axis=0) / n)
-    scales = np.where(rms > 0, rms, 1.0)
-    xs = raw / scales
-    pri = np.asarray([prior[j] for j in idx]) * scales  # each feature's RMS contribution, seconds
-    floor = 1e-4 * max(float(np.median(np.abs(target))), 1e-6)
+    idx, scales, xs, target, pri, floor = _huber_inputs(rows, ys, prior, free)
     theta = [float(v) for v in np.asarray([start[j] for j in idx]) * scales]
-    scale = 0.0
     for _ in range(iterations):
-        resid = target - xs @ np.asarray(theta)
-        absr = np.abs(resid)
-        scale = max(1.4826 * float(np.median(absr)), 1e-6)
-        cut = huber_k * scale
-        w = np.where(absr <= cut, 1.0, cut / np.maximum(absr, 1e-300))
-        penalty = (scale / (prior_spread * np.abs(pri) + floor)) ** 2
-        wx = xs * w[:, None]
-        ata = wx.T @ xs + np.diag(penalty)
-        atb = wx.T @ target + penalty * pri
+        ata, atb, _scale = _huber_system(xs, target, theta, pri, floor, huber_k, prior_spread)
         new = _nonnegative_solve(ata.tolist(), atb.tolist())
         done = max(abs(a - b) for a, b in zip(new, theta, strict=True)) <= 1e-7 * (1 + max(map(abs, theta)))
         theta = new
@@ -550,5 +574,24 @@ def huber_nonnegative_fit(rows: list[_Row], ys: list[float], *, prior: _Row, fre
     return tuple(coef), scale, bias
 
 
+def huber_posterior(rows: list[_Row], ys: list[float], *, prior: _Row, free: list[bool], coef: _Row,
+                    huber_k: float = HUBER_K, prior_spread: float = 1.0) -> dict[int, tuple[float, float]]:
+    """Per free term, the mean and spread of the Gaussian the fit's last step stands on at `coef` (its Huber
+    weights, MAD scale and prior penalty, the bound >= 0 dropped), in the term's own units: how well the window
+    pins each price, for a reader that must not take a price the bound set to 0 for "nothing". Empty when
+    the system is singular."""
+    idx, scales, xs, target, pri, floor = _huber_inputs(rows, ys, prior, free)
+    ata, atb, scale = _huber_system(xs, target, [coef[j] * sc for j, sc in zip(idx, scales.tolist(), strict=True)],
+                                    pri, floor, huber_k, prior_spread)
+    try:
+        inv = np.linalg.inv(ata)
+    except np.linalg.LinAlgError:
+        return {}
+    mu = inv @ atb
+    return {j: (float(mu[i]) / sc, scale * float(np.sqrt(max(float(inv[i, i]), 0.0))) / sc)
+            for i, (j, sc) in enumerate(zip(idx, scales.tolist(), strict=True))}
+
+
 __all__ = ["PriceRange", "StepCoefficients", "StepCostModel", "StepCostPrior", "StepFeatures", "huber_nonnegative_fit",
+           "huber_posterior",
            "prefill_pairs", "record_row", "row_ok", "seen_range"]

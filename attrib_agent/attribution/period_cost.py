@@ -21,11 +21,10 @@ same Gaussian cut at 0 is small and positive, by how uncertain the price is, fro
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from math import erfc, exp, pi, sqrt
 
-import numpy as np
-
-from attrib_agent.attribution.cost_model import TERMS, StepCostModel, StepFeatures, _window, row_ok
+from attrib_agent.attribution.cost_model import StepCostModel, StepFeatures, row_ok
 from attrib_agent.attribution.sim_cache import FrozenCost
 from attrib_agent.timeline.model import StepRecord
 
@@ -75,8 +74,7 @@ class PeriodCost:
         k = model.coefficients
         key = (model.fits, k.as_tuple())
         if self._frozen is None or self._frozen[0] != key:
-            a, b, c, d, e, f = posterior_at_bound(_window(model._rows, model._kept), k.as_tuple(),
-                                                  model.prior.as_tuple(), model.min_support)
+            a, b, c, d, e, f = posterior_at_bound(k.as_tuple(), model.posterior())
             self._frozen = key, FrozenCost(a, b, c, d, e, k.step_gap_s, f)
         return self._frozen[1]
 
@@ -92,39 +90,9 @@ def _truncated_mean(mu: float, sd: float) -> float:
     return mu + sd * exp(-0.5 * z * z) / sqrt(2.0 * pi) / tail
 
 
-def posterior_at_bound(window: list[tuple[tuple[float, ...], float]], coef: tuple[float, ...],
-                       prior: tuple[float, ...], min_support: int) -> tuple[float, ...]:
-    """`coef` (a non-negative Huber fit of `window` with `prior`, as `huber_nonnegative_fit` makes it), each
-    free coefficient at 0 replaced by its posterior mean given >= 0: the Gaussian of the unconstrained fit (the
-    fit's Huber weights at `coef`, its MAD scale, its prior penalty), marginal for that coefficient, cut at 0.
-    Only the bound's degenerate answer changes: a coefficient the data put above 0 keeps its fitted value."""
-    free = [j for j in range(TERMS) if j == 0 or sum(1 for r, _ in window if r[j] > 0) >= min_support]
-    at_bound = [i for i, j in enumerate(free) if coef[j] == 0.0]
-    if not window or not at_bound:
-        return coef
-    x_all = np.asarray([r for r, _ in window], dtype=np.float64).reshape(len(window), TERMS)
-    y = np.asarray([t for _, t in window], dtype=np.float64)
-    k = np.asarray(coef, dtype=np.float64)
-    fixed = [j for j in range(TERMS) if j not in free]
-    target = y - x_all[:, fixed] @ k[fixed]
-    x = x_all[:, free]
-    resid = target - x @ k[free]
-    scale = max(1.4826 * float(np.median(np.abs(resid))), 1e-6)
-    cut = 1.345 * scale
-    w = np.where(np.abs(resid) <= cut, 1.0, cut / np.maximum(np.abs(resid), 1e-300))
-    rms = np.sqrt((x * x).sum(axis=0) / len(window))
-    sc = np.where(rms > 0, rms, 1.0)
-    pri = np.asarray([prior[j] for j in free], dtype=np.float64)
-    floor = 1e-4 * max(float(np.median(np.abs(target))), 1e-6)
-    penalty = (scale / (np.abs(pri) * sc + floor)) ** 2 * sc * sc  # the fit's, in unscaled units
-    wx = x * w[:, None]
-    ata = wx.T @ x + np.diag(penalty)
-    try:
-        inv = np.linalg.inv(ata)
-    except np.linalg.LinAlgError:
-        return coef
-    mu = inv @ (wx.T @ target + penalty * pri)
-    out = list(coef)
-    for i in at_bound:
-        out[free[i]] = _truncated_mean(float(mu[i]), scale * sqrt(max(float(inv[i, i]), 0.0)))
-    return tuple(out)
+def posterior_at_bound(coef: tuple[float, ...], posterior: Mapping[int, tuple[float, float]]) -> tuple[float, ...]:
+    """`coef` (a non-negative fit) with each coefficient at 0 the fit may move replaced by its posterior mean given
+    >= 0: the fit's own Gaussian for it (`StepCostModel.posterior`: its Huber weights, MAD scale and prior
+    penalty, the bound dropped), cut at 0. Only the bound's degenerate answer changes: a coefficient the data put
+    above 0 keeps its fitted value."""
+    return tuple(_truncated_mean(*posterior[j]) if v == 0.0 and j in posterior else v for j, v in enumerate(coef))
