@@ -11,6 +11,13 @@ tiny control API on the same HTTP port as the OTLP receiver:
     GET  /lab/status                                 counters
     POST /v1/traces                                  OTLP/HTTP protobuf (or JSON) export request
 
+vLLM logs synchronously from its API server's event loop into the pipe this process reads. When this process
+stalls (on this 2-core host, for up to 1.6 s while vLLM's engine spins), the kernel's default 64 KiB pipe
+filled in ~0.5 s and vLLM's API server then blocked in its log write, receiving no request and streaming no
+token until the capture read again: 35 of the 126 shorts that waited > 100 ms before vLLM received them in the
+committed truths (all of preempt's and kvpair's, up to 1.05 s). So the capture widens that pipe first
+(`widen_pipe`), and records the size in each recording's meta (`log_pipe_bytes`).
+
 With `--steps-socket PATH` it also binds the unix datagram socket the step plugin sends to
 (plugins/vllm, docs/exact-mode.md) and records each message, receipt-stamped, as the `vllm_steps` stream.
 """
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import queue
@@ -46,6 +54,9 @@ from attrib_agent.recording import (
 MAX_OTLP_BODY = 16 * 1024 * 1024
 MAX_STEP_DATAGRAM = 256 * 1024
 STEPS_RCVBUF = 4 * 1024 * 1024  # bytes; the kernel also caps the queue at net.unix.max_dgram_qlen datagrams
+# vLLM's log pipe: 1 MiB (Linux's default fs.pipe-max-size) holds ~8 s of the lab's per-iteration log (~130 KB/s
+# with --enable-logging-iteration-details), against capture stalls of at most 1.6 s seen in the truths.
+LOG_PIPE_BYTES = 1 << 20
 
 
 class Capture:
@@ -60,6 +71,7 @@ class Capture:
             "otlp_forward_dropped": 0, "otlp_forward_errors": 0, "step_messages": 0, "step_rejected": 0,
         }
         self.vllm_exited = threading.Event()
+        self.log_pipe_bytes: int | None = None  # the log pipe's capacity once widened (None: not a pipe)
         self.forward_url: str | None = None
         self._forward_q: queue.Queue[tuple[str, str, bytes, str | None]] = queue.Queue(maxsize=256)
         threading.Thread(target=self._forward_loop, daemon=True).start()
@@ -88,7 +100,7 @@ class Capture:
         with self._lock:
             if self.writer is not None:
                 self.writer.close()
-            self.writer = RecordingWriter(path, meta)
+            self.writer = RecordingWriter(path, {**meta, "log_pipe_bytes": self.log_pipe_bytes})
 
     def stop(self) -> dict[str, int]:
         with self._lock:
@@ -106,6 +118,31 @@ class Capture:
     def count(self, key: str) -> None:
         with self._lock:
             self.counters[key] += 1
+
+
+def widen_pipe(fd: int, size: int = LOG_PIPE_BYTES) -> int | None:
+    """Grow the pipe on `fd` to `size` bytes (or the most the kernel allows) so a stalled reader does not block
+    vLLM's logging writer; returns the capacity it then has, None when `fd` is no pipe (a file, a terminal)."""
+    try:
+        current = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+    except OSError:
+        return None
+    for want in (size, _pipe_max_size()):
+        if want is None or want <= current:
+            continue
+        try:
+            return fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, want)
+        except OSError:  # over fs.pipe-max-size without CAP_SYS_RESOURCE, or over the user's pipe quota
+            continue
+    return current
+
+
+def _pipe_max_size() -> int | None:
+    """The largest pipe an unprivileged process may ask for (fs.pipe-max-size)."""
+    try:
+        return int(Path("/proc/sys/fs/pipe-max-size").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def read_log(capture: Capture, stream: Any) -> None:
@@ -226,7 +263,7 @@ def make_handler(capture: Capture) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:  # noqa: N802
             if self.path == "/lab/status":
                 status = {**capture.counters, "recording": capture.writer is not None,
-                          "vllm_exited": capture.vllm_exited.is_set()}
+                          "vllm_exited": capture.vllm_exited.is_set(), "log_pipe_bytes": capture.log_pipe_bytes}
                 self._reply(200, json.dumps(status).encode())
             else:
                 self._reply(404, b"{}")
@@ -247,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError:
         pass
     capture = Capture(Path(args.server_log))
+    capture.log_pipe_bytes = widen_pipe(sys.stdin.fileno())
     stop = threading.Event()
     httpd = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(capture))
     httpd.daemon_threads = True

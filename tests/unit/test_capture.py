@@ -1,13 +1,14 @@
 """The capture process's HTTP side, driven over a real loopback socket."""
 
 import base64
+import os
 import threading
 from http.server import ThreadingHTTPServer
 
 import httpx
 import pytest
 
-from attrib_agent.lab.capture import MAX_OTLP_BODY, Capture, make_handler
+from attrib_agent.lab.capture import LOG_PIPE_BYTES, MAX_OTLP_BODY, Capture, make_handler, widen_pipe
 from attrib_agent.recording import LOG, OTLP, Recording, log_record
 
 
@@ -76,3 +77,37 @@ def test_forward_sends_bodies_on_unchanged(capture_server, tmp_path, otlp_export
         httpd.shutdown()
     (rec,) = list(Recording(tmp_path / "down").records(OTLP))
     assert base64.b64decode(rec["body_b64"]) == otlp_export_body
+
+
+def test_widened_log_pipe_takes_what_a_default_pipe_would_block_on(tmp_path):
+    """vLLM's API server writes its log into this pipe from its event loop: a full pipe stalls it (see the
+    module's docstring), so the capture widens it. A default pipe takes only 64 KiB without a reader."""
+    burst = b"x" * (256 * 1024)  # ~2 s of the lab's per-iteration log
+    for widen in (False, True):
+        r, w = os.pipe()
+        try:
+            size = widen_pipe(r) if widen else None
+            os.set_blocking(w, False)
+            written = os.write(w, burst)
+        finally:
+            os.close(r)
+            os.close(w)
+        if widen:
+            assert size is not None and size >= LOG_PIPE_BYTES and written == len(burst)
+        else:
+            assert written < len(burst)
+
+
+def test_widen_pipe_leaves_what_is_no_pipe_alone(tmp_path):
+    with open(tmp_path / "f", "w") as f:
+        assert widen_pipe(f.fileno()) is None
+
+
+def test_recording_meta_names_the_log_pipe_size(capture_server, tmp_path):
+    cap, url = capture_server
+    cap.log_pipe_bytes = LOG_PIPE_BYTES
+    with httpx.Client(trust_env=False) as c:
+        c.post(f"{url}/lab/start", json={"dir": str(tmp_path / "rec"), "meta": {}}).raise_for_status()
+        assert c.get(f"{url}/lab/status").json()["log_pipe_bytes"] == LOG_PIPE_BYTES
+        c.post(f"{url}/lab/stop")
+    assert Recording(tmp_path / "rec").meta["log_pipe_bytes"] == LOG_PIPE_BYTES
