@@ -61,9 +61,23 @@ def test_on_the_shorts_the_truth_resolves_the_mixed_whales_blame_matches_their_s
     assert causes == {"prefill_contention"}
 
 
+def test_kvpair_without_the_frozen_log_pipe_w1_alone_delays_nobody_and_both_whales_are_blamed_as_measured() -> None:
+    """Re-recorded with the 1 MiB log pipe (truth10): in the w1-alone world no short waits in vLLM's frontend any
+    more (mean TTFT 10.4 ms against truth8's 111 ms, s002 0.38 s), so w1's true share is only s000's wait behind
+    both serialized prefills (and s003's, r2), split about evenly with w2; the engine blames each within 1.1 %."""
+    truth = truth_spread.load(TRUTH / "kvpair")
+    for spec, e in truth["shorts"].items():
+        cond = e["conditions"]
+        assert cond["w1"]["ttft_s"]["mean"] < 2 * cond["none"]["ttft_s"]["mean"], spec
+    s = score_truth(TRUTH / "kvpair", "attrib-agent", engine_blame, engine_itl_blame)
+    assert (s.null_flagged, s.null_total) == (0, 12)
+    assert s.whale_rel_errors["w1"] <= 0.011 and s.whale_rel_errors["w2"] <= 0.011  # measured 1.1 % and 0.6 %
+
+
 def test_kvpair_names_exactly_the_requests_vllm_preempted_and_none_elsewhere() -> None:
     """vLLM preempted 1, 2 and 1 requests in kvpair's three w1+w2 runs (w2 each time, s003 too in r1; the client's
-    streams stall 0.42-0.46 s there) and none in any other run of the held-out truths."""
+    streams stall 0.44-0.49 s there; truth10's re-recording with the 1 MiB log pipe, as truth8's had) and none in
+    any other run of the held-out truths."""
     named: dict[str, list[str]] = {}
     for name in HELD_OUT:
         truth = json.loads((TRUTH / name / "truth.json").read_text())
@@ -91,21 +105,24 @@ def test_a_fit_kept_from_a_run_without_long_prompts_misprices_the_held_out_whale
 
 
 def test_the_held_out_forecast_figures_as_measured() -> None:
-    """Declared load, kept fit, over the five held-out whales (three resolved: whale1/w1, mixed/w1, kvpair/w1):
-    median error 81 % (82 % over the resolved; the tuned truths' 28 % / 23 %). mixed/w1 is called harmless in
-    1 of 3 recordings (r0: its 2 chunks priced 79 ms against the 152 ms they took, by a fit kept from a run whose
-    longest chunk was 1,024 tokens, so the prefill ends before the first short arrives) though it makes m002 wait
-    5.4x, 20 standard errors past its noise: the issue's rule broken on held-out data. Since fit9 that price is
-    flagged as beyond the fit's evidence (`forecast.PriceCheck`) and never called harmless: the figures stay,
-    the verdict does not. kvpair/w1's 2x (2 of 3
-    recordings harmless) is s002 waiting in vLLM's frontend before the engine saw it (tests/fixtures/README.md),
-    not resolved. mixed/w2, truly harmless, is called harmless in every recording."""
+    """Declared load, kept fit, over the five held-out whales (three resolved: whale1/w1, mixed/w1, kvpair/w2):
+    median error 82 % over the four with a true harm (82 % over the resolved; the tuned truths' 28 % / 23 %).
+    mixed/w1 is called harmless in 1 of 3 recordings (r0: its 2 chunks priced 79 ms against the 152 ms they took, by
+    a fit kept from a run whose longest chunk was 1,024 tokens, so the prefill ends before the first short arrives)
+    though it makes m002 wait 5.4x, 20 standard errors past its noise: the issue's rule broken on held-out data.
+    Since fit9 that price is flagged as beyond the fit's evidence (`forecast.PriceCheck`) and never called harmless:
+    the figures stay, the verdict does not. kvpair re-recorded with the mended capture (truth10): kvpair/w1's 2x was
+    s002 waiting in vLLM's frontend behind a full log pipe (truth8's recording); without it w1 alone harms nobody
+    (true harm 0), so the 2 of 3 recordings that call it harmless are right, though not every one: mixed/w2, also
+    truly harmless, is called harmless in every recording, kvpair/w1 not in r0 (priced beyond the evidence)."""
     s = summary(kept(), "declared")
     assert s["whales"] == 5 and s["resolved_whales"] == 3
-    assert math.isclose(s["median_rel_error"], 0.81, abs_tol=0.01)
+    assert math.isclose(s["median_rel_error"], 0.82, abs_tol=0.01)  # truth10; 0.81 with truth8's kvpair
     assert math.isclose(s["median_rel_error_resolved"], 0.82, abs_tol=0.01)
     assert s["called_harmless_but_resolved_2x"] == []  # fit9; was ["mixed/w1"]
-    assert s["called_harmless_but_2x"] == ["kvpair/w1"]  # fit9; was ["mixed/w1", "kvpair/w1"]
+    assert s["called_harmless_but_2x"] == []  # truth10; was ["kvpair/w1"] (a frozen log pipe), before fit9 mixed/w1 too
+    assert s["truly_harmless"] == ["mixed/w2", "kvpair/w1"]  # truth10: kvpair/w1 was 0.40 s of frontend waits
     assert s["truly_harmless_called_harmless"] == ["mixed/w2"]
     by = {f"{c.truth}/{c.whale}": c for c in kept()}
     assert by["mixed/w1"].harmless["declared"] == [False, False, False]  # fit9; was [True, False, False]
+    assert by["kvpair/w1"].true_harm_s == 0.0 and by["kvpair/w1"].harmless["declared"] == [False, True, True]
