@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
 import queue
@@ -50,13 +49,11 @@ from attrib_agent.recording import (
     metrics_record,
     otlp_record,
 )
+from attrib_agent.sources.log.pipe import widen_pipe
 
 MAX_OTLP_BODY = 16 * 1024 * 1024
 MAX_STEP_DATAGRAM = 256 * 1024
 STEPS_RCVBUF = 4 * 1024 * 1024  # bytes; the kernel also caps the queue at net.unix.max_dgram_qlen datagrams
-# vLLM's log pipe: 1 MiB (Linux's default fs.pipe-max-size) holds ~8 s of the lab's per-iteration log (~130 KB/s
-# with --enable-logging-iteration-details), against capture stalls of at most 1.6 s seen in the truths.
-LOG_PIPE_BYTES = 1 << 20
 
 
 class Capture:
@@ -118,31 +115,6 @@ class Capture:
     def count(self, key: str) -> None:
         with self._lock:
             self.counters[key] += 1
-
-
-def widen_pipe(fd: int, size: int = LOG_PIPE_BYTES) -> int | None:
-    """Grow the pipe on `fd` to `size` bytes (or the most the kernel allows) so a stalled reader does not block
-    vLLM's logging writer; returns the capacity it then has, None when `fd` is no pipe (a file, a terminal)."""
-    try:
-        current = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
-    except OSError:
-        return None
-    for want in (size, _pipe_max_size()):
-        if want is None or want <= current:
-            continue
-        try:
-            return fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, want)
-        except OSError:  # over fs.pipe-max-size without CAP_SYS_RESOURCE, or over the user's pipe quota
-            continue
-    return current
-
-
-def _pipe_max_size() -> int | None:
-    """The largest pipe an unprivileged process may ask for (fs.pipe-max-size)."""
-    try:
-        return int(Path("/proc/sys/fs/pipe-max-size").read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def read_log(capture: Capture, stream: Any) -> None:

@@ -8,8 +8,9 @@ from http.server import ThreadingHTTPServer
 import httpx
 import pytest
 
-from attrib_agent.lab.capture import LOG_PIPE_BYTES, MAX_OTLP_BODY, Capture, make_handler, widen_pipe
+from attrib_agent.lab.capture import MAX_OTLP_BODY, Capture, make_handler
 from attrib_agent.recording import LOG, OTLP, Recording, log_record
+from attrib_agent.sources.log.pipe import LOG_PIPE_BYTES, widen_pipe
 
 
 @pytest.fixture

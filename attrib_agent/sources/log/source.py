@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, cast
@@ -13,11 +14,14 @@ from attrib_agent.config.setting import Setting
 from attrib_agent.events import Event
 from attrib_agent.recording import LOG
 from attrib_agent.sources.log.parser import LogLineParser
+from attrib_agent.sources.log.pipe import widen_pipe
 from attrib_agent.sources.log.tailer import POLL_INTERVAL_S, BinaryReader, LogFollower, StdinLines
 from attrib_agent.sources.source import Emit, ReplayContext, SourceContext, SourceSpec
 
 if TYPE_CHECKING:
     from attrib_agent.config.load import AgentConfig
+
+logger = logging.getLogger(__name__)
 
 NAME = "vllm_log"
 ROWS: Final[tuple[Setting[Any], ...]] = (
@@ -68,6 +72,9 @@ def build(cfg: AgentConfig, ctx: SourceContext) -> LogSource | None:
         return LogSource(LogFollower(cfg.log_file, from_start=cfg.log_from_start, clock=ctx.clock,
                                      poll_interval_s=cfg.log_poll_interval_s, health=ctx.health(NAME)))
     if cfg.log_stdin:
+        widened = widen_pipe(sys.stdin.fileno())  # a stalled agent must not block vLLM's log writes (pipe.py)
+        if widened is not None:
+            logger.info("reading vLLM's log from a pipe of %d bytes", widened)
         return LogSource(StdinLines(cast(BinaryReader, sys.stdin.buffer), clock=ctx.clock, health=ctx.health(NAME)))
     return None
 
