@@ -531,9 +531,7 @@ class AttributionPipeline:
     def settled_status(self, request_id: str) -> str | None:
         """`status()` where the settle passes' own maps answer it (stored, waiting, skipped), without reading the
         timeline: cheap, and safe to ask from another thread than the one feeding (a dict lookup each)."""
-        r = self.store.get(request_id)
-        if r is None and request_id in self._client:  # an n>1 child: its client request's result
-            r = self.store.get(self._client[request_id])
+        r = self.result(request_id)  # for an n>1 child's id, its client request's
         if r is not None:
             return "final" if r.final else "partial"
         if request_id in self._due:
