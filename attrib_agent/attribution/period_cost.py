@@ -74,7 +74,8 @@ class PeriodCost:
         k = model.coefficients
         key = (model.fits, k.as_tuple())
         if self._frozen is None or self._frozen[0] != key:
-            a, b, c, d, e, f = posterior_at_bound(k.as_tuple(), model.posterior())
+            coef = k.as_tuple()  # the posterior (a window's matrix inverse) only where a price sits at its bound
+            a, b, c, d, e, f = posterior_at_bound(coef, model.posterior()) if 0.0 in coef else coef
             self._frozen = key, FrozenCost(a, b, c, d, e, k.step_gap_s, f)
         return self._frozen[1]
 
