@@ -76,6 +76,7 @@ def samples(tmp_path: Path, token_file: Path) -> dict[str, tuple[object, Any]]:
         "log_file": ("/var/log/vllm.log", Path("/var/log/vllm.log")),
         "log_stdin": (True, True),
         "log_from": ("start", "start"),
+        "log_stdin_when_full": ("block", "block"),
         "log_poll_interval_s": (0.2, 0.2),
         "engine": (1, 1),
         "block_size": (32, 32),

@@ -5,7 +5,10 @@ again. Measured in the lab: shorts waited up to 1.05 s before vLLM received them
 
 from __future__ import annotations
 
+import array
 import fcntl
+import termios
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -37,3 +40,23 @@ def _pipe_max_size() -> int | None:
         return int(Path("/proc/sys/fs/pipe-max-size").read_text())
     except (OSError, ValueError):
         return None
+
+
+def pipe_filling(fd: int) -> Callable[[], bool] | None:
+    """A check that the pipe on `fd` holds at least half its capacity unread: the moment a reader that is behind
+    must read and drop rather than wait, or vLLM's next log write would soon block. None when `fd` is no pipe
+    (a file redirected to stdin never blocks its writer, so the reader may always wait)."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+    except OSError:
+        return None
+
+    def filling() -> bool:
+        pending = array.array("i", [0])
+        try:
+            fcntl.ioctl(fd, termios.FIONREAD, pending, True)
+            return pending[0] * 2 >= fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+        except OSError:  # the pipe went away: nothing left to protect
+            return False
+
+    return filling

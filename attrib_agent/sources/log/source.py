@@ -14,7 +14,7 @@ from attrib_agent.config.setting import Setting
 from attrib_agent.events import Event
 from attrib_agent.recording import LOG
 from attrib_agent.sources.log.parser import LogLineParser
-from attrib_agent.sources.log.pipe import widen_pipe
+from attrib_agent.sources.log.pipe import pipe_filling, widen_pipe
 from attrib_agent.sources.log.tailer import POLL_INTERVAL_S, BinaryReader, LogFollower, StdinLines
 from attrib_agent.sources.source import Emit, ReplayContext, SourceContext, SourceSpec
 
@@ -29,6 +29,10 @@ ROWS: Final[tuple[Setting[Any], ...]] = (
             "PATH", live=True, default_text="none"),
     Setting("log_stdin", "vllm", v.parse_bool, False, "read vLLM's log from standard input (vLLM's output piped "
             "in); excludes log_file", boolean=True, live=True),
+    Setting("log_stdin_when_full", "vllm", v.choice(("drop_newest", "block")), "drop_newest",
+            "what log_stdin does when the agent is behind and the pipe is half full: `drop_newest` (drop lines, "
+            "counted as skipped `queue_full`, so vLLM never blocks writing its log) or `block` (lose nothing; "
+            "vLLM's API server stalls once the pipe is full)", "drop_newest|block", live=True),
     Setting("log_from", "vllm", v.choice(("end", "start")), "end",
             "where to start reading log_file: `end` (only new lines) or `start` (the whole file)", "end|start",
             live=True),
@@ -75,7 +79,9 @@ def build(cfg: AgentConfig, ctx: SourceContext) -> LogSource | None:
         widened = widen_pipe(sys.stdin.fileno())  # a stalled agent must not block vLLM's log writes (pipe.py)
         if widened is not None:
             logger.info("reading vLLM's log from a pipe of %d bytes", widened)
-        return LogSource(StdinLines(cast(BinaryReader, sys.stdin.buffer), clock=ctx.clock, health=ctx.health(NAME)))
+        spill = pipe_filling(sys.stdin.fileno()) if cfg.log_stdin_when_full == "drop_newest" else None
+        return LogSource(StdinLines(cast(BinaryReader, sys.stdin.buffer), clock=ctx.clock, health=ctx.health(NAME),
+                                    spill=spill))
     return None
 
 

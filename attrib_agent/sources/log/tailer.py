@@ -11,6 +11,7 @@ its first `max_line_bytes` bytes are kept, and it is counted (`line_too_long`). 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -245,6 +246,9 @@ class StdinLines:
 
     At most `queue_size` lines wait between the thread and the consumer (a semaphore counts them), so a
     slow consumer slows the reader instead of growing memory. At EOF the unfinished last line is delivered.
+    A slow reader must not stall vLLM, which writes its log synchronously from its API server: with `spill`
+    (true while the pipe behind the reader is filling), a reader whose queue is full drops the line it holds
+    instead of waiting, and counts it (`queue_full`); without it (`when_full=block`, or stdin not a pipe) it waits.
     """
 
     def __init__(
@@ -255,8 +259,11 @@ class StdinLines:
         clock: Callable[[], float] = time.time,
         health: SourceHealth | None = None,
         queue_size: int = 1024,
+        spill: Callable[[], bool] | None = None,
     ) -> None:
         self.stream = stream
+        self.spill = spill
+        self._dropping = 0  # lines dropped in the current episode of a full queue and a filling pipe
         self.clock = clock
         self.health = health if health is not None else SourceHealth("log_stdin")
         self.splitter = LineSplitter(max_line_bytes, self.health)
@@ -277,11 +284,33 @@ class StdinLines:
     def close(self) -> None:
         self._stop.set()
 
+    def _drop(self) -> None:
+        """One line not delivered, so vLLM's log write does not block: counted, and said once per episode."""
+        if not self._dropping:
+            logger.warning("vLLM's log: the agent is behind and the pipe is half full: dropping lines until it "
+                           "catches up, so vLLM is not blocked writing its log")
+        self._dropping += 1
+        self.health.skip("queue_full")
+
     def _reader(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[tuple[float, str] | None]) -> None:
         def put(item: tuple[float, str] | None) -> bool:
-            while not self._slots.acquire(timeout=0.5):
+            while True:
+                if self._dropping and item is not None:  # go on dropping until the consumer frees a slot:
+                    if self._slots.acquire(blocking=False):  # waiting per line would fill the pipe again
+                        break
+                    self._drop()
+                    return True
+                if self._slots.acquire(timeout=0.05 if self.spill is not None else 0.5):
+                    break
                 if self._stop.is_set():
                     return False
+                if item is not None and self.spill is not None and self.spill():
+                    self._drop()
+                    return True
+            if self._dropping:
+                logger.warning("vLLM's log: %d lines dropped while the agent was behind and the pipe filling "
+                               "(attrib_source_skipped_total{kind=\"queue_full\"})", self._dropping)
+                self._dropping = 0
             loop.call_soon_threadsafe(queue.put_nowait, item)
             return True
 
@@ -302,3 +331,8 @@ class StdinLines:
                 put(None)
         except RuntimeError:  # the event loop closed under us: nobody is listening any more
             return
+        except Exception as e:  # a bug here must end the stream, not leave its consumer waiting forever
+            logger.exception("vLLM's log: the stdin reader failed")
+            self.health.error("reader_failed", self.clock(), type(e).__name__)
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(queue.put_nowait, None)
