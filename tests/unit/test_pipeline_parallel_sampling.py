@@ -15,6 +15,7 @@ import shutil
 from functools import cache
 from pathlib import Path
 
+import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -109,15 +110,17 @@ def test_the_n4_whale_is_one_culprit_and_a_whale() -> None:
     assert blamed and all(c.request_id == whale and c.is_whale for c in blamed)  # start commit: not a whale
 
 
-def _span_first(tmp: Path) -> tuple[Path, set[str]]:
+def _span_first(tmp: Path, spans: int = 1) -> tuple[Path, set[str]]:
     """A copy of the recording whose log lines `Received`/`Added` of each n>1 request are read just after its
-    first span (as live polling of the log, 0.1 s, can do for a short request)."""
+    `spans`-th span (as live polling of the log, 0.1 s, can do for a short request; or all `n`: every child's span
+    before the parent's lines and the children's)."""
     parents = {rid for rid, row in sent().items() if n_of(row) > 1}
-    first_span: dict[str, float] = {}
+    seen: dict[str, list[float]] = {}
     for ev in ReplaySource(RECORDING).events():
         if isinstance(ev, RequestSpan) and ev.request_id in parents:
-            first_span.setdefault(ev.request_id, ev.ts)
-    out = tmp / "nseq-span-first"
+            seen.setdefault(ev.request_id, []).append(ev.ts)
+    first_span = {rid: ts[min(spans, len(ts)) - 1] for rid, ts in seen.items()}
+    out = tmp / f"nseq-span-first-{spans}"
     shutil.copytree(RECORDING, out)
     records = [json.loads(x) for x in lzma.open(RECORDING / "log.jsonl.xz", "rt")]
     moved = 0
@@ -134,12 +137,15 @@ def _span_first(tmp: Path) -> tuple[Path, set[str]]:
     return out, parents
 
 
-def test_a_childs_span_before_its_added_line_gives_the_log_orders_results(tmp_path: Path) -> None:
-    path, parents = _span_first(tmp_path)
+@pytest.mark.parametrize("spans", [1, 2, 4])
+def test_a_childs_span_before_its_added_line_gives_the_log_orders_results(tmp_path: Path, spans: int) -> None:
+    """One, two, or every child's span (n = 3 or 4) before the parent's `Received` and its children's `Added`."""
+    path, parents = _span_first(tmp_path, spans)
     order = [e for e in ReplaySource(path).events() if isinstance(e, RequestSpan | RequestAdded)]
-    for rid in parents:  # the reordering took: a span named by the parent before any of its children's lines
-        first = next(i for i, e in enumerate(order) if e.request_id.endswith(rid))
-        assert isinstance(order[first], RequestSpan) and order[first].request_id == rid
+    for rid in parents:  # the reordering took: `spans` spans named by the parent before any of its children's lines
+        first = next(i for i, e in enumerate(order) if isinstance(e, RequestAdded) and e.request_id.endswith(rid))
+        early = [e for e in order[:first] if isinstance(e, RequestSpan) and e.request_id == rid]
+        assert len(early) >= min(spans, n_of(sent()[rid])), rid  # (children ending together: more may come first)
     p, finals, source = replay(path)
     base_p, base = in_log_order()
     assert set(finals) == set(base)
