@@ -79,6 +79,28 @@ def test_each_client_request_has_one_result_with_its_childrens_tokens() -> None:
         assert p.result(rid) == finals[rid]
 
 
+def test_a_client_requests_itl_gaps_are_its_childrens() -> None:
+    """vLLM's ITL histogram pools each child's tokens - 1 gaps: the n=3 x 64 requests have 189 (start commit: 191,
+    the summed tokens - 1), the n=4 x 200 one 796 (799). Victim seconds, the store and the API count those."""
+    p, finals = in_log_order()
+    app = api_app(state_of(p))
+    tokens: dict[str, list[int]] = {}  # each child's span names the parent, with that child's tokens
+    for ev in ReplaySource(RECORDING).events():
+        if isinstance(ev, RequestSpan) and ev.completion_tokens is not None:
+            tokens.setdefault(ev.request_id, []).append(ev.completion_tokens)
+    for rid, row in sent().items():
+        r, n = finals[rid], n_of(row)
+        assert len(tokens[rid]) == n and sum(tokens[rid]) == row["output_tokens"]
+        gaps = sum(t - 1 for t in tokens[rid])
+        assert (r.sequences, r.itl_gaps) == (n, gaps), rid
+        assert r.victim_seconds() == r.ttft_slowdown_s + r.itl_slowdown_s * gaps
+        stored = p.result(rid)  # packed in the store and read back
+        assert stored is not None and (stored.sequences, stored.itl_gaps) == (n, gaps)
+        body = call(app, f"/v1/requests/{rid}/culprits").json()
+        assert body["sequences"] == n
+    assert sorted({finals[rid].itl_gaps for rid, row in sent().items() if n_of(row) > 1}) == [189, 796]
+
+
 def test_the_n_gt_1_requests_answer_by_every_id_with_the_one_result() -> None:
     """The client's X-Request-Id, vLLM's id, the parent's and each child's engine id from the log, a child's own
     id: all name the client request's one result."""
