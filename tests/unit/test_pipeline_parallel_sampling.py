@@ -208,14 +208,14 @@ def test_the_maps_for_n_gt_1_are_bounded() -> None:
     p = AttributionPipeline(PipelineConfig(max_results=4))
     for ev in ReplaySource(RECORDING).events():
         p.feed(ev)
-        assert len(p._client) <= 4
+        assert p.clients.filed() <= 4
     p.settle()
-    assert len(p._client) == 4  # 10 children filed: the bound held it
+    assert p.clients.filed() == 4  # 10 children filed: the bound held it
     p = AttributionPipeline(PipelineConfig(max_pending=2))
     for i in range(5):  # five client requests each with one child's partial result
-        p._file_child(f"cmpl-{i}-0", AttributionResult(
+        p.clients.file(p.timeline, f"cmpl-{i}-0", AttributionResult(
             f"0_cmpl-{i}-0", 1.0, 0.1, 0.1, 0.0, None, None, 0.0, (), 0.0, 0.0, True, 1.0, final=False))
-    assert list(p._parts) == ["cmpl-3-0", "cmpl-4-0"] and p.dropped_pending == 3
+    assert list(p.clients._parts) == ["cmpl-3-0", "cmpl-4-0"] and p.dropped_pending == 3
     tl = EngineTimeline()
     for i in range(MAX_EARLY_SPANS + 50):
         tl.feed(RequestSpan(ts=float(i), request_id=f"cmpl-{i}-0", trace_id="0" * 32, span_id=f"{i:016x}",
@@ -241,7 +241,7 @@ def test_a_client_request_with_an_aborted_child_is_final_with_the_others() -> No
     p = AttributionPipeline()
     out = [*p.feed_all(events), *p.settle()]
     (r,) = [x for x in out if x.request_id == parent and x.final]
-    assert r.completion_tokens == 128 and p.status(parent) == "final" and not p._parts
+    assert r.completion_tokens == 128 and p.status(parent) == "final" and not len(p.clients)
 
 
 def test_spans_carry_the_client_requests_id_under_its_first_childs_vllm_span() -> None:
