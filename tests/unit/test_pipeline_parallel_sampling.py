@@ -9,9 +9,11 @@ request reported one child's tokens (64 of 192, 200 of 800), and the n=4 whale, 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import lzma
 import shutil
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
@@ -21,11 +23,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from attrib_agent.agent.core import AgentCore
-from attrib_agent.agent.replay import tell_spans_to_log
+from attrib_agent.agent.replay import replay_into, tell_spans_to_log
 from attrib_agent.attribution.result import AttributionResult
+from attrib_agent.config.load import AgentConfig
 from attrib_agent.events import Event, RequestAborted, RequestAdded, RequestSpan
+from attrib_agent.lab.step_truth import truth_steps
 from attrib_agent.pipeline import AttributionPipeline, PipelineConfig
-from attrib_agent.recording import LOG
+from attrib_agent.recording import LOG, VLLM_STEPS, Recording
 from attrib_agent.sinks.api.app import api_app
 from attrib_agent.sinks.otel.spans import QUEUE_EVENT, SlowdownSpans
 from attrib_agent.sources.log.source import LogRecordParser
@@ -274,3 +278,44 @@ def test_spans_carry_the_client_requests_id_under_its_first_childs_vllm_span() -
     linked = [s for s in got.values() if any(f"{ln.context.span_id:016x}" == p.span_of(whale)[1]  # type: ignore[index]
                                              for ln in s.links)]
     assert linked and all(str((s.attributes or {})["gen_ai.request.id"]) not in multi for s in linked)
+
+
+def _replayed(exact: bool) -> AttributionPipeline:
+    """The recording through `attrib-agent replay [--exact]`'s own path (`replay_into`)."""
+    core = AgentCore.from_config(AgentConfig(), live=False)
+    asyncio.run(replay_into(core, RECORDING, exact=exact))
+    return core.pipeline
+
+
+def test_exact_mode_reads_each_childs_steps_from_vllm_and_reports_the_client_requests() -> None:
+    """`replay --exact` (the step plugin's stream, docs/exact-mode.md): every step the children ran in is vLLM's own
+    (members, each one's tokens, KV blocks and prefix-cache hits, the plugin's `<i>_<id>-<8 hex>` ids mapped to
+    the children's `<i>_<id>`), and the agent reports one `exact` result per client request, whose tokens, gaps,
+    blame and whales are the inferred replay's (the inference already matched vLLM's members on every step here).
+    The culprits' KV block-seconds are the plugin's holdings (docs/sources.md: they count a prompt shared by the
+    children once per child)."""
+    exact, inferred = _replayed(exact=True), _replayed(exact=False)
+    truth = truth_steps(Recording(RECORDING).records(VLLM_STEPS))
+    by_iter = {si.iteration: out for si, out in exact.timeline.outcomes()}
+    kids = set(exact.timeline.clients())
+    assert len(kids) == 10 and sum(bool(t.members & kids) for t in truth) == 329
+    for t in truth:
+        out = by_iter[t.iteration]
+        assert frozenset(m.request_id for m in out.record.members) == t.members
+        assert dict(out.holdings) == dict(t.blocks)
+    hits = {k: exact.timeline.cached_prompt_tokens(k) for k in kids}
+    assert sorted(hits.values()) == [0, 0, 0, 128, 128, 128, 128, 896, 896, 896]  # siblings read the prompt's blocks
+    got = {r.request_id: r for r in exact.store}
+    want = {r.request_id: r for r in inferred.store}
+    assert set(got) == set(want) == set(sent()) and {r.mode for r in got.values()} == {"exact"}
+    assert {r.mode for r in want.values()} == {"inferred"}
+    for rid, r in got.items():
+        w = want[rid]
+        assert replace(r, mode=w.mode, culprits=()) == replace(w, culprits=()), rid
+        assert [(c.request_id, c.ttft_s, c.itl_s, c.share, c.is_whale) for c in r.culprits] == [
+            (c.request_id, c.ttft_s, c.itl_s, c.share, c.is_whale) for c in w.culprits], rid
+    app = api_app(state_of(exact))
+    for rid, row in sent().items():
+        body = call(app, f"/v1/requests/{rid}/culprits").json()
+        want_body = ("exact", row["output_tokens"], n_of(row))
+        assert (body["mode"], body["completion_tokens"], body["sequences"]) == want_body
