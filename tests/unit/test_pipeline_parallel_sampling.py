@@ -136,37 +136,39 @@ def test_the_n4_whale_is_one_culprit_and_a_whale() -> None:
     assert blamed and all(c.request_id == whale and c.is_whale for c in blamed)  # start commit: not a whale
 
 
-def _span_first(tmp: Path, spans: int = 1) -> tuple[Path, set[str]]:
-    """A copy of the recording whose log lines `Received`/`Added` of each n>1 request are read just after its
-    `spans`-th span (as live polling of the log, 0.1 s, can do for a short request; or all `n`: every child's span
-    before the parent's lines and the children's)."""
+def _span_first(tmp: Path, spans: int = 1, received: bool = True) -> tuple[Path, set[str]]:
+    """A copy of the recording whose log lines `Received` (unless not `received`: read in its place) and `Added` of
+    each n>1 request are read just after its `spans`-th span (as live polling of the log, 0.1 s, can do for a short
+    request; or all `n`: every child's span before the parent's lines and the children's)."""
     parents = {rid for rid, row in sent().items() if n_of(row) > 1}
     seen: dict[str, list[float]] = {}
     for ev in ReplaySource(RECORDING).events():
         if isinstance(ev, RequestSpan) and ev.request_id in parents:
             seen.setdefault(ev.request_id, []).append(ev.ts)
     first_span = {rid: ts[min(spans, len(ts)) - 1] for rid, ts in seen.items()}
-    out = tmp / f"nseq-span-first-{spans}"
+    out = tmp / f"nseq-span-first-{spans}-{received}"
     shutil.copytree(RECORDING, out)
     records = [json.loads(x) for x in lzma.open(RECORDING / "log.jsonl.xz", "rt")]
     moved = 0
     for i, rec in enumerate(records):
         for rid in parents:
             line = rec["line"]
-            if f"Received request {rid}:" in line or (f"_{rid}-" in line and "Added request" in line):
+            if (received and f"Received request {rid}:" in line) or (f"_{rid}-" in line and "Added request" in line):
                 rec["ts"] = first_span[rid] + 1e-6 * (i + 1) / len(records)
                 moved += 1
-    assert moved == sum(1 + n_of(r) for r in sent().values() if n_of(r) > 1)
+    assert moved == sum(received + n_of(r) for r in sent().values() if n_of(r) > 1)
     records.sort(key=lambda r: r["ts"])
     with lzma.open(out / "log.jsonl.xz", "wt") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
     return out, parents
 
 
-@pytest.mark.parametrize("spans", [1, 2, 4])
-def test_a_childs_span_before_its_added_line_gives_the_log_orders_results(tmp_path: Path, spans: int) -> None:
-    """One, two, or every child's span (n = 3 or 4) before the parent's `Received` and its children's `Added`."""
-    path, parents = _span_first(tmp_path, spans)
+@pytest.mark.parametrize(("spans", "received"), [(1, True), (2, True), (4, True), (1, False), (4, False)])
+def test_a_childs_span_before_its_added_line_gives_the_log_orders_results(tmp_path: Path, spans: int,
+                                                                          received: bool) -> None:
+    """One, two, or every child's span (n = 3 or 4) before the parent's `Received` and its children's `Added`, or
+    (a log poll between the two lines) after `Received` and before the `Added` lines."""
+    path, parents = _span_first(tmp_path, spans, received)
     order = [e for e in ReplaySource(path).events() if isinstance(e, RequestSpan | RequestAdded)]
     for rid in parents:  # the reordering took: `spans` spans named by the parent before any of its children's lines
         first = next(i for i, e in enumerate(order) if isinstance(e, RequestAdded) and e.request_id.endswith(rid))
