@@ -18,12 +18,13 @@ from dataclasses import dataclass, field, replace
 from attrib_agent.attribution.attributor import AttributionConfig, Attributor
 from attrib_agent.attribution.cost_model import StepCostModel
 from attrib_agent.attribution.fit_snapshot import EngineWatch
-from attrib_agent.attribution.result import AttributionResult, client_result
+from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.attribution.slo import SloConfig, SloTally
 from attrib_agent.attribution.store import DEFAULT_MAX_BYTES, ResultStore
 from attrib_agent.attribution.tally import SlowdownTally
 from attrib_agent.attribution.whales import KvUse, client_uses, footprints, whales
 from attrib_agent.events import EngineStep, Event, GpuSample, MetricsSnapshot, RequestSpan
+from attrib_agent.parallel_sampling import ClientRequests, client_status
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.model import RequestLifecycle
 from attrib_agent.timeline.preemption import InferredPreemption
@@ -107,24 +108,6 @@ class PipelineStats:
     last_event_ts: float | None
 
 
-def client_lifecycle(client_id: str, children: list[RequestLifecycle]) -> RequestLifecycle:
-    """An n>1 client request's lifecycle from its children's, by `client_result`'s rules: it arrived with them,
-    waited until the first was scheduled (its queue wait), had its first token with the first child's, ended with
-    the last, and its output is every child's."""
-    def first(values: Iterable[float | None]) -> float | None:
-        return min((v for v in values if v is not None), default=None)
-
-    ends = [k.finish_ts for k in children if k.finish_ts is not None]
-    finish = max(ends) if len(ends) == len(children) else None
-    tokens = [k.completion_tokens for k in children if k.completion_tokens is not None]
-    return replace(children[0], request_id=client_id, arrival_ts=first(k.arrival_ts for k in children),
-                   scheduled_ts=first(k.scheduled_ts for k in children),
-                   first_token_ts=first(k.first_token_ts for k in children), finish_ts=finish,
-                   aborted_ts=None if finish is not None else first(k.aborted_ts for k in children),
-                   completion_tokens=sum(tokens) if len(tokens) == len(children) else None,
-                   complete=all(k.complete for k in children), prefill_s=None, decode_s=None)
-
-
 class AttributionPipeline:
     """Feed events; collect results from `feed`'s return (or `settle`). Read state for the sinks."""
 
@@ -142,7 +125,7 @@ class AttributionPipeline:
         self._last_scrape_ts: float | None = None
         self.steps_total = 0
         self.step_seconds_total = 0.0
-        self.dropped_pending = 0
+        self._dropped = 0  # victims dropped waiting (past max_pending): `dropped_pending`
         self.preemptions_inferred = 0  # of requests whose results became final (each counted once)
         self.last_event_ts: float | None = None
         self.clock_steps_back = 0  # times event time went back more than CLOCK_STEP_BACK_S (a stepped clock)
@@ -166,10 +149,8 @@ class AttributionPipeline:
         self.victims_skipped = 0
         self._skipped: OrderedDict[str, None] = OrderedDict()  # the last max_pending skipped ids, for status()
         # n>1 requests (parallel sampling): the timeline keeps each child apart (vLLM runs each as its own engine
-        # request), the agent reports one result per client request (`client_result`): its children's results
-        # so far (the last max_pending client requests), and each child filed -> its client id (max_results)
-        self._parts: OrderedDict[str, dict[str, AttributionResult]] = OrderedDict()
-        self._client: OrderedDict[str, str] = OrderedDict()
+        # request), the agent reports one result per client request, its children's together
+        self.clients = ClientRequests(cfg.max_results, cfg.max_pending)
 
     # ---- input -------------------------------------------------------------------------------------------
     def feed(self, event: Event) -> list[AttributionResult]:
@@ -216,13 +197,12 @@ class AttributionPipeline:
         self._last_pass = None  # this pass runs, shedding or not: the timeline it needs goes next
         out = self.settle()
         for rid in list(self._partial):
-            r = self.store.get(self._client.get(rid, rid))  # an n>1 child: its client request's result
+            r = self.result(rid)  # an n>1 child: its client request's result
             if r is not None and not r.final:
                 r = replace(r, final=True)
-                self.store.put(r)
+                self._keep(r)
                 self._spans.pop(rid, None)
-                self._parts.pop(r.request_id, None)
-                self.tally.add(r)
+                self.clients.forget(r.request_id)
                 out.append(r)
         self._partial.clear()
         self.clock_steps_back += 1
@@ -263,7 +243,18 @@ class AttributionPipeline:
         self._due.move_to_end(span.request_id)
         while len(self._due) + len(self._partial) > self.config.max_pending and self._due:
             self._due.popitem(last=False)
-            self.dropped_pending += 1
+            self._dropped += 1
+
+    @property
+    def dropped_pending(self) -> int:
+        """Victims dropped waiting for attribution or refinement, and n>1 client requests waiting for a child."""
+        return self._dropped + self.clients.dropped
+
+    def _keep(self, r: AttributionResult) -> None:
+        """Store a result the pipeline reports, and tally it when final (it is final once)."""
+        self.store.put(r)
+        if r.final:
+            self.tally.add(r)
 
     # ---- attribution -------------------------------------------------------------------------------------
     def settle(self) -> list[AttributionResult]:
@@ -301,7 +292,7 @@ class AttributionPipeline:
         out: list[AttributionResult] = []
         attributed: set[str] = set()
         finalised: set[str] = set()
-        clients: dict[str, AttributionResult] = {}  # n>1 client requests this pass filed a child of
+        filed: dict[str, AttributionResult] = {}  # n>1 client requests this pass filed a child of
         for r in self.attributor.attribute(self.timeline, wanted):
             lc = lcs.get(r.request_id)
             ids = self.span_of(r.request_id)
@@ -311,75 +302,35 @@ class AttributionPipeline:
             r = replace(r, final=final, trace_id=ids[0] if ids else None, span_id=ids[1] if ids else None, mode=mode)
             cid = self.timeline.client_of(r.request_id)
             if cid == r.request_id:
-                self.store.put(r)
+                self._keep(r)
+                out.append(r)
+            else:  # an n>1 child: its client request's one result, its children's parts so far
+                self._keep(combined := self.clients.file(self.timeline, cid, r))
+                filed[cid] = combined
             if final:
                 self._partial.pop(r.request_id, None)
                 self._spans.pop(r.request_id, None)  # the stored result carries its span's ids (`span_of`)
-                if cid == r.request_id:
-                    self.tally.add(r)
                 finalised.add(r.request_id)
             else:
                 self._partial[r.request_id] = r.finished_ts
             attributed.add(r.request_id)
-            if cid == r.request_id:
-                out.append(r)
-            else:
-                clients[cid] = self._file_child(cid, r)
-        out.extend(clients.values())
-        if self._parts:
-            out.extend(self._close_clients(clients))
+        out.extend(filed.values())
+        for r in self.clients.close(self.timeline, filed):
+            self._keep(r)
+            out.append(r)
         for rid in wanted - attributed:  # forgotten by the timeline before it could be attributed
             self._partial.pop(rid, None)
             self._spans.pop(rid, None)
         while len(self._partial) > self.config.max_pending:
             self._partial.popitem(last=False)
-            self.dropped_pending += 1
+            self._dropped += 1
         self._count_preemptions(finalised)
         self.store.expire(now)
         return out
 
-    def _file_child(self, client_id: str, part: AttributionResult) -> AttributionResult:
-        """The client request's one result with `part` (one child's) in it, stored and, once every child the
-        timeline holds has a final part, final and tallied (once)."""
-        parts = self._parts.setdefault(client_id, {})
-        self._parts.move_to_end(client_id)
-        parts[part.request_id] = part
-        self._client[part.request_id] = client_id
-        self._client.move_to_end(part.request_id)
-        while len(self._client) > self.config.max_results:
-            self._client.popitem(last=False)
-        combined = self._combine(client_id, parts)
-        while len(self._parts) > self.config.max_pending:
-            self._parts.popitem(last=False)
-            self.dropped_pending += 1
-        return combined
-
-    def _combine(self, client_id: str, parts: dict[str, AttributionResult]) -> AttributionResult:
-        """The client request's result from its children's parts so far, stored; final (and tallied) when every
-        part is and no other child of it can still finish (one aborted, or gone from the timeline, has no part)."""
-        kids = self.timeline.children(client_id)
-        order = [*kids, *(k for k in parts if k not in kids)]
-        final = self._client_done(kids, parts)
-        combined = client_result(client_id, [parts[k] for k in order if k in parts], final=final)
-        self.store.put(combined)
-        if final:
-            self.tally.add(combined)
-            del self._parts[client_id]
-        return combined
-
-    def _client_done(self, kids: tuple[str, ...], parts: dict[str, AttributionResult]) -> bool:
-        """Every part final, and every other child the timeline holds ended without one (aborted)."""
-        return all(p.final for p in parts.values()) and not any(
-            k not in parts and (lc := self.timeline.logged(k)) is not None and lc.aborted_ts is None for k in kids)
-
-    def _close_clients(self, filed: dict[str, AttributionResult]) -> list[AttributionResult]:
-        """Client requests waiting only for children that were aborted since: final now (none waits forever)."""
-        return [self._combine(cid, parts) for cid, parts in list(self._parts.items())
-                if cid not in filed and self._client_done(self.timeline.children(cid), parts)]
-
     def client_id(self, request_id: str) -> str:
         """The request the agent reports `request_id` under: an n>1 child's client request, else itself."""
-        return self._client.get(request_id) or self.timeline.client_of(request_id)
+        return self.clients.client_id(self.timeline, request_id)
 
     def _attributed(self, rid: str) -> bool:
         return chosen(self.timeline.client_of(rid), self.attribute_share)  # an n>1 request's children together
@@ -464,18 +415,15 @@ class AttributionPipeline:
     def result(self, request_id: str) -> AttributionResult | None:
         """The stored result; for an n>1 child's id, its client request's (the one result reported)."""
         r = self.store.get(request_id)
-        if r is None and request_id in self._client:
-            r = self.store.get(self._client[request_id])
+        if r is None and (client_id := self.clients.filed_under(request_id)) is not None:
+            r = self.store.get(client_id)
         return r
 
     def lifecycle(self, request_id: str) -> RequestLifecycle | None:
         """The request's lifecycle; for an n>1 client request (no lifecycle of its own: vLLM runs its children),
-        the one its children make together, while the timeline holds them (`client_lifecycle`)."""
+        the one its children make together, while the timeline holds them."""
         lc = self.timeline.lifecycle(request_id)
-        if lc is not None:
-            return lc
-        kids = [k for c in self.timeline.children(request_id) if (k := self.timeline.lifecycle(c)) is not None]
-        return client_lifecycle(request_id, kids) if kids else None
+        return lc if lc is not None else self.clients.lifecycle(self.timeline, request_id)
 
     def lifecycles(self) -> list[RequestLifecycle]:
         return self.timeline.lifecycles()
@@ -520,9 +468,8 @@ class AttributionPipeline:
         if settled is not None:
             return settled
         lc = self.timeline.logged(request_id)  # the inferred times are not needed: no step inference forced
-        if lc is None:  # an n>1 client request: running while a child is, else skipped or aborted as they were
-            kids = {self.status(k) for k in self.timeline.children(request_id)}
-            return "unknown" if not kids else "running" if kids - {"skipped", "aborted"} else min(kids)
+        if lc is None:  # an n>1 client request (else unknown): as its children are
+            return client_status([self.status(k) for k in self.timeline.children(request_id)])
         if lc.complete:
             return "running"
         lost = lc.aborted_ts is not None or self._lost(lc) or self.timeline.lost_in_restart(request_id)

@@ -179,9 +179,11 @@ def split_by_cause(seconds: float, causes: Mapping[str, float]) -> dict[str, flo
     return {cause: seconds * w / total for cause, w in weights.items()}
 
 
-def itl_gaps(completion_tokens: int | None) -> int:
-    """Gaps between output tokens (none for a single token): a per-token ITL figure times this is seconds."""
-    return max((completion_tokens or 1) - 1, 0)
+def itl_gaps(completion_tokens: int | None, sequences: int = 1) -> int:
+    """Gaps between output tokens (none for a single token): a per-token ITL figure times this is seconds. Each of
+    an n>1 client request's `sequences` children starts its own output, so its tokens have `sequences` fewer gaps
+    (sum over the children of tokens - 1, as vLLM's ITL histogram pools them)."""
+    return max((completion_tokens or sequences) - sequences, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +214,9 @@ class AttributionResult:
     # one derivation, so it is said once per result rather than per culprit
     evidence: Mapping[str, str] = field(default_factory=lambda: NO_EVIDENCE)
     mode: str = "inferred"  # "exact": the step plugin reported every step of its life (docs/exact-mode.md)
+    # output sequences its completion tokens are summed over: an n>1 client request's children (`client_result`),
+    # else 1 (left out of repr: 1 on every other result, whose repr, and the replay digests of it, stay as they were)
+    sequences: int = field(default=1, repr=False)
 
     def __post_init__(self) -> None:  # one string per mode, the evidence packed (compact.py)
         object.__setattr__(self, "evidence", compact_evidence(self.evidence))
@@ -220,7 +225,7 @@ class AttributionResult:
     @property
     def itl_gaps(self) -> int:
         """Gaps between output tokens: a per-token ITL figure times this is seconds of decode time."""
-        return itl_gaps(self.completion_tokens)
+        return itl_gaps(self.completion_tokens, self.sequences)
 
     def victim_seconds(self) -> float:
         """The victim's slowdown in seconds of its own time: TTFT plus per-token ITL times its token gaps."""
@@ -241,7 +246,8 @@ def client_result(client_id: str, parts: Sequence[AttributionResult], *, final: 
     - ITL: per output-token gap over all children (each child's figure weighted by its gaps), as vLLM's
       `vllm:inter_token_latency_seconds` pools every child's gaps (vllm/v1/metrics/stats.py:549-552); vLLM
       reports no per-parent ITL, only per child (stats.py:607-611);
-    - completion tokens summed; finished when the last child did; preempted seconds summed;
+    - completion tokens summed over the children (`sequences`: those with a token), each child's tokens - 1 gaps
+      (`itl_gaps`); finished when the last child did; preempted seconds summed;
     - a culprit's blame added over the children (TTFT from the first only), its share of the combined blame,
       KV block-seconds the most any child saw; blame of a child on its siblings is not in the parts (unexplained).
     `final` when every child's part is."""
@@ -261,7 +267,7 @@ def client_result(client_id: str, parts: Sequence[AttributionResult], *, final: 
 
     tokens = [r.completion_tokens for r in parts if r.completion_tokens is not None]
     completion = sum(tokens) if tokens else None
-    n_gaps = itl_gaps(completion)
+    sequences = max(sum(1 for t in tokens if t > 0), 1)  # (a child with no token adds no gap, and no sequence)
     ids = sorted({c.request_id for r in parts for c in r.culprits})
     blamed: list[tuple[str, float, float, Mapping[str, float], Mapping[str, float], float, bool]] = []
     for cid in ids:
@@ -275,11 +281,11 @@ def client_result(client_id: str, parts: Sequence[AttributionResult], *, final: 
         blamed.append((cid, at_first.ttft_s if at_first is not None else 0.0, itl,
                        at_first.causes if at_first is not None else NO_CAUSES, itl_causes,
                        max(c.kv_block_seconds for c in mine if c is not None), any(c.is_whale for c in mine if c)))
-    total = sum(t + n_gaps * i for _, t, i, *_ in blamed)
-    culprits = sorted((Culprit(cid, t, i, (t + n_gaps * i) / total if total > 0 else 0.0, causes, kv, whale,
+    total = sum(t + total_gaps * i for _, t, i, *_ in blamed)
+    culprits = sorted((Culprit(cid, t, i, (t + total_gaps * i) / total if total > 0 else 0.0, causes, kv, whale,
                                itl_causes)
                        for cid, t, i, causes, itl_causes, kv, whale in blamed),
-                      key=lambda c: (-(c.ttft_s + n_gaps * c.itl_s), c.request_id))
+                      key=lambda c: (-(c.ttft_s + total_gaps * c.itl_s), c.request_id))
     itl_slow = per_gap_f([r.itl_slowdown_s for r in parts])
     evidence: dict[str, str] = {}
     for r in reversed(parts):
@@ -294,4 +300,4 @@ def client_result(client_id: str, parts: Sequence[AttributionResult], *, final: 
         is_whale=any(r.is_whale for r in parts), engine=first.engine, arrival_ts=first.arrival_ts,
         prompt_tokens=first.prompt_tokens, completion_tokens=completion, trace_id=first.trace_id,
         span_id=first.span_id, final=final, preempted_s=sum(r.preempted_s for r in parts), evidence=evidence,
-        mode="exact" if all(r.mode == "exact" for r in parts) else "inferred")
+        mode="exact" if all(r.mode == "exact" for r in parts) else "inferred", sequences=sequences)

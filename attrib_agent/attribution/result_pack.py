@@ -9,6 +9,7 @@ read what they read before.
 Layout (little-endian; in memory only, never written anywhere, so it may change freely):
   header     finished_ts d, flags B, mode B, engine H, prompt_tokens I, completion_tokens I,
              stored-float mask H, none-float mask H, evidence pairs B, culprits H
+  sequences  H, when not 1 (flags: an n>1 client request's children, `AttributionResult.sequences`)
   ids        the trace id's 16 bytes and the span id's 8, each when present (flags)
   evidence   the EvidenceMap's bytes (cause codes, then evidence codes)
   floats     the FLOATS fields that are neither None nor +0.0 (0.0 is most slowdowns), in FLOATS order
@@ -37,8 +38,9 @@ FLOATS: Final = ("ttft_s", "ttft_baseline_s", "ttft_slowdown_s", "itl_s", "itl_b
 MODES: Final = ("inferred", "exact")
 _HEAD: Final = struct.Struct("<dBBHIIHHBH")
 _FINISHED: Final = struct.Struct("<d")
+_SEQUENCES_AT: Final = struct.Struct("<H")
 _DOUBLES: Final = tuple(struct.Struct(f"<{n}d") for n in range(len(FLOATS) + 1))
-_FINAL, _NO_INTERFERENCE, _WHALE, _TRACE, _SPAN, _PROMPT, _COMPLETION = (1 << i for i in range(7))
+_FINAL, _NO_INTERFERENCE, _WHALE, _TRACE, _SPAN, _PROMPT, _COMPLETION, _SEQUENCES = (1 << i for i in range(8))
 _TRACE_BYTES, _SPAN_BYTES = 16, 8
 _MODE_CODE: Final = {m: i for i, m in enumerate(MODES)}
 
@@ -47,8 +49,8 @@ def pack(r: AttributionResult) -> bytes | None:
     """`r` in one bytes (its request id aside), or None when it cannot be packed exactly."""
     if (type(r.finished_ts) is not float or r.mode not in _MODE_CODE or type(r.culprits) is not tuple
             or len(r.culprits) > 0xFFFF or any(type(b) is not bool for b in (r.final, r.no_interference, r.is_whale))
-            or not _uint(r.engine, 0xFFFF) or not all(x is None or _uint(x, 0xFFFFFFFF)
-                                                       for x in (r.prompt_tokens, r.completion_tokens))):
+            or not _uint(r.engine, 0xFFFF) or not _uint(r.sequences, 0xFFFF)
+            or not all(x is None or _uint(x, 0xFFFFFFFF) for x in (r.prompt_tokens, r.completion_tokens))):
         return None
     trace, span, evidence = _hex(r.trace_id, _TRACE_BYTES), _hex(r.span_id, _SPAN_BYTES), _evidence(r.evidence)
     if trace is None or span is None or evidence is None:
@@ -72,10 +74,12 @@ def pack(r: AttributionResult) -> bytes | None:
         culprits.append(packed)
     flags = (_FINAL * r.final | _NO_INTERFERENCE * r.no_interference | _WHALE * r.is_whale
              | _TRACE * (r.trace_id is not None) | _SPAN * (r.span_id is not None)
-             | _PROMPT * (r.prompt_tokens is not None) | _COMPLETION * (r.completion_tokens is not None))
+             | _PROMPT * (r.prompt_tokens is not None) | _COMPLETION * (r.completion_tokens is not None)
+             | _SEQUENCES * (r.sequences != 1))
     head = _HEAD.pack(r.finished_ts, flags, _MODE_CODE[r.mode], r.engine, r.prompt_tokens or 0,
                       r.completion_tokens or 0, stored, none, len(evidence) // EvidenceMap._WIDTH, len(culprits))
-    return b"".join((head, trace, span, evidence, _DOUBLES[len(values)].pack(*values), *culprits))
+    sequences = _SEQUENCES_AT.pack(r.sequences) if r.sequences != 1 else b""
+    return b"".join((head, sequences, trace, span, evidence, _DOUBLES[len(values)].pack(*values), *culprits))
 
 
 def _uint(x: object, top: int) -> bool:
@@ -116,7 +120,8 @@ def unpack(request_id: str, blob: bytes) -> AttributionResult:
     """The result `pack` packed in `blob`, equal to it to the bit."""
     finished, flags, mode, engine, prompt, completion, stored, none, n_ev, n_c = _HEAD.unpack_from(blob)
     evidence_at, floats_at, culprits_at = _sections(flags, n_ev, stored)
-    trace_id = blob[_HEAD.size:_HEAD.size + _TRACE_BYTES].hex() if flags & _TRACE else None
+    ids_at = _ids_at(flags)
+    trace_id = blob[ids_at:ids_at + _TRACE_BYTES].hex() if flags & _TRACE else None
     span_id = blob[evidence_at - _SPAN_BYTES:evidence_at].hex() if flags & _SPAN else None
     evidence = EvidenceMap(blob[evidence_at:floats_at]) if n_ev else NO_EVIDENCE
     values = iter(_DOUBLES[stored.bit_count()].unpack_from(blob, floats_at))
@@ -125,15 +130,25 @@ def unpack(request_id: str, blob: bytes) -> AttributionResult:
         request_id, finished, f[0], f[1], f[2], f[3], f[4], f[5], _culprits(blob, culprits_at, n_c), f[6],
         f[7], bool(flags & _NO_INTERFERENCE), f[8], bool(flags & _WHALE), engine, f[9],
         prompt if flags & _PROMPT else None, completion if flags & _COMPLETION else None, trace_id, span_id,
-        bool(flags & _FINAL), f[10], evidence, MODES[mode])
+        bool(flags & _FINAL), f[10], evidence, MODES[mode], _sequences(blob, flags))
 
 
 def _sections(flags: int, n_evidence: int, stored: int) -> tuple[int, int, int]:
     """Where a packed result's evidence, floats and culprits start: the layout's order, in one place (the ids
     come first, after the header, each when its flag says it is there)."""
-    evidence = _HEAD.size + _TRACE_BYTES * bool(flags & _TRACE) + _SPAN_BYTES * bool(flags & _SPAN)
+    evidence = _ids_at(flags) + _TRACE_BYTES * bool(flags & _TRACE) + _SPAN_BYTES * bool(flags & _SPAN)
     floats = evidence + EvidenceMap._WIDTH * n_evidence
     return evidence, floats, floats + _DOUBLES[stored.bit_count()].size
+
+
+def _ids_at(flags: int) -> int:
+    """Where a packed result's span ids start: past the header and its sequence count, when that is there."""
+    return _HEAD.size + _SEQUENCES_AT.size * bool(flags & _SEQUENCES)
+
+
+def _sequences(blob: bytes, flags: int) -> int:
+    n: int = _SEQUENCES_AT.unpack_from(blob, _HEAD.size)[0] if flags & _SEQUENCES else 1
+    return n
 
 
 def _culprits(blob: bytes, at: int, n: int) -> tuple[Culprit, ...]:
@@ -165,7 +180,8 @@ def filed(v: Stored) -> tuple[bool, int, tuple[Culprit, ...]]:
         return v.final, v.itl_gaps, v.culprits
     _, flags, _, _, _, completion, stored, _, n_ev, n_c = _HEAD.unpack_from(v)
     culprits_at = _sections(flags, n_ev, stored)[2]
-    return bool(flags & _FINAL), itl_gaps(completion if flags & _COMPLETION else None), _culprits(v, culprits_at, n_c)
+    gaps = itl_gaps(completion if flags & _COMPLETION else None, _sequences(v, flags))
+    return bool(flags & _FINAL), gaps, _culprits(v, culprits_at, n_c)
 
 
 def decoded(request_id: str, v: Stored) -> AttributionResult:

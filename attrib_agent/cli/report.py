@@ -62,8 +62,9 @@ def explain_table(d: Mapping[str, Any]) -> str:
                      else "  no culprit found")
     else:
         lines.append(f"  {'culprit':<36}{'TTFT blamed':>12}{'ITL blamed':>12}{'share':>7}  causes (evidence)")
+        gaps = itl_gaps(d.get("completion_tokens"), d.get("sequences") or 1)  # (an n>1 request: its children's)
         for c in culprits:
-            causes = _causes_text(c, itl_gaps(d.get("completion_tokens")), d.get("evidence") or {})
+            causes = _causes_text(c, gaps, d.get("evidence") or {})
             tag = " [whale]" if c.get("is_whale") else ""
             lines.append(f"  {_short_id(str(c['request_id'])) + tag:<36}{_ms(c['ttft_s']):>12}"
                          f"{_ms(c['itl_s']):>12}{c['share']:>7.0%}  {causes}")

@@ -17,7 +17,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("__init__", "events", "recording", "health", "vllm_ids"),  # the contract
     ("timeline",),
     ("attribution",),  # pure core; lab-only helpers aside
-    ("pipeline",),
+    ("pipeline", "parallel_sampling"),  # (the n>1 client requests: the pipeline's part)
     ("read_model",),
     ("config",),  # a setting's row type, the value parsers and types: what sources and sinks declare rows with
     ("http_server",),  # the one uvicorn set-up: the OTLP/HTTP receiver, the API, the lab's span sink

@@ -9,22 +9,27 @@ request reported one child's tokens (64 of 192, 200 of 800), and the n=4 whale, 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import lzma
 import shutil
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
+import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from attrib_agent.agent.core import AgentCore
-from attrib_agent.agent.replay import tell_spans_to_log
+from attrib_agent.agent.replay import replay_into, tell_spans_to_log
 from attrib_agent.attribution.result import AttributionResult
+from attrib_agent.config.load import AgentConfig
 from attrib_agent.events import Event, RequestAborted, RequestAdded, RequestSpan
+from attrib_agent.lab.step_truth import truth_steps
 from attrib_agent.pipeline import AttributionPipeline, PipelineConfig
-from attrib_agent.recording import LOG
+from attrib_agent.recording import LOG, VLLM_STEPS, Recording
 from attrib_agent.sinks.api.app import api_app
 from attrib_agent.sinks.otel.spans import QUEUE_EVENT, SlowdownSpans
 from attrib_agent.sources.log.source import LogRecordParser
@@ -78,6 +83,28 @@ def test_each_client_request_has_one_result_with_its_childrens_tokens() -> None:
         assert p.result(rid) == finals[rid]
 
 
+def test_a_client_requests_itl_gaps_are_its_childrens() -> None:
+    """vLLM's ITL histogram pools each child's tokens - 1 gaps: the n=3 x 64 requests have 189 (start commit: 191,
+    the summed tokens - 1), the n=4 x 200 one 796 (799). Victim seconds, the store and the API count those."""
+    p, finals = in_log_order()
+    app = api_app(state_of(p))
+    tokens: dict[str, list[int]] = {}  # each child's span names the parent, with that child's tokens
+    for ev in ReplaySource(RECORDING).events():
+        if isinstance(ev, RequestSpan) and ev.completion_tokens is not None:
+            tokens.setdefault(ev.request_id, []).append(ev.completion_tokens)
+    for rid, row in sent().items():
+        r, n = finals[rid], n_of(row)
+        assert len(tokens[rid]) == n and sum(tokens[rid]) == row["output_tokens"]
+        gaps = sum(t - 1 for t in tokens[rid])
+        assert (r.sequences, r.itl_gaps) == (n, gaps), rid
+        assert r.victim_seconds() == r.ttft_slowdown_s + r.itl_slowdown_s * gaps
+        stored = p.result(rid)  # packed in the store and read back
+        assert stored is not None and (stored.sequences, stored.itl_gaps) == (n, gaps)
+        body = call(app, f"/v1/requests/{rid}/culprits").json()
+        assert body["sequences"] == n
+    assert sorted({finals[rid].itl_gaps for rid, row in sent().items() if n_of(row) > 1}) == [189, 796]
+
+
 def test_the_n_gt_1_requests_answer_by_every_id_with_the_one_result() -> None:
     """The client's X-Request-Id, vLLM's id, the parent's and each child's engine id from the log, a child's own
     id: all name the client request's one result."""
@@ -109,37 +136,44 @@ def test_the_n4_whale_is_one_culprit_and_a_whale() -> None:
     assert blamed and all(c.request_id == whale and c.is_whale for c in blamed)  # start commit: not a whale
 
 
-def _span_first(tmp: Path) -> tuple[Path, set[str]]:
-    """A copy of the recording whose log lines `Received`/`Added` of each n>1 request are read just after its
-    first span (as live polling of the log, 0.1 s, can do for a short request)."""
+def _span_first(tmp: Path, spans: int = 1, received: bool = True) -> tuple[Path, set[str]]:
+    """A copy of the recording whose log lines `Received` (unless not `received`: read in its place) and `Added` of
+    each n>1 request are read just after its `spans`-th span (as live polling of the log, 0.1 s, can do for a short
+    request; or all `n`: every child's span before the parent's lines and the children's)."""
     parents = {rid for rid, row in sent().items() if n_of(row) > 1}
-    first_span: dict[str, float] = {}
+    seen: dict[str, list[float]] = {}
     for ev in ReplaySource(RECORDING).events():
         if isinstance(ev, RequestSpan) and ev.request_id in parents:
-            first_span.setdefault(ev.request_id, ev.ts)
-    out = tmp / "nseq-span-first"
+            seen.setdefault(ev.request_id, []).append(ev.ts)
+    first_span = {rid: ts[min(spans, len(ts)) - 1] for rid, ts in seen.items()}
+    out = tmp / f"nseq-span-first-{spans}-{received}"
     shutil.copytree(RECORDING, out)
     records = [json.loads(x) for x in lzma.open(RECORDING / "log.jsonl.xz", "rt")]
     moved = 0
     for i, rec in enumerate(records):
         for rid in parents:
             line = rec["line"]
-            if f"Received request {rid}:" in line or (f"_{rid}-" in line and "Added request" in line):
+            if (received and f"Received request {rid}:" in line) or (f"_{rid}-" in line and "Added request" in line):
                 rec["ts"] = first_span[rid] + 1e-6 * (i + 1) / len(records)
                 moved += 1
-    assert moved == sum(1 + n_of(r) for r in sent().values() if n_of(r) > 1)
+    assert moved == sum(received + n_of(r) for r in sent().values() if n_of(r) > 1)
     records.sort(key=lambda r: r["ts"])
     with lzma.open(out / "log.jsonl.xz", "wt") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
     return out, parents
 
 
-def test_a_childs_span_before_its_added_line_gives_the_log_orders_results(tmp_path: Path) -> None:
-    path, parents = _span_first(tmp_path)
+@pytest.mark.parametrize(("spans", "received"), [(1, True), (2, True), (4, True), (1, False), (4, False)])
+def test_a_childs_span_before_its_added_line_gives_the_log_orders_results(tmp_path: Path, spans: int,
+                                                                          received: bool) -> None:
+    """One, two, or every child's span (n = 3 or 4) before the parent's `Received` and its children's `Added`, or
+    (a log poll between the two lines) after `Received` and before the `Added` lines."""
+    path, parents = _span_first(tmp_path, spans, received)
     order = [e for e in ReplaySource(path).events() if isinstance(e, RequestSpan | RequestAdded)]
-    for rid in parents:  # the reordering took: a span named by the parent before any of its children's lines
-        first = next(i for i, e in enumerate(order) if e.request_id.endswith(rid))
-        assert isinstance(order[first], RequestSpan) and order[first].request_id == rid
+    for rid in parents:  # the reordering took: `spans` spans named by the parent before any of its children's lines
+        first = next(i for i, e in enumerate(order) if isinstance(e, RequestAdded) and e.request_id.endswith(rid))
+        early = [e for e in order[:first] if isinstance(e, RequestSpan) and e.request_id == rid]
+        assert len(early) >= min(spans, n_of(sent()[rid])), rid  # (children ending together: more may come first)
     p, finals, source = replay(path)
     base_p, base = in_log_order()
     assert set(finals) == set(base)
@@ -180,14 +214,14 @@ def test_the_maps_for_n_gt_1_are_bounded() -> None:
     p = AttributionPipeline(PipelineConfig(max_results=4))
     for ev in ReplaySource(RECORDING).events():
         p.feed(ev)
-        assert len(p._client) <= 4
+        assert p.clients.filed() <= 4
     p.settle()
-    assert len(p._client) == 4  # 10 children filed: the bound held it
+    assert p.clients.filed() == 4  # 10 children filed: the bound held it
     p = AttributionPipeline(PipelineConfig(max_pending=2))
     for i in range(5):  # five client requests each with one child's partial result
-        p._file_child(f"cmpl-{i}-0", AttributionResult(
+        p.clients.file(p.timeline, f"cmpl-{i}-0", AttributionResult(
             f"0_cmpl-{i}-0", 1.0, 0.1, 0.1, 0.0, None, None, 0.0, (), 0.0, 0.0, True, 1.0, final=False))
-    assert list(p._parts) == ["cmpl-3-0", "cmpl-4-0"] and p.dropped_pending == 3
+    assert list(p.clients._parts) == ["cmpl-3-0", "cmpl-4-0"] and p.dropped_pending == 3
     tl = EngineTimeline()
     for i in range(MAX_EARLY_SPANS + 50):
         tl.feed(RequestSpan(ts=float(i), request_id=f"cmpl-{i}-0", trace_id="0" * 32, span_id=f"{i:016x}",
@@ -213,7 +247,7 @@ def test_a_client_request_with_an_aborted_child_is_final_with_the_others() -> No
     p = AttributionPipeline()
     out = [*p.feed_all(events), *p.settle()]
     (r,) = [x for x in out if x.request_id == parent and x.final]
-    assert r.completion_tokens == 128 and p.status(parent) == "final" and not p._parts
+    assert r.completion_tokens == 128 and p.status(parent) == "final" and not len(p.clients)
 
 
 def test_spans_carry_the_client_requests_id_under_its_first_childs_vllm_span() -> None:
@@ -246,3 +280,44 @@ def test_spans_carry_the_client_requests_id_under_its_first_childs_vllm_span() -
     linked = [s for s in got.values() if any(f"{ln.context.span_id:016x}" == p.span_of(whale)[1]  # type: ignore[index]
                                              for ln in s.links)]
     assert linked and all(str((s.attributes or {})["gen_ai.request.id"]) not in multi for s in linked)
+
+
+def _replayed(exact: bool) -> AttributionPipeline:
+    """The recording through `attrib-agent replay [--exact]`'s own path (`replay_into`)."""
+    core = AgentCore.from_config(AgentConfig(), live=False)
+    asyncio.run(replay_into(core, RECORDING, exact=exact))
+    return core.pipeline
+
+
+def test_exact_mode_reads_each_childs_steps_from_vllm_and_reports_the_client_requests() -> None:
+    """`replay --exact` (the step plugin's stream, docs/exact-mode.md): every step the children ran in is vLLM's own
+    (members, each one's tokens, KV blocks and prefix-cache hits, the plugin's `<i>_<id>-<8 hex>` ids mapped to
+    the children's `<i>_<id>`), and the agent reports one `exact` result per client request, whose tokens, gaps,
+    blame and whales are the inferred replay's (the inference already matched vLLM's members on every step here).
+    The culprits' KV block-seconds are the plugin's holdings (docs/sources.md: they count a prompt shared by the
+    children once per child)."""
+    exact, inferred = _replayed(exact=True), _replayed(exact=False)
+    truth = truth_steps(Recording(RECORDING).records(VLLM_STEPS))
+    by_iter = {si.iteration: out for si, out in exact.timeline.outcomes()}
+    kids = set(exact.timeline.clients())
+    assert len(kids) == 10 and sum(bool(t.members & kids) for t in truth) == 329
+    for t in truth:
+        out = by_iter[t.iteration]
+        assert frozenset(m.request_id for m in out.record.members) == t.members
+        assert dict(out.holdings) == dict(t.blocks)
+    hits = {k: exact.timeline.cached_prompt_tokens(k) for k in kids}
+    assert sorted(hits.values()) == [0, 0, 0, 128, 128, 128, 128, 896, 896, 896]  # siblings read the prompt's blocks
+    got = {r.request_id: r for r in exact.store}
+    want = {r.request_id: r for r in inferred.store}
+    assert set(got) == set(want) == set(sent()) and {r.mode for r in got.values()} == {"exact"}
+    assert {r.mode for r in want.values()} == {"inferred"}
+    for rid, r in got.items():
+        w = want[rid]
+        assert replace(r, mode=w.mode, culprits=()) == replace(w, culprits=()), rid
+        assert [(c.request_id, c.ttft_s, c.itl_s, c.share, c.is_whale) for c in r.culprits] == [
+            (c.request_id, c.ttft_s, c.itl_s, c.share, c.is_whale) for c in w.culprits], rid
+    app = api_app(state_of(exact))
+    for rid, row in sent().items():
+        body = call(app, f"/v1/requests/{rid}/culprits").json()
+        want_body = ("exact", row["output_tokens"], n_of(row))
+        assert (body["mode"], body["completion_tokens"], body["sequences"]) == want_body

@@ -29,6 +29,9 @@ def test_ttft_is_the_first_childs_itl_per_gap_over_all_tokens_summed() -> None:
              child(2, 0.04, 0.006, 1, {})]  # one token: no gap, no weight in ITL
     r = client_result("cmpl-x-0", parts, final=True)
     assert r.request_id == "cmpl-x-0" and r.final and r.completion_tokens == 33
+    # each child's tokens - 1 gaps (10 + 20 + 0), as vLLM's ITL histogram pools them; before, 33 - 1 = 32
+    assert r.sequences == 3 and r.itl_gaps == 30
+    assert math.isclose(r.victim_seconds(), r.ttft_slowdown_s + 30 * r.itl_slowdown_s)
     assert (r.ttft_s, r.ttft_slowdown_s, r.trace_id) == (0.03, parts[1].ttft_slowdown_s, parts[1].trace_id)
     assert math.isclose(r.itl_s or 0.0, (0.004 * 10 + 0.003 * 20) / 30)
     assert r.finished_ts == 12.0 and math.isclose(r.preempted_s, 0.3) and r.quality == parts[2].quality
@@ -37,6 +40,7 @@ def test_ttft_is_the_first_childs_itl_per_gap_over_all_tokens_summed() -> None:
     assert w.ttft_s == 0.01 and math.isclose(w.itl_s, (0.001 * 10 + 0.0005 * 20) / 30)  # TTFT: the first child's
     assert s.ttft_s == 0.0 and math.isclose(s.itl_s, 0.0002 * 20 / 30) and w.kv_block_seconds == 2.0
     assert math.isclose(w.share + s.share, 1.0)
+    assert math.isclose(w.share, w.seconds(30) / (w.seconds(30) + s.seconds(30)))  # shares by the 30 gaps
     # the parts still add up
     assert math.isclose(sum(c.ttft_s for c in r.culprits) + r.unexplained_ttft_s, r.ttft_slowdown_s)
     assert math.isclose(sum(c.itl_s for c in r.culprits) + r.unexplained_itl_s, r.itl_slowdown_s)

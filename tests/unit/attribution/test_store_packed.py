@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from attrib_agent.attribution.culprit_windows import top_of
 from attrib_agent.attribution.result import AttributionResult, Cause, Culprit, Evidence
 from attrib_agent.attribution.result_codec import from_dict, to_dict
-from attrib_agent.attribution.result_pack import pack, unpack
+from attrib_agent.attribution.result_pack import filed, pack, unpack
 from attrib_agent.attribution.store import ResultStore
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.sinks.api.plumbing import dumps
@@ -56,7 +56,7 @@ def _replayed(name: str) -> list[AttributionResult]:
     return list(last.values())
 
 
-@pytest.mark.parametrize("name", ["preempt", "whale2", "bench-mixed", "canary"])
+@pytest.mark.parametrize("name", ["preempt", "whale2", "bench-mixed", "canary", "nseq-steps"])
 def test_every_result_of_a_replay_reads_back_as_it_was_put(name: str) -> None:
     results = _replayed(name)
     store = ResultStore(max_results=len(results), max_bytes=2**40)
@@ -96,7 +96,7 @@ _result = st.builds(
     final=st.booleans(), preempted_s=_float,
     evidence=st.dictionaries(st.sampled_from([c.value for c in Cause]),
                              st.sampled_from([e.value for e in Evidence] + ["a_newer_evidence"])),
-    mode=st.sampled_from(["inferred", "exact", "a_newer_mode"]))
+    mode=st.sampled_from(["inferred", "exact", "a_newer_mode"]), sequences=st.just(1) | st.integers(-1, 70_000))
 
 
 @settings(max_examples=400, deadline=None)
@@ -113,6 +113,7 @@ def test_any_result_reads_back_to_the_bit_packed_or_kept_whole(r: AttributionRes
     assert (type(store._items[r.request_id]) is bytes) == (blob is not None)
     if blob is not None:
         assert _bits(unpack(r.request_id, blob)) == _bits(r)
+        assert filed(blob)[1] == r.itl_gaps  # what the culprit index reads, undecoded (an n>1 request's gaps too)
 
 
 def _result(i: int, culprits: int = 3) -> AttributionResult:
