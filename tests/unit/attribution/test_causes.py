@@ -43,11 +43,12 @@ def vllm_preemptions(path: Path) -> int:
 
 
 def test_preempted_victims_are_named_with_precision_and_recall_over_90_percent() -> None:
-    """Scored where the client's stalls are a truth: as many as vLLM's own preemption counter. In two of the
-    truths' kept runs (preempt w1+w2+w3-r0, -r1) the client also flags 23-44 ms gaps of w2 and s012, during which
-    other streams' tokens arrived in bursts of 100-450 (delivery, not engine steps; vLLM counted 1 preemption
-    there and a recompute of a 3,900-token prompt takes seconds): there the agent must name a subset of the
-    client's stalls, as many as vLLM counted."""
+    """Scored where the client's stalls are a truth: as many as vLLM's own preemption counter. In one of the
+    truths' kept runs (preempt w1+w2+w3-r2, truth11's re-recording) the client also flags gaps of w1 and w2 (1.0
+    and 12.5 ms) during which another stream's tokens arrived 3 at once (delivery, not engine steps; vLLM counted 1
+    preemption there, w3's 2.5 s stall, and a recompute of a 3,900-token prompt takes seconds; the first recording
+    had 23-44 ms gaps of w2 and s012 in r0 and r1): there the agent must name a subset of the client's stalls, as
+    many as vLLM counted."""
     hits = named = truth = 0
     for path in PREEMPTION_RUNS:
         expected = preempted_per_client(path)

@@ -1,7 +1,8 @@
 """The forecast against the committed counterfactual truths (`attrib-agent lab forecast-score`): today's figures
 held. The forecast is deterministic, so the margins are for changes to the model, sized by the truth's own
-resolution: the standard error of a whale's summed true harm (over the shorts, 3 reps per condition) is 37-66 %
-of it for four of the five whales (142 % for preempt/w2), 6 % for preempt/w3."""
+resolution: the standard error of a whale's summed true harm (over the shorts, 3 reps per condition) is 30-37 %
+of it for three of the five whales (whale2's two, preempt/w2), 3 % for preempt/w3 and 198 % for preempt/w1, which
+is truly harmless (preempt re-recorded with the mended capture, truth11; before: 37-66 % for four, 6 % for w3)."""
 
 from __future__ import annotations
 
@@ -25,12 +26,14 @@ def cases() -> list[WhaleCase]:
 def test_declared_load_figures_hold() -> None:
     s = summary(cases(), "declared")
     assert s["whales"] == 5
-    # measured 34 % (22 % until the gap between steps was measured, forecast_state.step_gap: whale2/w2's own
-    # decode steps ran 0.7-0.8 ms apart, not the prior's 1.5 ms, and its forecast moved 0.83 -> 0.93 s against
-    # 0.69 +/- 0.20 s, within 1.2 of the truth's standard errors); today's figure plus the truth's own median
-    # resolution (41 %) would allow 75 %
-    assert s["median_rel_error"] <= 0.35
-    assert s["rank_correlation"] >= 0.3  # measured 0.40 (5 whales: steps of 0.1)
+    # measured 36 %, whale2/w2's error (22 % until the gap between steps was measured, forecast_state.step_gap:
+    # whale2/w2's own decode steps ran 0.7-0.8 ms apart, not the prior's 1.5 ms, and its forecast moved 0.83 ->
+    # 0.93 s against 0.69 +/- 0.20 s, within 1.2 of the truth's standard errors). 34 % (preempt/w3's) before
+    # truth11 re-recorded preempt: its single whales' true harms fell to 0.006 and 0.033 s (their shorts had
+    # waited behind vLLM's full log pipe), so their errors (45x, 29x) sit above the median and it moved up one
+    # whale; today's figure plus the truth's own median resolution (37 %) would allow 73 %
+    assert s["median_rel_error"] <= 0.37
+    assert s["rank_correlation"] >= 0.6  # measured 0.70 (5 whales: steps of 0.1); 0.40 before truth11
     assert s["called_harmless_but_2x"] == []  # every whale with a short slowed >= 2x is forecast harmful
 
 
@@ -55,25 +58,31 @@ def test_the_big_whale_is_ranked_first_and_the_report_prints_every_whale() -> No
 
 def test_the_median_over_resolved_truths_leaves_out_harms_the_truth_cannot_tell_from_none() -> None:
     """A true harm is resolved when it is at least two of its standard errors (shorts and reps independent, the
-    spread of each condition's 3 reps) from zero: preempt/w1 (0.24 +/- 0.16 s) and w2 (0.13 +/- 0.19 s) are not;
-    a relative error against them scores the truth's run-to-run noise as much as the forecast."""
+    spread of each condition's 3 reps) from zero: preempt/w1 (0.006 +/- 0.012 s) is not; a relative error against
+    it scores the truth's run-to-run noise as much as the forecast. preempt/w2 (0.033 +/- 0.012 s: s000, sent 0.25 s
+    after it, waits behind w1's and w2's prefills, 8.6 -> 30.4 ms) is, since truth11 re-recorded preempt with the
+    mended capture; before, both were unresolved (0.24 +/- 0.16 and 0.13 +/- 0.19 s of frozen-log-pipe waits)."""
     by = {f"{c.truth}/{c.whale}": c for c in cases()}
-    assert by["preempt/w3"].true_se_s == pytest.approx(0.69, abs=0.01) and by["preempt/w3"].resolved
-    assert by["preempt/w2"].true_se_s == pytest.approx(0.19, abs=0.01) and not by["preempt/w2"].resolved
+    assert by["preempt/w3"].true_se_s == pytest.approx(0.34, abs=0.01) and by["preempt/w3"].resolved  # 0.69 before
+    assert by["preempt/w2"].true_se_s == pytest.approx(0.012, abs=0.001) and by["preempt/w2"].resolved  # 0.19, no
     assert not by["preempt/w1"].resolved and by["whale2/w1"].resolved and by["whale2/w2"].resolved
     s = summary(cases(), "declared")
     resolved = sorted(abs(c.mean("declared") - c.true_harm_s) / c.true_harm_s  # type: ignore[operator]
                       for c in cases() if c.resolved)
-    assert s["resolved_whales"] == 3 and s["median_rel_error_resolved"] == resolved[1]
+    assert s["resolved_whales"] == 4 and s["median_rel_error_resolved"] == (resolved[1] + resolved[2]) / 2
     assert "whose truth is resolved" in format_report(cases())
 
 
 def test_a_2x_is_resolved_only_when_that_shorts_difference_is_and_specificity_counts_the_truly_harmless() -> None:
-    """preempt/w1's 2x is two shorts' single-rep stalls (1.0 and 1.5 standard errors): slowed 2x, not resolved;
-    preempt/w3 slows shorts 2x far past their noise. Specificity: a whale with no short 2x and an unresolved harm
-    is truly harmless, and counts as called harmless only when every recording's verdict says so."""
+    """preempt/w3 slows shorts 2x far past their noise, and so does w2 (s000 3.5x, 2.8 standard errors). preempt/w1
+    slows no short 2x and its harm is unresolved: truly harmless. (Before truth11 re-recorded preempt with the mended
+    capture, w1's 2x was two shorts' single-rep stalls of 1.0 and 1.5 standard errors, waits behind vLLM's full log
+    pipe: slowed 2x, not resolved; the synthetic `stall` below keeps that case.) Specificity: a whale with no short 2x
+    and an unresolved harm is truly harmless, and counts as called harmless only when every recording's verdict
+    says so."""
     by = {f"{c.truth}/{c.whale}": c for c in cases()}
-    assert by["preempt/w1"].true_slowed_2x and not by["preempt/w1"].true_resolved_2x
+    assert not by["preempt/w1"].true_slowed_2x and by["preempt/w1"].truly_harmless
+    assert by["preempt/w2"].true_resolved_2x and not by["preempt/w2"].truly_harmless
     assert by["preempt/w3"].true_resolved_2x and not by["preempt/w3"].truly_harmless
     quiet = WhaleCase("t", "q", (), 0.01, False, true_se_s=0.02)  # no short 2x, harm within its noise
     stall = WhaleCase("t", "s", (), 0.3, True, true_se_s=0.2)  # 2x, but not resolved

@@ -229,7 +229,8 @@ def _at_w3(rec: str) -> AttributionPipeline:
 
 def test_the_gap_between_steps_is_measured_not_the_priors() -> None:
     """The elapsed fit is fed no gaps: its gap is the prior's 1.5 ms (plus its residual mean). The preempt
-    truth's machine ran its decode steps 0.3-0.8 ms apart, so two 800-token whales decoding side by side were
+    truth's machine ran its decode steps 0.3-0.8 ms apart (the gap measured on none-r0: 0.55 ms in the first
+    recording, 0.70 ms in truth11's re-recording), so two 800-token whales decoding side by side were
     priced 3.7-3.9 ms a step against 2.5-3.2 ms (start to next start) and the shorts queued behind them 1.4x too
     long. `forecast_cost` prices with the gap measured over the steps seen, else the one the last agent saved."""
     from attrib_agent.attribution.forecast_state import last_gap, step_gap

@@ -60,20 +60,23 @@ def test_whale2_scores_hold_todays_figures_within_the_truths_spread(fixtures_dir
 
 
 def test_a_three_way_interaction_is_split_within_the_goal(fixtures_dir):
-    """preempt truth: no pair of its three whales slows the shorts, all three do. The whales' summed blame is
-    within the 20 % goal of their summed Shapley truth: measured 19 % (37 % before the factual world was observed
-    rather than re-simulated); today's 19 % plus the truth's margin (one standard error, 7-9 % of each whale's
-    total from the spread of its 3 reps, ~9 % carried into the error) is 28 %, so the goal is the stricter bound.
-    Better than the naive overlap split, with no false alarm in null runs. Top-1 is not scored: the three whales
-    are identical and on every one of the 17 slowed shorts the true top two are within two standard errors."""
+    """preempt truth: no pair of its three whales slows the shorts much, all three do. The whales' summed blame is
+    within 0.6 % of their summed Shapley truth (median 0.4 %), far inside the 20 % goal. Re-recorded by truth11 with
+    the mended capture (1 MiB log pipe): the first recording measured 19 % (37 % before the factual world was
+    observed rather than re-simulated), because 32 of its 480 shorts waited 0.1-1.06 s before vLLM received them,
+    behind vLLM's full 64 KiB log pipe, a delay counted as harm by the truth but invisible to the engine. Today's
+    0.4 % plus the truth's margin (one standard error, 3.3 % of each whale's total from the spread of its 3 reps,
+    ~3 % carried into the error) is the bound, stricter than the goal. Better than the naive overlap split, with no
+    false alarm in null runs. Top-1 is not scored: the three whales are identical and on every one of the 11
+    slowed shorts (17 in the first recording) the true top two are within two standard errors."""
     truth_dir = fixtures_dir / "truth" / "preempt"
     engine, naive = score_command(truth_dir)
     print(format_scores([engine, naive]))
-    assert set(engine.whale_rel_errors) == {"w1", "w2", "w3"} and engine.top1_total == 17
+    assert set(engine.whale_rel_errors) == {"w1", "w2", "w3"} and engine.top1_total == 11
     assert engine.median_whale_error is not None and naive.median_whale_error is not None
     margin = error_margin(engine, truth_dir)
-    assert 0.05 <= margin <= 0.12
-    assert engine.median_whale_error <= error_bound(0.19, margin) == GOAL_WHALE_ERROR
+    assert 0.02 <= margin <= 0.05  # the truth's spread itself: if it changes, so must this test's reasoning
+    assert engine.median_whale_error <= error_bound(0.004, margin) < GOAL_WHALE_ERROR
     assert engine.median_whale_error < naive.median_whale_error
     assert truth_spread.ambiguous_top1(truth_spread.load(truth_dir)) == engine.top1_total
     assert engine.null_false_alarm == 0.0

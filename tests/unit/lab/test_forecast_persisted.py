@@ -37,7 +37,8 @@ def test_a_restarted_agent_prices_steps_with_the_gap_the_last_one_measured() -> 
     is the shorts queued until the two earlier whales have decoded their 800 tokens (w3 itself preempted back to
     the queue's head). With the fit's gap (the prior's 1.5 ms) those decode steps were priced 1.4x what the
     machine took (its steps ran 0.3-0.8 ms apart) and the harm forecast 16.7 s against 10.8 s; with the gap the
-    previous run's agent measured and saved, 8.2 s."""
+    previous run's agent measured and saved, 8.2 s (the first recording). On truth11's re-recording with the mended
+    capture: 9.9 s (8.5, 7.7 and 13.4 over the three recordings) against 10.6 s."""
     kept = {c.whale: c for c in score_dirs([TRUTH.parent / "preempt"], persisted=True)}
     w3 = kept["w3"]
     assert w3.fits == {"loaded": 3} and w3.resolved
