@@ -213,6 +213,8 @@ class StepCostModel:
         self._coef: _Row = self.prior.as_tuple()
         self._gap_s = self.prior.step_gap_s
         self._seen = PriceRange()  # what the coefficients were fitted on: nothing while the prior prices
+        self._pace: float | None = 1.0  # the fit's price of the steps it read over the prior's (`prior_pace`)
+        self._paced_rows: list[_Row] = []  # ... the rows it is worked out from, when first asked after a fit
         self._scale: float | None = None
         self._since_fit = 0
         # While `deferred()`: the latest due refit's inputs (window, kept, gaps), fitted once when it ends
@@ -291,7 +293,19 @@ class StepCostModel:
         self._seen = seen_range(window)
         gap = statistics.fmean(gaps) if len(gaps) >= self.min_steps else self.prior.step_gap_s
         self._gap_s = max(gap + bias, 0.0)
+        self._pace, self._paced_rows = None, rows  # worked out when a forecast asks (the attribution never does)
         self.fits += 1
+
+    def _paced(self, rows: list[_Row]) -> float:
+        """The fit's price of `rows` (whole steps, as the forecast adds them up) over the prior's: by how much the
+        prior must be scaled to price the steps the fit has seen as the fit does. 1 with nothing to compare."""
+        if not rows:
+            return 1.0
+        x = np.asarray(rows, dtype=np.float64).reshape(len(rows), TERMS)
+        fit = float(np.maximum(x @ np.asarray(self._coef), MIN_STEP_S).sum()) + len(rows) * self._gap_s
+        prior = float(np.maximum(x @ np.asarray(self.prior.as_tuple()), MIN_STEP_S).sum()) + len(rows) * (
+            self.prior.step_gap_s)
+        return fit / prior if fit > 0 and prior > 0 else 1.0
 
     def _free(self, rows: list[_Row]) -> list[bool]:
         """The terms the fit may move: the intercept, and each feature at least `min_support` rows have."""
@@ -316,6 +330,15 @@ class StepCostModel:
     def price_range(self) -> PriceRange:
         """The prefill the current coefficients were fitted on (empty before the first fit: the prior's)."""
         return self._seen
+
+    @property
+    def prior_pace(self) -> float:
+        """The fit's price of the steps it was fitted on over the prior's (1 before the first fit): the machine's
+        pace against the prior's, read where the fit has evidence. With the prior's shape it prices what the fit
+        has no evidence for (`forecast_state.prior_shape`: a fit that never read a full chunk)."""
+        if self._pace is None:
+            self._pace, self._paced_rows = self._paced(self._paced_rows), []
+        return self._pace
 
     @property
     def window_steps(self) -> int:
@@ -404,7 +427,9 @@ class StepCostModel:
         self._gaps = deque([*gaps, *self._gaps], maxlen=self._gaps.maxlen)
         if own == 0 and scale is not None:  # adopted as fitted: on the saved window (its rows and kept ones)
             self._coef, self._gap_s, self._scale = coef, gap_s, scale
-            self._seen = seen_range(_window(self._rows, self._kept)) if self._rows else PriceRange()
+            window = _window(self._rows, self._kept) if self._rows else []
+            self._seen = seen_range(window) if window else PriceRange()
+            self._pace, self._paced_rows = None, [r for r, _ in window]
         elif len(self._rows) >= self.min_steps:
             if self._scale is None:
                 self._coef = coef  # the refit's warm start
@@ -416,6 +441,7 @@ class StepCostModel:
         self._kept = [deque((e for e in k if e[0] >= 0), maxlen=KEPT_PER_SIZE) for k in self._kept]
         self._coef, self._gap_s, self._scale = self.prior.as_tuple(), self.prior.step_gap_s, None
         self._seen = PriceRange()
+        self._pace, self._paced_rows = 1.0, []
         if len(self._rows) >= self.min_steps:
             self.refit()
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from attrib_agent.attribution.attributor import Attributor
-from attrib_agent.attribution.cost_model import PriceRange, StepCostModel, StepFeatures
+from attrib_agent.attribution.cost_model import PriceRange, StepCostModel, StepFeatures, prefill_pairs
 from attrib_agent.attribution.fit_snapshot import EngineWatch
 from attrib_agent.attribution.forecast import ArrivalLoad, EngineState, InFlight
 from attrib_agent.attribution.sim_cache import FrozenCost
@@ -118,21 +118,25 @@ class ScaledCost:
     """The step-cost model's figures times a factor (a StepCost and PrefillAwareStepCost): its coefficients frozen
     and scaled once (`FrozenCost`, the model's formula written once), since the simulator prices every step
     through it; `cost` and `factor` say what it was made from. `gap_s`, when given, is the gap between steps in
-    place of the scaled model's (`forecast_cost`: measured, not fitted)."""
+    place of the scaled model's (`forecast_cost`: measured, not fitted). `shape`, when given, is the prefill's
+    per-token, per-pair and per-request prices in place of the model's (`prior_shape`), before the factor."""
 
-    __slots__ = ("cost", "factor", "gap_s", "prefill", "price_range", "step_seconds", "step_seconds_with_prefill")
+    __slots__ = ("cost", "factor", "gap_s", "prefill", "price_range", "shape", "step_seconds",
+                 "step_seconds_with_prefill")
     step_seconds: Callable[[int, int, int], float]
     step_seconds_with_prefill: Callable[..., float]
     price_range: PriceRange
 
     def __init__(self, cost: StepCostModel, factor: float, gap_s: float | None = None,
-                 prefill: float = 1.0) -> None:
+                 prefill: float = 1.0, shape: tuple[float, float, float] | None = None) -> None:
         prices = FrozenCost.of(cost, factor)
         if gap_s is not None:
             prices = replace(prices, gap_s=gap_s)
+        if shape is not None:
+            prices = replace(prices, b=factor * shape[0], e=factor * shape[1], f=factor * shape[2])
         if prefill != 1.0:
             prices = replace(prices, b=prices.b * prefill, e=prices.e * prefill, f=prices.f * prefill)
-        self.cost, self.factor, self.gap_s, self.prefill = cost, factor, prices.gap_s, prefill
+        self.cost, self.factor, self.gap_s, self.prefill, self.shape = cost, factor, prices.gap_s, prefill, shape
         self.price_range = cost.price_range  # scaling moves the prices, not the evidence they rest on
         self.step_seconds, self.step_seconds_with_prefill = prices.step_seconds, prices.step_seconds_with_prefill
 
@@ -162,15 +166,32 @@ def forecast_cost(pipeline: PipelineParts, max_steps: int = 64, gap_steps: int =
         observed += out.record.elapsed_s
     factor = observed / predicted if observed > 0 and predicted > 0 else None
     measured = last_gap(pipeline, gap_steps)
+    shape = prior_shape(cost, pipeline.timeline.token_budget())
     # no step of this run to read the pace from (a restarted agent before its first step): the fit's own
     # prefill evidence corrects its chunk price; once the pace is measured, the pace is the better figure
-    chunks = prefill_factor(cost) if factor is None and cost.fitted else None
-    if factor is None and measured is None and chunks is None:
+    chunks = prefill_factor(cost) if factor is None and cost.fitted and shape is None else None
+    if factor is None and measured is None and chunks is None and shape is None:
         return cost
     k = 1.0 if factor is None else factor
     # the fit's gap is the prior's plus its residual mean (a compute figure, scaled): the prior's part measured
     return ScaledCost(cost, k, None if measured is None else max(k * (gap - cost.prior.step_gap_s) + measured, 0.0),
-                      1.0 if chunks is None else chunks)
+                      1.0 if chunks is None else chunks, shape)
+
+
+def prior_shape(cost: StepCostModel, token_budget: int) -> tuple[float, float, float] | None:
+    """The prefill's prices (per token, per attention pair, per request) for a fit that has never read a full
+    chunk (`token_budget` tokens): the prior's, times the machine's pace against the prior on the steps the fit
+    did read (`StepCostModel.prior_pace`); None when the fit covers such a chunk (or is the prior itself). A fit
+    whose prefill steps were all short cannot tell a token's price from a request's or an attention pair's (32-token
+    prompts: the three move together) nor see attention over a long context (1,024-token prompts priced a
+    2,048-token chunk's pairs at 0), so its split of the prefill's cost says nothing of a whale's chunk: measured on
+    the nine truths' kept fits, 2.3-2.9x dear from 32-token windows, 0.5x from a 1,024-token one. The prior's
+    proportions are the hardware's as configured; its absolute level is a machine's, and the pace rescales it."""
+    budget = max(token_budget, 1)
+    if not cost.fitted or cost.price_range.covers(budget, prefill_pairs(0, budget)):
+        return None
+    p, k = cost.prior, cost.prior_pace
+    return k * p.per_prefill_token_s, k * p.per_prefill_pair_s, k * p.per_prefill_request_s
 
 
 def prefill_factor(cost: StepCostModel) -> float | None:

@@ -17,7 +17,7 @@ from attrib_agent.agent.fit_store import FitStore, state_file
 from attrib_agent.agent.replay import replay_into
 from attrib_agent.attribution.cost_model import StepCostModel
 from attrib_agent.attribution.fit_snapshot import MAX_BYTES
-from attrib_agent.attribution.forecast_state import ScaledCost, forecast_cost, prefill_factor
+from attrib_agent.attribution.forecast_state import ScaledCost, forecast_cost, prior_shape
 from attrib_agent.config.load import AgentConfig
 from attrib_agent.events import Event, RequestReceived
 from attrib_agent.lab.score import spec_ids
@@ -76,10 +76,12 @@ def test_a_restarted_agent_forecasts_from_the_fit_the_last_one_saved(tmp_path: P
     assert restarted.state.health["fit_state"].ok_total == 1  # loaded
     assert cost.fitted and not cold.pipeline.attributor.cost.fitted  # the whale arrives before the first fit
     assert tuple(cost.coefficients.as_tuple()) == before  # priced as the last agent had learnt, until it refits
-    # the forecast prices with the adopted fit (its prefill part re-priced by its own prefill steps: no step of
-    # this run yet to read the pace from), not the prior the cold agent has
+    # the forecast prices with the adopted fit, not the prior the cold agent has: the earlier run's prompts were
+    # all short, so its prefill by the prior's shape at the pace the fit read (no step of this run yet)
     priced = forecast_cost(restarted.pipeline)
-    assert isinstance(priced, ScaledCost) and priced.cost is cost and priced.prefill == prefill_factor(cost)
+    shape = prior_shape(cost, restarted.pipeline.timeline.token_budget())
+    assert isinstance(priced, ScaledCost) and priced.cost is cost and priced.shape == shape and shape is not None
+    assert priced.prefill == 1.0 and cost.prior_pace != 1.0
     assert warm_answer["own_ttft_s"] != cold_answer["own_ttft_s"] and warm_answer != cold_answer
 
 

@@ -1,11 +1,13 @@
 """The held-out truths (whale1, mixed, kvpair; ninth session): scenarios the lab defined but no fit, constant or
-pace rule was ever tuned on. What they show, as measured (docs/attribution.md and docs/forecast.md, "Ninth
-session: held-out truths"); a change that moves a figure here updates those sections with it.
+pace rule was ever tuned on until price11 (its prior shape was chosen by its chunk prices on all nine truths,
+these included: docs/forecast.md, "Tenth session"). What they show, as measured (docs/attribution.md and
+docs/forecast.md, "Ninth session: held-out truths"); a change that moves a figure here updates those sections.
 
-Attribution holds on them where the truth resolves a harm; the forecast does not: the step-cost fit an agent kept
-from a run with no long prompt prices a whale's prefill from the prior (whale1: 2.8x its real chunks) or from
-1,024-token chunks (mixed: half of them), and mixed/w1 is called harmless in one recording though it makes a
-short wait 5x, far past the truth's noise."""
+Attribution holds on them where the truth resolves a harm; the forecast did not: the step-cost fit an agent kept
+from a run with no long prompt priced a whale's prefill from the prior (whale1: 2.8x its real chunks) or from
+1,024-token chunks (mixed: half of them), and mixed/w1 was called harmless in one recording though it makes a
+short wait 5x, far past the truth's noise. Since price11 such a fit prices the prefill by the prior's shape at
+its measured pace (whale1 r0: 1.2x, mixed r0: 0.9x)."""
 
 from __future__ import annotations
 
@@ -92,21 +94,24 @@ def test_kvpair_names_exactly_the_requests_vllm_preempted_and_none_elsewhere() -
                      "kvpair/runs/w1+w2-r2": ["w2"]}
 
 
-def test_a_fit_kept_from_a_run_without_long_prompts_misprices_the_held_out_whales_prefill() -> None:
+def test_a_fit_kept_from_a_run_without_long_prompts_prices_the_held_out_whales_prefill_by_the_priors_shape() -> None:
     """whale1/w1 arrives before any step of its run. r0's agent starts from the fit of the null run before it
-    (32-token prompts only), whose chunk terms are still the prior's: its prefill is priced 1.29 s against the 0.46 s
-    its four chunks took, and the harm forecast 3.5 s against 0.48 s. r1 and r2 start from fits that have seen
-    whale1's chunks: 0.48 s each, the truth. The mean over the three is 1.49 s: 212 % off."""
+    (32-token prompts only), whose chunk terms were the prior's: its prefill was priced 1.29 s against the 0.46 s
+    its four chunks took, and the harm forecast 3.5 s against 0.48 s. Since price11 a fit that never read a full
+    chunk prices the prefill by the prior's shape at the pace it measured on the steps it read
+    (`forecast_state.prior_shape`): 0.63 s (+32 %). r1 and r2 start from fits that have seen whale1's chunks:
+    0.48 s each, the truth. The mean over the three is 0.53 s: 11 % off (was 212 %)."""
     by = {f"{c.truth}/{c.whale}": c for c in kept()}
     w1 = by["whale1/w1"]
     r0, r1, r2 = w1.forecast_s["declared"]
-    assert r0 > 6 * w1.true_harm_s  # 3.5 s: the prior's chunk prices
+    assert math.isclose(r0, 0.631, abs_tol=0.01)  # 3.5 s by the fit's own split, before price11
     assert abs(r1 - w1.true_harm_s) <= 0.05 * w1.true_harm_s and abs(r2 - w1.true_harm_s) <= 0.05 * w1.true_harm_s
 
 
 def test_the_held_out_forecast_figures_as_measured() -> None:
     """Declared load, kept fit, over the five held-out whales (three resolved: whale1/w1, mixed/w1, kvpair/w2):
-    median error 82 % over the four with a true harm (82 % over the resolved; the tuned truths' 28 % / 23 %).
+    median error 50 % over the four with a true harm (23 % over the resolved; the tuned truths' 28 % / 23 %);
+    before price11's prior shape 82 % (82 %): whale1/w1 212 % -> 11 %, mixed/w1 82 % -> 77 %.
     mixed/w1 is called harmless in 1 of 3 recordings (r0: its 2 chunks priced 79 ms against the 152 ms they took, by
     a fit kept from a run whose longest chunk was 1,024 tokens, so the prefill ends before the first short arrives)
     though it makes m002 wait 5.4x, 20 standard errors past its noise: the issue's rule broken on held-out data.
@@ -117,8 +122,8 @@ def test_the_held_out_forecast_figures_as_measured() -> None:
     truly harmless, is called harmless in every recording, kvpair/w1 not in r0 (priced beyond the evidence)."""
     s = summary(kept(), "declared")
     assert s["whales"] == 5 and s["resolved_whales"] == 3
-    assert math.isclose(s["median_rel_error"], 0.82, abs_tol=0.01)  # truth10; 0.81 with truth8's kvpair
-    assert math.isclose(s["median_rel_error_resolved"], 0.82, abs_tol=0.01)
+    assert math.isclose(s["median_rel_error"], 0.50, abs_tol=0.01)  # price11; truth10 0.82, truth8's kvpair 0.81
+    assert math.isclose(s["median_rel_error_resolved"], 0.23, abs_tol=0.01)  # price11; was 0.82
     assert s["called_harmless_but_resolved_2x"] == []  # fit9; was ["mixed/w1"]
     assert s["called_harmless_but_2x"] == []  # truth10; was ["kvpair/w1"] (a frozen log pipe), before fit9 mixed/w1 too
     assert s["truly_harmless"] == ["mixed/w2", "kvpair/w1"]  # truth10: kvpair/w1 was 0.40 s of frontend waits
