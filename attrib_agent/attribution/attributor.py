@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import defaultdict, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -120,6 +120,12 @@ class _SharedRuns:
         self.needy: set[str] = set()  # every plan's slowed victims: the other runs' readers
         self.sims: dict[frozenset[str], SimResult] = {}
         self.traced: dict[frozenset[str], SimResult] = {}
+
+
+def _window_key(period: list[SimRequest], start: SimStart | None) -> Hashable:
+    """What makes two plans' runs the same worlds (within a pass: the limits, prices and clients are the pass's):
+    the same requests and the same start state."""
+    return tuple(period), start
 
 
 class _PeriodPlan:
@@ -332,12 +338,15 @@ class Attributor:
         view = engine_view(timeline, cfg, Pricer(self.period.prices(self.cost)))
         prices = self.prices.current(self.cost)
         plans = []
-        windows: dict[tuple[tuple[SimRequest, ...], SimStart | None], _SharedRuns] = {}
+        windows: dict[Hashable, _SharedRuns] = {}
         for period, start, mine in self._periods(known, lcs, wanted, timeline):
             victims = [_Victim(lcs[r.request_id], r) for r in period
                        if lcs[r.request_id].complete and (mine is None or r.request_id in mine)]
             if victims:
-                shared = windows.setdefault((tuple(period), start), _SharedRuns())
+                key = _window_key(period, start)
+                shared = windows.get(key)
+                if shared is None:
+                    shared = windows[key] = _SharedRuns()
                 plan = _PeriodPlan(period, [v.req.request_id for v in victims], self.config, cfg, prices, start,
                                    self.runs, self.prices.version, clients, shared)
                 plans.append((plan, victims))
