@@ -110,7 +110,7 @@ class _SharedRuns:
     """The runs of one window (requests and start state), shared by every plan of a pass built on it: under
     continuous load the victims of a settle mostly get the same window (the grid puts their starts together),
     and each plan asking its own coalitions re-ran the same worlds, one per victim (docs/attribution.md,
-    "Runs shared by a settle's identical windows"). Each run waits for, and traces, the readers of all of them:
+    "Tenth session (`perf11`)"). Each run waits for, and traces, the readers of all of them:
     a run's outcome for a request does not depend on when it stops or on who else is traced."""
 
     __slots__ = ("victims", "needy", "sims", "traced")
