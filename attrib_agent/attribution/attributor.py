@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import defaultdict, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -106,13 +106,37 @@ class _Baseline:
     itl_floor_s: float
 
 
+class _SharedRuns:
+    """The runs of one window (requests and start state), shared by every plan of a pass built on it: under
+    continuous load the victims of a settle mostly get the same window (the grid puts their starts together),
+    and each plan asking its own coalitions re-ran the same worlds, one per victim (docs/attribution.md,
+    "Tenth session (`perf11`)"). Each run waits for, and traces, the readers of all of them:
+    a run's outcome for a request does not depend on when it stops or on who else is traced."""
+
+    __slots__ = ("victims", "needy", "sims", "traced")
+
+    def __init__(self) -> None:
+        self.victims: list[str] = []  # every plan's victims: the full run's readers
+        self.needy: set[str] = set()  # every plan's slowed victims: the other runs' readers
+        self.sims: dict[frozenset[str], SimResult] = {}
+        self.traced: dict[frozenset[str], SimResult] = {}
+
+
+def _window_key(period: list[SimRequest], start: SimStart | None) -> Hashable:
+    """What makes two plans' runs the same worlds (within a pass: the limits, prices and clients are the pass's):
+    the same requests and the same start state."""
+    return tuple(period), start
+
+
 class _PeriodPlan:
     """One busy period's simulations, cached per coalition of whales present and per traced run (shared by all
-    its victims). A run stops once every victim in it has finished: only the victims' outcomes are read."""
+    its victims, and with `shared` by other plans on the same window). A run stops once every victim in it has
+    finished: only the victims' outcomes are read."""
 
     def __init__(self, period: list[SimRequest], victims: list[str], config: AttributionConfig,
                  sched: SchedulerConfig, cost: StepCost, start: SimStart | None = None,
-                 runs: RunCache | None = None, version: int = 0, client: Mapping[str, str] | None = None) -> None:
+                 runs: RunCache | None = None, version: int = 0, client: Mapping[str, str] | None = None,
+                 shared: _SharedRuns | None = None) -> None:
         self.period = period
         # n>1 children -> their client request: one player, removed with all its children (whales.client_uses)
         self.client: Mapping[str, str] = client or {}
@@ -131,8 +155,8 @@ class _PeriodPlan:
         self.floors: dict[str, tuple[float, float]] = {}  # victim -> its TTFT and ITL noise floors
         self._arrivals = {r.request_id: r.arrival_ts for r in period}
         self._relevant: dict[tuple[str, str], frozenset[str]] = {}
-        self._sims: dict[frozenset[str], SimResult] = {}
-        self._traced: dict[frozenset[str], SimResult] = {}
+        self.shared = shared if shared is not None else _SharedRuns()
+        self.shared.victims.extend(victims)
 
     def client_of(self, rid: str) -> str:
         return self.client.get(rid, rid)
@@ -165,17 +189,18 @@ class _PeriodPlan:
 
     def run(self, present: frozenset[str]) -> SimResult:
         """Every victim reads the run with all whales; the other coalitions only the slowed victims."""
-        if present not in self._sims:
+        sims = self.shared.sims
+        if present not in sims:
             whales = frozenset(self.whales)
             if present == whales:
-                self._sims[present] = self._simulate(frozenset(), self.victims, False)
-            elif not present or (len(present) == 1 and present <= self.needy):
+                sims[present] = self._simulate(frozenset(), self.shared.victims, False)
+            elif not present or (len(present) == 1 and present <= self.shared.needy):
                 # a slowed victim's world without the other whales: the run its light-crowd split traces, so
                 # traced once here rather than run twice (tracing only observes: same outcomes)
-                self._sims[present] = self.traced(whales - present)
+                sims[present] = self.traced(whales - present)
             else:
-                self._sims[present] = self._simulate(whales - present, self.needy, False)
-        return self._sims[present]
+                sims[present] = self._simulate(whales - present, self.shared.needy, False)
+        return sims[present]
 
     def world(self, rid: str, which: str, present: frozenset[str]) -> float:
         """Victim `rid`'s re-simulated TTFT/ITL in the world where only `present` of the other whales ran."""
@@ -203,9 +228,10 @@ class _PeriodPlan:
 
     def traced(self, removed: frozenset[str]) -> SimResult:
         """The period without `removed`, each slowed victim left in it traced (one run, not one per victim)."""
-        if removed not in self._traced:
-            self._traced[removed] = self._simulate(removed, self.needy, True)
-        return self._traced[removed]
+        traced = self.shared.traced
+        if removed not in traced:
+            traced[removed] = self._simulate(removed, self.shared.needy, True)
+        return traced[removed]
 
 
 def busy_periods(requests: Sequence[tuple[SimRequest, float]], max_len: int) -> list[list[SimRequest]]:
@@ -312,20 +338,26 @@ class Attributor:
         view = engine_view(timeline, cfg, Pricer(self.period.prices(self.cost)))
         prices = self.prices.current(self.cost)
         plans = []
+        windows: dict[Hashable, _SharedRuns] = {}
         for period, start, mine in self._periods(known, lcs, wanted, timeline):
             victims = [_Victim(lcs[r.request_id], r) for r in period
                        if lcs[r.request_id].complete and (mine is None or r.request_id in mine)]
             if victims:
+                key = _window_key(period, start)
+                shared = windows.get(key)
+                if shared is None:
+                    shared = windows[key] = _SharedRuns()
                 plan = _PeriodPlan(period, [v.req.request_id for v in victims], self.config, cfg, prices, start,
-                                   self.runs, self.prices.version, clients)
+                                   self.runs, self.prices.version, clients, shared)
                 plans.append((plan, victims))
-                full = plan.run(frozenset(plan.whales)).outcomes
-                for v in victims:
-                    o = full.get(v.req.request_id)
-                    if o is not None and v.lc.ttft_s is not None:
-                        self._learn_ttft_offset(v.lc, v.lc.ttft_s - _metric(o, v.req.arrival_ts, "ttft"), view)
-                    if o is not None and v.lc.mean_itl_s is not None and o.mean_itl_s is not None:
-                        self._itl_offsets.append(v.lc.mean_itl_s - o.mean_itl_s)
+        for plan, victims in plans:  # once every plan sharing a window has its victims there: one run for all
+            full = plan.run(frozenset(plan.whales)).outcomes
+            for v in victims:
+                o = full.get(v.req.request_id)
+                if o is not None and v.lc.ttft_s is not None:
+                    self._learn_ttft_offset(v.lc, v.lc.ttft_s - _metric(o, v.req.arrival_ts, "ttft"), view)
+                if o is not None and v.lc.mean_itl_s is not None and o.mean_itl_s is not None:
+                    self._itl_offsets.append(v.lc.mean_itl_s - o.mean_itl_s)
         # a culprit is in its victim's period: block-seconds of those alone, not the ledger of every request held
         kv = timeline.block_seconds({r.request_id for plan, _ in plans for r in plan.period})
         for child, cid in clients.items():  # a client request's blocks: its children's
@@ -333,12 +365,16 @@ class Attributor:
                 kv[cid] = kv.get(cid, 0.0) + kv[child]
         membership = timeline.membership_quality().exact_share
         offsets = self.frontend_offsets()  # fixed from here on: only the loop above feeds them
-        out: list[AttributionResult] = []
-        for plan, victims in plans:
+        planned = []
+        for plan, victims in plans:  # every plan's slowed victims known before any run waits for them
             bases = [self._baseline(v, cfg, offsets) for v in victims]
             plan.needy = {v.req.request_id for v, b in zip(victims, bases, strict=True) if b.blamed}
+            plan.shared.needy |= plan.needy
             plan.floors = {v.req.request_id: (b.ttft_floor_s, b.itl_floor_s)
                            for v, b in zip(victims, bases, strict=True)}
+            planned.append((plan, victims, bases))
+        out: list[AttributionResult] = []
+        for plan, victims, bases in planned:
             for v, base in zip(victims, bases, strict=True):
                 out.append(self._victim(v, plan, kv, membership, base, view))
         return out

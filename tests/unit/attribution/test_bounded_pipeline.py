@@ -107,3 +107,26 @@ def test_a_world_is_simulated_once_a_window_traced_or_not(events: list[Event], m
     assert any(r.culprits for r in results)
     assert any(True in kinds for by in asked.values() for removed, kinds in by.items() if removed)
     assert all(len(kinds) == 1 for by in asked.values() for removed, kinds in by.items() if removed)
+
+
+def test_plans_on_one_window_share_its_runs_and_change_no_result(events: list[Event],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Victims of a pass whose windows are the same requests from the same start read one set of runs, each run
+    waiting for (and tracing) all their slowed victims, instead of one set per victim: fewer runs, and the same
+    results as plans running their own (the run cache off, so only the sharing answers)."""
+    runs = [0]
+    real_sim = attributor_mod.simulate  # type: ignore[attr-defined]
+
+    def counted(*args: object, **kw: object) -> SimResult:
+        runs[0] += 1
+        return real_sim(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(attributor_mod, "simulate", counted)
+    cfg = AttributionConfig(run_cache_size=0, max_period_requests=8)  # small windows, many a pass
+    _, shared = run(events, cfg, settle_interval_s=5.0)  # many victims a pass: windows in common
+    shared_runs, runs[0] = runs[0], 0
+    monkeypatch.setattr(attributor_mod, "_window_key", lambda period, start: object())  # every plan its own
+    _, alone = run(events, cfg, settle_interval_s=5.0)
+    assert any(r.culprits for r in shared) and len(shared) == len(alone) > 0
+    assert [replace(r) for r in shared] == [replace(r) for r in alone]
+    assert shared_runs < runs[0]
