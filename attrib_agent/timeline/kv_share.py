@@ -78,5 +78,5 @@ def split_holdings(holdings: Holdings, shares: Shares) -> KvSplit:
 def holder(request_id: str) -> str:
     """Who would free a request's blocks: an n>1 request's child (`<i>_<id>`, only vLLM's fan-out makes such ids:
     its frontend prefixes a client's id with `cmpl-` or `chatcmpl-`) is its client request, anything else itself."""
-    m = CHILD_PREFIX.fullmatch(request_id)
+    m = CHILD_PREFIX.fullmatch(request_id) if request_id[:1].isdigit() else None  # the usual id: no regex
     return request_id if m is None else m["parent"]
