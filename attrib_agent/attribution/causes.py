@@ -548,7 +548,7 @@ class SharedBlocks(Mapping[_StepKey, tuple[Mapping[str, int], int]]):
 
     def get(self, key: _StepKey, default: Any = None) -> Any:  # Mapping's is by KeyError: most steps share nothing
         out = self._find(key)
-        if out is None or not (split := out.kv_split()).shared:
+        if out is None or not (split := out.kv_split()).twice:
             return default
         return dict(split.exclusive), split.twice
 
@@ -560,7 +560,7 @@ class SharedBlocks(Mapping[_StepKey, tuple[Mapping[str, int], int]]):
 
     def __iter__(self) -> Iterator[_StepKey]:
         for _, o in self._outcomes:
-            if o.prefix_shares and o.kv_split().shared:
+            if o.prefix_shares and o.kv_split().twice:
                 yield o.record.iteration, o.record.end_ts
 
     def __len__(self) -> int:

@@ -347,7 +347,8 @@ class EngineTimeline:
         if not len(self._exact):
             return self._window.outcomes()
         if self._overlaid is None or self._overlaid[0] != self._version:
-            self._overlaid = (self._version, self._exact.overlay(self._window.outcomes(), self._prompt_of))
+            self._overlaid = (self._version, self._exact.overlay(self._window.outcomes(), self._prompt_of,
+                                                                  self._inference.geometry.block_size))
         return list(self._overlaid[1])
 
     def _prompt_of(self, rid: str) -> int | None:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from attrib_agent.events import SchedulerHello, SchedulerStep
+from attrib_agent.timeline.kv_share import Holdings, Shares, split_holdings
 from attrib_agent.timeline.model import StepMember
 from attrib_agent.timeline.preemption import InferredPreemption
 from attrib_agent.timeline.sched_state import StepInput
@@ -26,13 +27,15 @@ class ExactSteps:
     """The plugin's steps held by `Iteration` index, bounded like the timeline's own steps.
 
     The index restarts with vLLM (the pipeline starts a fresh timeline then); an index going backwards here
-    drops what was held. Steps that scheduled nothing have no index and carry nothing to lay over.
+    drops what was held. Steps that scheduled nothing have no index and nothing to lay over, but the requests they
+    list as finished finished after the last indexed step (vLLM schedules once more after its last busy step).
     """
 
     def __init__(self, max_steps: int = 50_000, max_requests: int = 10_000) -> None:
         self._steps: OrderedDict[int, SchedulerStep] = OrderedDict()
         self._preempted: OrderedDict[str, None] = OrderedDict()  # ever preempted: its recompute is no prefill
         self._cached: OrderedDict[str, int] = OrderedDict()  # prompt tokens found in the prefix cache
+        self._gone: dict[int, set[str]] = {}  # by iteration: requests that finished at its end (freed their blocks)
         self._max_steps, self._max_requests = max_steps, max_requests
         self.hello: SchedulerHello | None = None
         self.unindexed = 0  # steps without an Iteration index (nothing scheduled)
@@ -44,15 +47,19 @@ class ExactSteps:
         if isinstance(ev, SchedulerHello):
             self.hello = ev
             return
+        last = next(reversed(self._steps), None)
+        if ev.finished and last is not None:  # `finished`: since the previous schedule(), so after the last step
+            gone = self._gone.setdefault(last, set())
+            gone.update(ev.finished[:max(self._max_requests - len(gone), 0)])
         if ev.iteration is None:
             self.unindexed += 1
             return
-        last = next(reversed(self._steps), None)
         if last is not None and ev.iteration < last:
             self._steps.clear()
+            self._gone.clear()
         self._steps[ev.iteration] = ev
         while len(self._steps) > self._max_steps:
-            self._steps.popitem(last=False)
+            self._gone.pop(self._steps.popitem(last=False)[0], None)
         for rid in ev.preempted:
             _put(self._preempted, rid, None, self._max_requests)
         for s in ev.scheduled:
@@ -65,8 +72,11 @@ class ExactSteps:
     def cached_tokens(self, request_id: str) -> int | None:
         return self._cached.get(request_id)
 
-    def overlay(self, outcomes: Outcomes, prompt_of: Callable[[str], int | None]) -> Outcomes:
-        """Every held step, with the plugin's facts in place of the inferred ones where it has them."""
+    def overlay(self, outcomes: Outcomes, prompt_of: Callable[[str], int | None],
+                block_size: int | None = None) -> Outcomes:
+        """Every held step, with the plugin's facts in place of the inferred ones where it has them. `block_size`:
+        the pool's (from vLLM's metrics) when the plugin's hello was not seen: prefix hits are counted in blocks."""
+        bs = self.hello.block_size if self.hello is not None else block_size
         out: Outcomes = []
         prev: SchedulerStep | None = None
         for si, o in outcomes:
@@ -76,12 +86,12 @@ class ExactSteps:
             else:
                 before = prev if prev is not None and prev.iteration == si.iteration - 1 else \
                     self._steps.get(si.iteration - 1)
-                out.append((si, self._exact_outcome(si, o, step, before, prompt_of)))
+                out.append((si, self._exact_outcome(si, o, step, before, prompt_of, bs)))
             prev = step
         return out
 
     def _exact_outcome(self, si: StepInput, o: StepOutcome, step: SchedulerStep, before: SchedulerStep | None,
-                       prompt_of: Callable[[str], int | None]) -> StepOutcome:
+                       prompt_of: Callable[[str], int | None], bs: int | None) -> StepOutcome:
         blocks = dict(step.blocks)
         members = tuple(StepMember(s.request_id, self._phase(s.request_id, s.new_tokens, s.done_tokens, prompt_of),
                                    s.new_tokens, (s.done_tokens or 0) + s.new_tokens, blocks.get(s.request_id, 0))
@@ -96,8 +106,21 @@ class ExactSteps:
                                                had.get(rid, 0)) for rid in step.preempted)
         new = {s.request_id: s.new_tokens for s in step.scheduled}
         resumes = tuple(ResumeSighting(rid, si.seq, si.iteration, si.end_ts, new.get(rid, 0)) for rid in step.resumed)
-        return replace(o, record=record, preemptions=preemptions, resumes=resumes, holdings=step.blocks,
-                       predicted_blocks=sum(blocks.values()), prefix_shares=())  # no sharing known here yet
+        gone = self._gone.get(si.iteration)  # finished in this step: freed before vLLM reports KV usage
+        holdings = tuple([h for h in step.blocks if h[0] not in gone]) if gone else step.blocks
+        shares = self._shares(holdings, o.prefix_shares, bs)
+        return replace(o, record=record, preemptions=preemptions, resumes=resumes, holdings=holdings,
+                       predicted_blocks=split_holdings(holdings, shares).total, prefix_shares=shares)
+
+    def _shares(self, holdings: Holdings, inferred: Shares, bs: int | None) -> tuple[tuple[str, str, int], ...]:
+        """`StepOutcome.prefix_shares` of the plugin's holdings: each holder's prefix-cache hit in whole blocks as
+        vLLM reported it, shared with the request the inference chose for it (steps.py `_shared_copies`: whose
+        copy fits the pool's usage), or with none running when the inference saw no hit."""
+        if not bs or not self._cached:
+            return ()
+        roots = {rid: root for rid, root, _ in inferred}
+        return tuple([(rid, roots.get(rid, rid), hit // bs) for rid, _ in holdings
+                      if (hit := self._cached.get(rid)) is not None and hit >= bs])
 
     def _phase(self, rid: str, new: int, done: int | None, prompt_of: Callable[[str], int | None]) -> str:
         prompt, done = prompt_of(rid), done or 0

@@ -10,12 +10,19 @@ or more holders is *shared* (drawn once, charged to none); the rest are a holder
 vLLM would free were that request alone removed. With holders' prefix sizes p1 >= p2 >= ..., the group shares
 p2 blocks and holder r keeps `held_r - min(p_r, largest other p)`; summed with the shared blocks this is
 `sum(held) - (p2 + p3 + ...)`, the step model's count of distinct blocks (`predicted_blocks`).
+
+An n>1 request's children (`<i>_<id>`) are one holder, their client request: vLLM frees the prompt they share only
+when all of them go, so its blocks are theirs, counted once (on the child holding the longest run: the one that
+computed it), and shared only with other holders. A holder's run is its children's longest; each other child's
+run is a copy within it. Exact mode (timeline/exact.py) splits vLLM's own block counts by this same rule.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from attrib_agent.vllm_ids import CHILD_PREFIX
 
 Holdings = Sequence[tuple[str, int]]
 Shares = Sequence[tuple[str, str, int]]
@@ -52,11 +59,24 @@ def split_holdings(holdings: Holdings, shares: Shares) -> KvSplit:
             members[root] = held[root]
         if len(members) < 2:
             continue
-        sizes = sorted(members.values(), reverse=True)
+        runs: dict[str, tuple[int, str]] = {}  # holder -> its longest run and the member holding it
+        for rid, p in members.items():
+            h = holder(rid)
+            if h not in runs or p > runs[h][0]:
+                runs[h] = (p, rid)
+        sizes = sorted([run for run, _ in runs.values()], reverse=True) + [0]
         shared += sizes[1]
         for rid, p in members.items():
-            taken[rid] = min(p, sizes[1] if p == sizes[0] else sizes[0])
+            run, lead = runs[holder(rid)]
+            taken[rid] = p if rid != lead else min(run, sizes[1] if run == sizes[0] else sizes[0])
     if not taken:
         return KvSplit(tuple(holdings), 0)
     return KvSplit(tuple([(rid, b - taken.get(rid, 0)) for rid, b in holdings]), shared,
                    sum(taken.values()) - shared)
+
+
+def holder(request_id: str) -> str:
+    """Who would free a request's blocks: an n>1 request's child (`<i>_<id>`, only vLLM's fan-out makes such ids:
+    its frontend prefixes a client's id with `cmpl-` or `chatcmpl-`) is its client request, anything else itself."""
+    m = CHILD_PREFIX.fullmatch(request_id) if request_id[:1].isdigit() else None  # the usual id: no regex
+    return request_id if m is None else m["parent"]

@@ -6,7 +6,11 @@ preempted. A prefix hit's blocks are the copy another request holds: they are co
 blocks, and a request's own figure is its *exclusive* blocks, what removing it alone would free (kv_share.py).
 Exclusive plus shared blocks predict vLLM's `kv_cache_usage_perc`; the difference (the residual, in blocks)
 is model error. vLLM's usage is used / (num_gpu_blocks - 1): block 0 is its reserved null block.
-Block-seconds per request (of its exclusive blocks) give the memory-fair view of who used the pool.
+Block-seconds per request (of its exclusive blocks) give the memory-fair view of who used the pool. A step's
+holdings are what it leaves held (a request finishing in it is gone), so nothing is counted over the engine's idle
+time: the last busy step leaves nothing. They stand for the next step's duration too, so a request's admitting
+step is not counted (both modes; on preempt-steps a short admitted into a 0.9 s step shows 55 % of what vLLM's
+steps give it, the whales 93-94 %).
 """
 
 from __future__ import annotations

@@ -12,11 +12,13 @@ import pytest
 from attrib_agent.agent.core import AgentCore
 from attrib_agent.agent.replay import replay_into
 from attrib_agent.config.load import AgentConfig
+from attrib_agent.events import SchedulerStep
 from attrib_agent.lab.step_truth import truth_steps
 from attrib_agent.recording import VLLM_STEPS, Recording
 from attrib_agent.sources.replay import ReplaySource
 from attrib_agent.timeline.engine_timeline import EngineTimeline
-from attrib_agent.timeline.exact import PLUGIN_EVIDENCE
+from attrib_agent.timeline.exact import PLUGIN_EVIDENCE, ExactSteps
+from tests.unit.timeline.plugin_kv import held_after, plugin_messages
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "fixtures" / "recordings"
 STEPS = RECORDINGS / "preempt-steps"
@@ -34,13 +36,17 @@ def exact_timeline() -> EngineTimeline:
 
 
 def test_steps_holdings_and_preemptions_equal_the_plugins(exact_timeline: EngineTimeline) -> None:
+    """Members and their blocks are the plugin's; a step's holdings are what it leaves held (the ledger's
+    reading: they last until the next step), the requests vLLM reports finished at its end let go."""
     truth = truth_steps(Recording(STEPS).records(VLLM_STEPS))
+    after = held_after(plugin_messages(STEPS)[1])
     by_iter = {si.iteration: out for si, out in exact_timeline.outcomes()}
     assert len(truth) > 1000 and all(t.iteration in by_iter for t in truth)
+    assert sum(len(t.blocks) - len(after[t.iteration]) for t in truth) == 23  # each request once, as it finished
     for t in truth:
         out = by_iter[t.iteration]
         assert frozenset(m.request_id for m in out.record.members) == t.members
-        assert dict(out.holdings) == dict(t.blocks)
+        assert dict(out.holdings) == after[t.iteration]
         assert {m.request_id: m.blocks for m in out.record.members} == {r: t.blocks.get(r, 0) for r in t.members}
     true_preemptions = [(rid, t.iteration) for t in truth for rid in t.preempted]
     named = [(p.request_id, p.preempted_iteration) for p in exact_timeline.preemptions()]
@@ -65,9 +71,10 @@ def test_without_the_stream_the_timeline_is_the_inferred_one(exact_timeline: Eng
     inferred = _timeline(STEPS, exact=False)
     assert inferred.mode() == "inferred" and inferred.cached_prompt_tokens("cmpl-94f57e-w1-0") is None
     assert all(p.evidence != (PLUGIN_EVIDENCE,) for p in inferred.preemptions())
-    # the inference is not the plugin: its block counts differ somewhere (they match 99 %, not all)
-    exact_holdings = [out.holdings for _, out in exact_timeline.outcomes()]
-    assert [out.holdings for _, out in inferred.outcomes()] != exact_holdings
+    # the inference is not the plugin: its preemptions are guesses (its holdings happen to be vLLM's at every step
+    # here, which `lab score`'s 99.2 % hides: it compares them with the plugin's blocks before the finished left)
+    assert all(p.confidence < 1.0 for p in inferred.preemptions()) and inferred.preemptions()
+    assert [out.holdings for _, out in inferred.outcomes()] == [out.holdings for _, out in exact_timeline.outcomes()]
 
 
 def _replay_modes(path: Path, exact: bool) -> set[str]:
@@ -83,3 +90,23 @@ def test_results_say_which_mode_produced_them() -> None:
     assert _replay_modes(STEPS, exact=True) == {"exact"}
     assert _replay_modes(STEPS, exact=False) == {"inferred"}
     assert _replay_modes(RECORDINGS / "whale1", exact=True) == {"inferred"}  # no stream: nothing to be exact with
+
+
+def _plugin_step(iteration: int | None, finished: tuple[str, ...] = (), blocks: tuple[tuple[str, int], ...] = ()
+                 ) -> SchedulerStep:
+    return SchedulerStep(ts=0.0, sched_ts=0.0, engine=0, step=0, iteration=iteration, tokens=0, scheduled=(),
+                         admitted=(), resumed=(), preempted=(), finished=finished, running=0, waiting=0, blocks=blocks,
+                         free_blocks=None, total_blocks=None, head=None, drops=0)
+
+
+def test_what_finished_after_a_step_is_bounded_with_the_steps() -> None:
+    """The requests let go at each step's end are kept by the steps held (and at most `max_requests` a step); an
+    empty step (no `Iteration` line) names them for the step before it."""
+    exact = ExactSteps(max_steps=3, max_requests=2)
+    for i in range(10):
+        exact.add(_plugin_step(i, finished=(f"a{i}", f"b{i}", f"c{i}"), blocks=((f"a{i}", 1),)))
+        exact.add(_plugin_step(None, finished=(f"d{i}",)))
+    assert len(exact) == 3 and sorted(exact._gone) == [7, 8, 9]  # noqa: SLF001 (the bound itself)
+    assert exact._gone[9] == {"d9"} and len(exact._gone[8]) == 2  # noqa: SLF001
+    exact.add(_plugin_step(0))  # vLLM restarted: its iterations count from 0 again
+    assert len(exact) == 1 and not exact._gone  # noqa: SLF001

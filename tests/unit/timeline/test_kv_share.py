@@ -69,6 +69,66 @@ def test_split_counts_each_block_once(hitters: list[tuple[int, int, str]], root_
     assert s.total == sum(held.values()) - twice and s.twice == twice
 
 
+def test_an_n_gt_1_requests_children_are_one_holder() -> None:
+    """Child 0 computed a 7-block prompt prefix (holds 10), children 1 and 2 hit it (hold 9): were the client
+    request removed, vLLM would free all 14 blocks, so none is shared; child 0 carries the prompt."""
+    s = split_holdings([("0_c", 10), ("1_c", 9), ("2_c", 9)], [("1_c", "0_c", 7), ("2_c", "0_c", 7)])
+    assert s.shared == 0 and dict(s.exclusive) == {"0_c": 10, "1_c": 2, "2_c": 2}
+    assert (s.total, s.twice) == (14, 14)
+
+
+def test_children_and_another_request_share_the_prefix_once() -> None:
+    """x also hit the children's prefix: its 7 blocks are shared by two holders, the client and x."""
+    s = split_holdings([("0_c", 10), ("1_c", 9), ("2_c", 9), ("x", 8)],
+                       [("1_c", "0_c", 7), ("2_c", "0_c", 7), ("x", "0_c", 7)])
+    assert s.shared == 7 and dict(s.exclusive) == {"0_c": 3, "1_c": 2, "2_c": 2, "x": 1}
+    assert (s.total, s.twice) == (15, 21)
+
+
+def _blocks(holdings: list[tuple[str, int]], shares: list[tuple[str, str, int]]) -> dict[str, set[tuple[str, int]]]:
+    """Each request's blocks by name, as vLLM's block tables hold them: a hit references the first blocks of its
+    root's copy (the root's table, when it runs and hit nothing itself), the rest are its own."""
+    held, hit = dict(holdings), {rid: (root, p) for rid, root, p in shares}
+    out: dict[str, set[tuple[str, int]]] = {}
+    for rid, b in holdings:
+        if rid in hit:
+            root, p = hit[rid]
+            out[rid] = {(root, i) for i in range(min(p, b))} | {(rid, i) for i in range(min(p, b), b)}
+        elif any(root == rid for root, _ in hit.values()):
+            out[rid] = {(rid, i) for i in range(held[rid])}
+        else:
+            out[rid] = {(rid, i) for i in range(b)}
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 30), st.integers(0, 30), st.integers(0, 2), st.booleans()), min_size=1,
+                max_size=8), st.integers(1, 30), st.booleans())
+def test_each_holders_exclusive_blocks_are_what_removing_it_frees(
+        hitters: list[tuple[int, int, int, bool]], root_blocks: int, root_is_child: bool) -> None:
+    """Against the blocks named one by one: a holder (a request, or all of an n>1 request's children) keeps
+    what no other holder references, and the shared blocks are those two or more reference."""
+    r = "9_c" if root_is_child else "r"
+    holdings = [(r, root_blocks)] + [(f"{i}_c" if child else f"h{i}", held)
+                                     for i, (held, _, _, child) in enumerate(hitters)]
+    shares = [(holdings[i + 1][0], (r, "s", "x")[g], min(hit, held))
+              for i, (held, hit, g, _) in enumerate(hitters) if hit]
+    s = split_holdings(holdings, shares)
+    named = _blocks(holdings, shares)
+    by_holder: dict[str, set[tuple[str, int]]] = {}
+    for rid, blocks in named.items():
+        by_holder.setdefault("c" if rid.endswith("_c") else rid, set()).update(blocks)
+    refs: dict[tuple[str, int], int] = {}
+    for blocks in by_holder.values():
+        for blk in blocks:
+            refs[blk] = refs.get(blk, 0) + 1
+    own = {h: sum(refs[blk] == 1 for blk in blocks) for h, blocks in by_holder.items()}
+    got: dict[str, int] = {}
+    for rid, b in s.exclusive:
+        got["c" if rid.endswith("_c") else rid] = got.get("c" if rid.endswith("_c") else rid, 0) + b
+    assert got == own and s.shared == sum(n > 1 for n in refs.values()) and s.total == len(refs)
+
+
 def _step(seq: int, end: float, holdings: dict[str, int], shares: tuple[tuple[str, str, int], ...]
           ) -> tuple[StepInput, StepOutcome]:
     si = StepInput(seq, 0, seq, end, 0.01, 0, 0, len(holdings), len(holdings), 0.0)
