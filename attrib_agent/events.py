@@ -153,6 +153,17 @@ class StatsLine:
 
 @quick_init
 @dataclass(frozen=True, slots=True)
+class TokenBudgetLine:
+    """vLLM's start-up line `Chunked prefill is enabled with max_num_batched_tokens=N.`: the step's token budget,
+    exact before any step fills it (2,048 on CPU and small GPUs, 8,192 on large ones, or the operator's)."""
+
+    ts: float
+    log_ts: float | None
+    token_budget: int
+
+
+@quick_init
+@dataclass(frozen=True, slots=True)
 class RequestSpan:
     """vLLM's per-request `llm_request` span, as received over OTLP."""
 
@@ -254,6 +265,7 @@ Event = (
     | RequestFailed
     | EngineStep
     | StatsLine
+    | TokenBudgetLine
     | RequestSpan
     | GpuSample
     | SchedulerStep

@@ -49,6 +49,7 @@ from attrib_agent.recording import (
     metrics_record,
     otlp_record,
 )
+from attrib_agent.sources.log.patterns import TOKEN_BUDGET_LEAD
 from attrib_agent.sources.log.pipe import widen_pipe
 
 MAX_OTLP_BODY = 16 * 1024 * 1024
@@ -69,6 +70,9 @@ class Capture:
         }
         self.vllm_exited = threading.Event()
         self.log_pipe_bytes: int | None = None  # the log pipe's capacity once widened (None: not a pipe)
+        # vLLM's start-up lines an agent reads its configuration from (the step's token budget), each recording
+        # opening with them as an agent that read vLLM's log from its start would have (the last few only)
+        self.startup_lines: list[tuple[float, str]] = []
         self.forward_url: str | None = None
         self._forward_q: queue.Queue[tuple[str, str, bytes, str | None]] = queue.Queue(maxsize=256)
         threading.Thread(target=self._forward_loop, daemon=True).start()
@@ -98,6 +102,13 @@ class Capture:
             if self.writer is not None:
                 self.writer.close()
             self.writer = RecordingWriter(path, {**meta, "log_pipe_bytes": self.log_pipe_bytes})
+            for ts, line in self.startup_lines:
+                self.writer.append(LOG, log_record(ts, line))
+
+    def started_with(self, ts: float, line: str) -> None:
+        """Keep a start-up line that configures what an agent reads (a restarted vLLM's replaces the last)."""
+        with self._lock:
+            self.startup_lines = [*self.startup_lines[-7:], (ts, line)]
 
     def stop(self) -> dict[str, int]:
         with self._lock:
@@ -126,6 +137,8 @@ def read_log(capture: Capture, stream: Any) -> None:
         capture.server_log.write(line + "\n")
         capture.server_log.flush()
         capture.count("log_lines")
+        if TOKEN_BUDGET_LEAD.search(line):
+            capture.started_with(ts, line)
         capture.record(LOG, log_record(ts, line))
     capture.vllm_exited.set()
 

@@ -24,6 +24,7 @@ from attrib_agent.events import (
     RequestSpan,
     SchedulerHello,
     SchedulerStep,
+    TokenBudgetLine,
 )
 from attrib_agent.timeline.exact import ExactSteps, certain, exact_iterations
 from attrib_agent.timeline.gpu_samples import GpuSamples
@@ -70,6 +71,7 @@ class EngineTimeline:
         self.engine = engine
         self._fixed = Geometry(block_size, num_blocks)
         self._configured_budget = token_budget
+        self._announced_budget: int | None = None  # vLLM's own start-up line (TokenBudgetLine), when read
         self._book = LifecycleBook(max_requests, engine)
         self._window = StepWindow(max_steps, checkpoint_every)
         self._inference = TimelineInference(self._book, self._window, self._fixed, token_budget or 0)
@@ -109,6 +111,8 @@ class EngineTimeline:
                 self._exact.add(event)
             else:
                 self._skip("other_engine_plugin_step")
+        elif isinstance(event, TokenBudgetLine):
+            self._on_budget(event)
         else:
             self._skip(type(event).__name__)
         self._feeds_since_bound += 1
@@ -139,6 +143,15 @@ class EngineTimeline:
         self._window.append(StepInput(self._window.next_seq, ev.engine, ev.iteration, end, ev.elapsed_ms / 1000.0,
                                       ev.context_requests, ev.context_tokens, ev.generation_requests,
                                       ev.generation_tokens, ev.kv_usage))
+
+    def _on_budget(self, ev: TokenBudgetLine) -> None:
+        """vLLM said its budget at start-up: the step inference reads a step under it as not full from the first
+        step on, and a whale is re-simulated and forecast in chunks of it before any step fills it (a budget taken
+        from the largest step seen is 2,048 until a long prompt comes, a quarter of a large GPU's 8,192). The
+        operator's `token_budget` still wins; a restarted vLLM's line replaces the last."""
+        if self._configured_budget is None:
+            self._announced_budget = ev.token_budget
+            self._inference.state.budget = max(self._inference.state.budget, ev.token_budget)
 
     def _on_metrics(self, ev: MetricsSnapshot) -> None:
         if ev.engine != str(self.engine):
@@ -449,13 +462,15 @@ class EngineTimeline:
         return self._inference.geometry.block_size, self._inference.geometry.num_blocks
 
     def token_budget(self) -> int:
-        """vLLM's max_num_batched_tokens: as configured; else the size of a step that cut a prefill chunk (the
-        request is still in prefill in the next step: that step was full); else the largest step seen, but at
-        least DEFAULT_TOKEN_BUDGET, the smallest default of vLLM's API servers on GPU and CPU (short traffic
-        never fills a step: a stream of 32-token prompts showed 42, and a whale re-simulated or forecast with
-        that budget ran 42 tokens a step). The one rule the attribution and the forecast both read."""
+        """vLLM's max_num_batched_tokens: as configured; else as vLLM's start-up line said; else the size of a
+        step that cut a prefill chunk (the request is still in prefill in the next step: that step was full); else
+        the largest step seen, but at least DEFAULT_TOKEN_BUDGET, the smallest default of vLLM's API servers on GPU
+        and CPU (short traffic never fills a step: a stream of 32-token prompts showed 42, and a whale re-simulated
+        or forecast with that budget ran 42 tokens a step). The one rule the attribution and the forecast read."""
         if self._configured_budget is not None:
             return self._configured_budget
+        if self._announced_budget is not None:
+            return self._announced_budget
         if self._budget is None or self._budget[0] != self._version:  # once a version
             self._inference.refresh()
             if not len(self._exact):  # the window keeps each pair's answer until one of the two is re-inferred

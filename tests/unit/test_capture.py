@@ -112,3 +112,22 @@ def test_recording_meta_names_the_log_pipe_size(capture_server, tmp_path):
         assert c.get(f"{url}/lab/status").json()["log_pipe_bytes"] == LOG_PIPE_BYTES
         c.post(f"{url}/lab/stop")
     assert Recording(tmp_path / "rec").meta["log_pipe_bytes"] == LOG_PIPE_BYTES
+
+
+def test_each_recording_opens_with_vllms_token_budget_line(tmp_path):
+    """vLLM names its step budget once, at start-up (recorded: tests/fixtures/vllm-startup/budget-4096.log); every
+    recording starts with that line, as an agent reading vLLM's log from its start would have it."""
+    import io
+    import pathlib
+
+    from attrib_agent.lab.capture import read_log
+
+    startup = pathlib.Path(__file__).parents[1] / "fixtures" / "vllm-startup" / "budget-4096.log"
+    cap = Capture(tmp_path / "server.log")
+    read_log(cap, io.BytesIO(startup.read_bytes()))
+    for name in ("a", "b"):
+        cap.start(str(tmp_path / name), {})
+        cap.record(LOG, log_record(2e9, "(APIServer pid=1) INFO 2026-11-27 05:15:14.755 [x.py:1] later line"))
+        cap.stop()
+        lines = [r["line"] for r in Recording(tmp_path / name).records(LOG)]
+        assert len(lines) == 2 and "max_num_batched_tokens=4096." in lines[0] and "later line" in lines[1]

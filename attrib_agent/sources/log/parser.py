@@ -26,6 +26,7 @@ from attrib_agent.events import (
     RequestFailed,
     RequestReceived,
     StatsLine,
+    TokenBudgetLine,
 )
 from attrib_agent.health import SourceHealth
 from attrib_agent.sources.log import patterns as p
@@ -33,7 +34,7 @@ from attrib_agent.vllm_ids import CHILD_PREFIX, external_id
 
 logger = logging.getLogger(__name__)
 
-LogEvent = RequestReceived | RequestAdded | RequestAborted | RequestFailed | EngineStep | StatsLine
+LogEvent = RequestReceived | RequestAdded | RequestAborted | RequestFailed | EngineStep | StatsLine | TokenBudgetLine
 """The events a vLLM log yields (a subset of attrib_agent.events.Event)."""
 
 MAX_TRACKED_IDS: Final = 16_384
@@ -252,6 +253,10 @@ def _received(m: re.Match[str], ts: float, log_ts: float | None, ids: RequestIds
                             max_tokens=p.top_level_int(m["params"], "max_tokens"))]
 
 
+def _token_budget(m: re.Match[str], ts: float, log_ts: float | None, ids: RequestIds) -> list[LogEvent]:
+    return [TokenBudgetLine(ts=ts, log_ts=log_ts, token_budget=int(m["budget"]))]
+
+
 def _added(m: re.Match[str], ts: float, log_ts: float | None, ids: RequestIds) -> list[LogEvent]:
     internal = m["internal"]
     return [RequestAdded(ts=ts, log_ts=log_ts, request_id=ids.added(internal), internal_id=internal)]
@@ -290,6 +295,7 @@ ROWS: Final[tuple[Row, ...]] = (
     Row("request_aborted", p.ABORTED_MANY, _aborted_many),
     Row("request_aborted", p.ABORTED_ONE, _aborted_one),
     Row("request_failed", p.FAILED, _failed),
+    Row("token_budget", p.TOKEN_BUDGET, _token_budget),
 )
 LEADS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
     ("engine_step", p.ITERATION_LEAD),
@@ -298,6 +304,7 @@ LEADS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
     ("request_added", p.ADDED_LEAD),
     ("request_aborted", p.ABORTED_MANY_LEAD),
     ("request", p.REQUEST_LEAD),
+    ("token_budget", p.TOKEN_BUDGET_LEAD),
 )
 _CONTENT_ANY: Final = re.compile("|".join(f"(?:{c.pattern})" for c in p.CONTENT))
 T = TypeVar("T")

@@ -63,6 +63,10 @@ STATS_PREEMPTIONS: Final = re.compile(r"Preemptions: (\d{1,12})")
 STATS_KV: Final = re.compile(rf"[A-Z]{{2,8}} KV cache usage: ({_NUM})%")
 STATS_PREFIX_HIT: Final = re.compile(rf"Prefix cache hit rate: ({_NUM})%")
 
+# vllm/config/scheduler.py SchedulerConfig.__post_init__ (INFO, once, at start-up in the API server process).
+TOKEN_BUDGET: Final = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(?P<budget>\d{1,9})\.")
+TOKEN_BUDGET_LEAD: Final = re.compile(r"Chunked prefill is enabled with ")
+
 # vllm/entrypoints/serve/utils/request_logger.py log_inputs (INFO). The params repr may hold user strings
 # (stop words, bad_words, structured-output schemas): only the id and max_tokens are ever taken from it.
 RECEIVED: Final = re.compile(r"Received request (?P<id>\S+): params: (?P<params>.*), lora_request: .*\.")
