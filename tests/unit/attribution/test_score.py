@@ -82,6 +82,41 @@ def test_a_three_way_interaction_is_split_within_the_goal(fixtures_dir):
     assert engine.null_false_alarm == 0.0
 
 
+
+def test_whale2_b4096_misses_are_a_send_race_the_truth_measured(fixtures_dir):
+    """The held-out 4,096-budget truth (docs/attribution.md, "Tenth session (score12)"): per-whale error 34 % (w1
+    37 %, w2 31 %), top-1 2/5, null 0/60. Not the budget: every whale run's budget is inferred as 4,096 and its
+    chunks (4,096 + 1,904; 4,063 + 937 beside w1's decode and s002) are the engine's. Most of the error is s002,
+    sent at w2's instant: the lab client's order of the two flips with the condition (w2 first in every w2 run,
+    s002 first in every w1+w2 run), so the truth's "w2 alone" has s002 queued behind w2's 4,096 chunk (+239 ms)
+    while the re-simulation of the observed world without w1 starts s002 alone on an idle engine before w2
+    arrives (+0 ms), and splits s002's slowdown evenly. The truth knows each whale's total to 50 % (w1) and 25 %
+    (w2) of it (one standard error) and 4 of its 5 slowed shorts' top two whales within two: the bound is today's
+    34 % plus that margin (~0.51), and the engine stays better than the naive overlap split."""
+    from attrib_agent.lab.score import replayed_timeline, spec_ids
+    from attrib_agent.recording import Recording
+
+    truth_dir = fixtures_dir / "truth" / "whale2-b4096"
+    engine, naive = score_command(truth_dir)
+    print(format_scores([engine, naive]))
+    truth = truth_spread.load(truth_dir)
+    first: dict[str, set[str]] = {}
+    for run in (r for r in truth["runs"] if r["accepted"] and r["condition"] != "none"):
+        tl = replayed_timeline(truth_dir / run["recording"])
+        assert tl.token_budget() == 4096
+        if "w2" in run["condition"]:
+            spec = spec_ids(Recording(truth_dir / run["recording"]))
+            arrival = {spec[lc.request_id]: lc.arrival_ts for lc in tl.lifecycles() if lc.request_id in spec}
+            first.setdefault(run["condition"], set()).add(min(("w2", "s002"), key=lambda k: arrival[k]))
+    assert first == {"w2": {"w2"}, "w1+w2": {"s002"}}  # the race, the same way in every rep
+    assert engine.median_whale_error is not None and naive.median_whale_error is not None
+    margin = error_margin(engine, truth_dir)
+    assert 0.4 <= margin <= 0.6  # the truth's spread itself: if it changes, so must this test's reasoning
+    assert engine.median_whale_error <= error_bound(0.34, margin)
+    assert engine.median_whale_error < naive.median_whale_error
+    assert truth_spread.ambiguous_top1(truth) == 4 and engine.top1_total == 5
+    assert engine.null_false_alarm == 0.0
+
 def test_score_cli_json(fixtures_dir, capsys):
     assert main(["lab", "score", str(fixtures_dir / "truth" / "whale2"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
