@@ -45,6 +45,14 @@ def _opt_int(v: Any) -> int | None:
     return None if v is None else int(v)
 
 
+def _sequences(v: Any) -> int:
+    """An n>1 client request's output sequences: at least 1 (a journal line saying less is not one we wrote)."""
+    n = int(v)
+    if n < 1:
+        raise ValueError(f"sequences must be >= 1, got {n}")
+    return n
+
+
 def _opt_str(v: Any) -> str | None:
     return None if v is None else str(v)
 
@@ -82,4 +90,4 @@ def from_dict(d: dict[str, Any]) -> AttributionResult:
         completion_tokens=_opt_int(d.get("completion_tokens")), trace_id=_opt_str(d.get("trace_id")),
         span_id=_opt_str(d.get("span_id")), final=bool(d.get("final", True)),
         preempted_s=float(d.get("preempted_s", 0.0)), evidence=_evidence(d.get("evidence")),
-        mode=str(d.get("mode", "inferred")), sequences=int(d.get("sequences", 1)))
+        mode=str(d.get("mode", "inferred")), sequences=_sequences(d.get("sequences", 1)))

@@ -101,7 +101,7 @@ def _decode(line: bytes) -> AttributionResult | None:
     try:
         d = json.loads(line)
         return from_dict(d) if isinstance(d, dict) else None
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # UnicodeDecodeError is a ValueError
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError):  # (int(Infinity))
         return None
 
 

@@ -127,6 +127,8 @@ def test_malformed_and_torn_lines_are_skipped_and_counted(tmp_path: Path, finals
     data = seg.read_bytes()
     lines = data.splitlines(keepends=True)
     junk = [b"not json\n", b"[1, 2]\n", b'{"request_id": "x"}\n', b"\xff\xfe\n", b"\n"]
+    for key, bad in (("prompt_tokens", float("inf")), ("sequences", 0)):  # JSON's Infinity into an int; no output
+        junk.append(json.dumps(json.loads(lines[0]) | {key: bad}).encode() + b"\n")
     torn = lines[-1][: len(lines[-1]) // 2]  # the last record cut mid-write, as SIGKILL leaves it
     seg.write_bytes(b"".join(lines[:3] + junk + lines[3:-1]) + torn)
     again = ResultJournal(tmp_path)
