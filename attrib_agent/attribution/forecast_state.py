@@ -2,7 +2,8 @@
 
 Pure: no clock, the time is the pipeline's last event. Running requests are the members of the last engine
 step (tokens in KV from the step, prompt from the log or the inferred prefill); waiting ones arrived and were
-not scheduled yet (or were preempted). What an observer cannot see is estimated, and said so:
+not scheduled yet (or were preempted), those vLLM received but has not added to the engine yet among them.
+What an observer cannot see is estimated, and said so:
 - remaining output: `max_tokens - outputs` when the `Received request` line gave max_tokens (an upper bound:
   a request may stop early at EOS), else the median completion length of recent finished requests, else
   `default_output_tokens`;
@@ -74,7 +75,9 @@ def engine_state(pipeline: PipelineParts, config: StateConfig | None = None,
     outcomes = tl.outcomes()
     last = outcomes[-1][1].record if outcomes else None
     members = {m.request_id: m for m in last.members} if last is not None else {}
-    lcs = [lc for lc in tl.lifecycles() if lc.arrival_ts is not None and lc.arrival_ts <= now]
+    # a request vLLM received but has not added yet (its front end renders it: ~1 ms) is ahead of the candidate
+    # all the same: whale2-b4096's s002, received 0.2 ms before w2 and admitted with w2's first chunk
+    lcs = [lc for lc in (*tl.lifecycles(), *tl.received(now)) if lc.arrival_ts is not None and lc.arrival_ts <= now]
     done = [lc for lc in lcs if lc.complete]
     prompt_guess = _median([lc.prompt_tokens for lc in lcs if lc.prompt_tokens], cfg.default_prompt_tokens)
     output_guess = _median([lc.completion_tokens for lc in done if lc.completion_tokens], cfg.default_output_tokens)

@@ -332,6 +332,11 @@ class EngineTimeline:
         cached = departed.cached if departed is not None else track.cached if track is not None else None
         return cached or 0
 
+    def received(self, now: float) -> list[RequestLifecycle]:
+        """Requests vLLM logged `Received` for that have not entered the engine by `now` (no `Added` line yet):
+        never queued here, but the engine will have them unless vLLM rejects them (`LifecycleBook.received`)."""
+        return self._book.received(now)
+
     def lifecycles(self) -> list[RequestLifecycle]:
         """Every held lifecycle in queue order, those without a span completed from the steps (`lifecycle`)."""
         self._inference.refresh()

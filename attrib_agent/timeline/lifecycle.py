@@ -123,6 +123,12 @@ class LifecycleBook:
         """Received ids waiting for evidence that they entered the engine."""
         return len(self._unadmitted)
 
+    def received(self, now: float) -> list[RequestLifecycle]:
+        """The ids received and not yet in the engine at `now` (within the admit window), in receipt order: read
+        by the forecast, for which a request vLLM's front end holds is ahead of a candidate sent after it."""
+        since = now - self.admit_window_s
+        return [e.lifecycle for e in self._unadmitted.values() if since <= e.queue_ts <= now]
+
     def lifecycles(self) -> list[RequestLifecycle]:
         """Every held lifecycle, in queue order: a copy of the list kept beside the queue (read at every settle;
         a walk of every entry cost ~1 ms a read at GPU rates)."""

@@ -31,8 +31,13 @@ def test_declared_load_figures_hold() -> None:
     # 0.93 s against 0.69 +/- 0.20 s, within 1.2 of the truth's standard errors). 34 % (preempt/w3's) before
     # truth11 re-recorded preempt: its single whales' true harms fell to 0.006 and 0.033 s (their shorts had
     # waited behind vLLM's full log pipe), so their errors (45x, 29x) sit above the median and it moved up one
-    # whale; today's figure plus the truth's own median resolution (37 %) would allow 73 %
-    assert s["median_rel_error"] <= 0.37
+    # whale; today's figure plus the truth's own median resolution (37 %) would allow 73 %. 57 % since fcast12:
+    # s002, received before w2 in r0 and r1 but added after w2's `Received`, was missing from the state; now in
+    # it, the forecast gives it 0.142 and 0.202 s (its TTFT was 0.139 and 0.199 s: it rode w2's first chunk), and
+    # whale2/w2 moves 0.93 -> 1.08 s: what was already too much is the expected arrivals' (0.56-1.34 s)
+    assert s["median_rel_error"] <= 0.58
+    by = {f"{c.truth}/{c.whale}": c for c in cases()}
+    assert by["whale2/w2"].forecast_s["declared"][:2] == pytest.approx([0.701, 1.540], abs=0.005)
     assert s["rank_correlation"] >= 0.6  # measured 0.70 (5 whales: steps of 0.1); 0.40 before truth11
     assert s["called_harmless_but_2x"] == []  # every whale with a short slowed >= 2x is forecast harmful
 

@@ -18,7 +18,7 @@ from attrib_agent.agent.fit_store import state_file
 from attrib_agent.agent.replay import replay_into
 from attrib_agent.attribution.cost_model import StepCostModel, StepFeatures, prefill_pairs
 from attrib_agent.attribution.fit_snapshot import decode
-from attrib_agent.attribution.forecast import ArrivalLoad
+from attrib_agent.attribution.forecast import ArrivalLoad, Candidate, ForecastConfig, forecast
 from attrib_agent.attribution.forecast_state import (
     ScaledCost,
     StateConfig,
@@ -29,7 +29,7 @@ from attrib_agent.attribution.forecast_state import (
 )
 from attrib_agent.attribution.sim_cache import FrozenCost
 from attrib_agent.config.load import AgentConfig
-from attrib_agent.events import Event, RequestReceived
+from attrib_agent.events import Event, RequestAdded, RequestReceived
 from attrib_agent.lab.score import spec_ids
 from attrib_agent.pipeline import AttributionPipeline
 from attrib_agent.recording import Recording
@@ -92,6 +92,55 @@ def test_the_state_is_bounded_and_empty_before_any_event() -> None:
     assert full is not None and small is not None and len(full.requests) > 2 == len(small.requests)
     with pytest.raises(ValueError):
         StateConfig(max_requests=0)
+
+
+def _at_w2(rep: str) -> tuple[AttributionPipeline, dict[str, str]]:
+    """whale2-b4096's all-whale run `rep` replayed up to w2's `Received` line, and its ids by spec."""
+    rec = RECORDINGS.parent / "truth" / "whale2-b4096" / "runs" / f"w1+w2-{rep}"
+    spec = spec_ids(Recording(rec))
+    p = AttributionPipeline()
+    for ev in ReplaySource(rec).events():
+        if isinstance(ev, RequestReceived) and spec.get(ev.request_id) == "w2":
+            return p, spec
+        p.feed(ev)
+    raise AssertionError(f"{rec}: w2 never arrives")
+
+
+def test_a_request_received_before_the_candidate_but_not_yet_added_waits_ahead_of_it() -> None:
+    """whale2-b4096's all-whale runs: s002 reaches vLLM 0.2-1.3 ms before w2 (docs/attribution.md, "Tenth session
+    (score12)") and rides w2's first 4,063-token chunk (TTFT ~0.2 s). In r0 its `Added` line precedes w2's
+    `Received`; in r1 it follows it, and the state held no s002 (the book keeps a received id apart until it is
+    added), so r1's forecast gave s002 no harm and the kept fit's declared verdict was "harmless". Both states
+    now hold it, waiting, and both forecasts give it w2's chunk: 0.176 s (r0) and 0.190 s (r1) cold."""
+    extra: dict[str, float] = {}
+    for rep in ("r0", "r1"):
+        p, spec = _at_w2(rep)
+        added = {spec.get(lc.request_id) for lc in p.timeline.lifecycles()}
+        assert ("s002" in added) == (rep == "r0")
+        state = engine_state(p, prompts={rid: 32 for rid, s in spec.items() if s == "s002"})
+        assert state is not None
+        [s002] = [r for r in state.requests if spec.get(r.request_id) == "s002"]
+        assert not s002.running and (s002.computed, s002.prompt_tokens, s002.remaining) == (0, 32, 32)
+        assert state.requests[-1] is s002  # behind the running w1
+        f = forecast(state, [Candidate(5000, 600)], forecast_cost(p), ForecastConfig())[0]
+        extra[rep] = dict(f.in_flight.ttft_extra_by_request)[s002.request_id]
+    assert extra["r0"] == pytest.approx(0.176, abs=0.005) and extra["r1"] == pytest.approx(0.190, abs=0.005)
+
+
+def test_a_received_request_counts_once_and_leaves_with_the_books_admit_window() -> None:
+    """Received alone: waiting in the state; added: the same one request; a received id the book gives up on
+    (30 s without `Added`, `LifecycleBook.admit_window_s`) is no longer in it."""
+    p = AttributionPipeline()
+    p.feed(RequestReceived(ts=100.0, log_ts=100.0, request_id="a", max_tokens=16))
+    state = engine_state(p)
+    assert state is not None and [(r.request_id, r.running, r.remaining) for r in state.requests] == [("a", False, 16)]
+    p.feed(RequestAdded(ts=100.001, log_ts=100.001, request_id="a", internal_id="a-0123abcd"))
+    state = engine_state(p)
+    assert state is not None and [r.request_id for r in state.requests] == ["a"]
+    p.feed(RequestReceived(ts=101.0, log_ts=101.0, request_id="b", max_tokens=8))
+    p.feed(RequestReceived(ts=140.0, log_ts=140.0, request_id="c", max_tokens=8))
+    state = engine_state(p)
+    assert state is not None and [r.request_id for r in state.requests] == ["a", "c"]
 
 
 def test_before_the_fit_the_prior_is_scaled_to_the_steps_seen_and_after_it_the_fit_is_used() -> None:

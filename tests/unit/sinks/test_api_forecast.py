@@ -95,13 +95,16 @@ def with_saved_fit(p: AttributionPipeline) -> AttributionPipeline:
 
 
 def test_a_short_slowed_2x_makes_the_answer_harmful_though_the_summed_extra_is_small() -> None:
-    """`harmless` also needs nobody slowed 2x: a 200-token prompt sent with a short (declared to arrive with it)
-    costs it ~16 ms, under the 50 ms threshold, but that is twice its TTFT; a 100-token one is harmless."""
+    """`harmless` also needs nobody slowed 2x: a 300-token prompt sent with a short (declared to arrive with it)
+    costs it and s002 (received just before w2, not yet added: waiting in the state since fcast12) ~21 ms each, 41
+    ms in all, under the 50 ms threshold, but that is twice their TTFT; a 100-token one is harmless. (A 200-token
+    one was the test's before s002 was in the state: 14 ms each now, under 2x.)"""
     app = api_app(state_of(with_saved_fit(at_second_whale())))
     load = {"rate_per_s": 0.1, "prompt_tokens": 32, "max_tokens": 8, "first_in_s": 0}
     small, mid = post(app, {"candidates": [{"prompt_tokens": 100, "max_tokens": 4},
-                                           {"prompt_tokens": 200, "max_tokens": 4}], "load": load}).json()["forecasts"]
+                                           {"prompt_tokens": 300, "max_tokens": 4}], "load": load}).json()["forecasts"]
     assert mid["ttft_extra_sum_s"] < 0.05 and mid["expected_arrivals"]["slowed"] == 1 and not mid["harmless"]
+    assert mid["in_flight"]["slowed"] == 1
     assert small["expected_arrivals"]["slowed"] == 0 and small["in_flight"]["slowed"] == 0 and small["harmless"]
 
 
