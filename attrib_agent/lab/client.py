@@ -290,7 +290,8 @@ async def run_plan(
                 )
     stop.set()
     await hb
-    lags = [r.send_lag_s for r in results if r.send_lag_s is not None]
+    lags = [lag for r, s in zip(results, slots, strict=True)
+            if (lag := own_send_lag(r, None if s.after is None else results[s.after])) is not None]
     # Only lateness while requests are in flight bends a measurement; start-up hiccups do not.
     first = min((start_ts + s.offset_s for s in slots), default=start_ts) - 0.05
     lateness = sorted(late for t, late in beats if t >= first)
@@ -311,15 +312,31 @@ async def run_plan(
     return results, summary
 
 
+def _ready_ts(res: ClientResult, pred: ClientResult | None) -> float:
+    """When a request could go: its intended time, or its tied predecessor's response head if that came later and
+    released it (not the cap, not the predecessor's failure)."""
+    if pred is None or pred.head_ts is None or res.actual_send_ts is None or res.actual_send_ts < pred.head_ts:
+        return res.intended_send_ts
+    return max(res.intended_send_ts, pred.head_ts)
+
+
+def own_send_lag(res: ClientResult, pred: ClientResult | None) -> float | None:
+    """The client's own send lag: from when the request could go. A tie's wait for its predecessor's head is vLLM's
+    API server's time (a request sent at once would have queued there as long), so it is not the client's lateness;
+    `tie_wait_max_s` reports it. A wait that hit the cap counts in full."""
+    return None if res.actual_send_ts is None else res.actual_send_ts - _ready_ts(res, pred)
+
+
 def tie_summary(results: Sequence[ClientResult], slots: Sequence[SendSlot]) -> dict[str, Any]:
-    """How many sends were spaced as ties and whether each went after its predecessor's response head."""
+    """How many sends were spaced as ties, how long they waited and whether each went after its predecessor's head."""
     tied = [(res, results[s.after]) for res, s in zip(results, slots, strict=True) if s.after is not None]
     kept = all(
         r.actual_send_ts is not None and p.head_ts is not None and p.send_seq is not None and r.send_seq is not None
         and r.actual_send_ts >= p.head_ts and r.send_seq > p.send_seq
         for r, p in tied
     )
-    return {"tie_gap_s": TIE_GAP_S, "tied_sends": len(tied), "tie_order_kept": kept}
+    wait = max((_ready_ts(r, p) - r.intended_send_ts for r, p in tied), default=0.0)
+    return {"tie_gap_s": TIE_GAP_S, "tied_sends": len(tied), "tie_order_kept": kept, "tie_wait_max_s": wait}
 
 
 def _raise_priority() -> None:

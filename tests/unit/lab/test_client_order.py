@@ -11,7 +11,15 @@ from typing import Any
 
 import httpx
 
-from attrib_agent.lab.client import TIE_GAP_S, ClientResult, Clock, PlannedRequest, run_plan, send_slots
+from attrib_agent.lab.client import (
+    TIE_GAP_S,
+    ClientResult,
+    Clock,
+    PlannedRequest,
+    own_send_lag,
+    run_plan,
+    send_slots,
+)
 from attrib_agent.lab.record import make_plan
 from attrib_agent.lab.workload import SCENARIOS, get_scenario
 
@@ -90,7 +98,17 @@ def test_a_tied_request_waits_for_the_earlier_ones_response_head() -> None:
     assert by["s003"].send_after is None and by["s002"].send_after is None
     assert by["w2"].intended_send_ts == by["s002"].intended_send_ts + TIE_GAP_S
     assert summary["tied_sends"] == 1 and summary["tie_order_kept"] is True and summary["tie_gap_s"] == TIE_GAP_S
+    # The 60 ms wait is the server's, reported apart: the client's own send lag stays small.
+    assert summary["tie_wait_max_s"] >= 0.05 and summary["send_lag_max_s"] < 0.03
     assert all(r.status == "ok" for r in results)
+
+
+def test_a_wait_that_hit_the_cap_is_the_clients_lateness() -> None:
+    pred = ClientResult("a", "s002", "siso", False, None, 10.0, actual_send_ts=10.0, head_ts=11.5)
+    late = ClientResult("b", "w2", "whale", True, None, 10.001, actual_send_ts=11.001)  # sent at the 1 s cap
+    waited = ClientResult("c", "w2", "whale", True, None, 10.001, actual_send_ts=11.502)
+    assert own_send_lag(late, pred) == 11.001 - 10.001
+    assert abs((own_send_lag(waited, pred) or 0.0) - 0.002) < 1e-9 and own_send_lag(waited, None) == 11.502 - 10.001
 
 
 def test_a_failed_request_does_not_hold_the_one_tied_after_it() -> None:
