@@ -5,9 +5,9 @@ priority than vLLM where allowed, because on a 2-core machine vLLM can starve it
 gaps are measured from the *intended* send time (no coordinated omission), and the client's own
 lateness (send lag, event-loop heartbeat lateness) is recorded so a late run can be rejected.
 
-Requests planned for the same instant (or closer than `TIE_GAP_S`) are sent in the plan's order, each one
-`TIE_GAP_S` after the one before it and not before that one's response head arrived (`send_slots`): a counterfactual
-truth must change only the whales present, not which of two tied requests reaches vLLM first.
+Requests planned for the same instant (or closer than `TIE_GAP_S`) are sent in the plan's order (`send_slots`); in a
+tie with a whale, each one `TIE_GAP_S` after the one before it and not before that one's response head arrived: a
+counterfactual truth must change only the whales present, not which of two tied requests reaches vLLM first.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from typing import Any
 import httpx
 
 HEARTBEAT_S = 0.010
-# Tied sends are spaced by this much, in the plan's order. Spacing alone does not fix the order: vLLM's API server
-# parses a 5,000-token body ~0.7 ms slower than a short's, so a whale sent 1 ms first reached it 0.3 ms first. The
-# order is fixed by waiting for the earlier one's response head: vLLM's API server writes it after logging "Received
-# request" and just before it hands the request to its engine (no I/O wait between the two for a token-id prompt).
+# Sends tied with a whale are spaced by this much, in the plan's order. Spacing alone does not fix the order: vLLM's
+# API server parses a 5,000-token body ~0.7 ms slower than a short's, so a whale sent 1 ms first reached it 0.3 ms
+# first. The order is fixed by waiting for the earlier one's response head: vLLM's API server writes it after logging
+# "Received request" and just before it hands the request to its engine (no I/O wait between them for token ids).
 TIE_GAP_S = 0.001
 HEAD_WAIT_MAX_S = 1.0  # past this the tied request goes anyway; its send lag shows the wait and rejects the run
 
@@ -75,7 +75,7 @@ class ClientResult:
     status: str = "pending"
     error: str | None = None
     send_seq: int | None = None  # this run's send order (0 first): a truth checks tied requests kept theirs
-    send_after: str | None = None  # spec id of the tied request whose response head this one waited for
+    send_after: str | None = None  # spec id of the tied request sent just before this one (see `SendSlot`)
     head_ts: float | None = None  # when the response head (status line and headers) arrived
 
     @property
@@ -99,22 +99,30 @@ class Clock:
 
 @dataclass(frozen=True)
 class SendSlot:
-    """When a planned request is sent: its offset after tie spacing, and the request (plan index) it waits for."""
+    """When a planned request is sent: its offset after tie spacing and the tied request (plan index) it follows:
+    after that one's response head in a tie with a whale (`head`), else as soon as that one was sent."""
 
     offset_s: float
     after: int | None = None
+    head: bool = False
 
 
 def send_slots(plan: Sequence[PlannedRequest], gap_s: float = TIE_GAP_S) -> list[SendSlot]:
-    """Space requests planned less than `gap_s` after the previous send by `gap_s`, in the plan's order.
+    """Chain requests planned less than `gap_s` after the previous send in the plan's order; one tied with a whale
+    (either side) goes `gap_s` after the previous one and waits for its response head.
 
     The plan's order within a tie is the scenario's (offset, spec id) order, and a condition only drops whales, so
-    two tied requests go in the same order in every condition. Pure: the same plan always gives the same slots."""
+    two tied requests go in the same order in every condition. Ties of shorts only (present in every condition,
+    e.g. `marginal`'s bursts) are not spaced: chained by their sends alone they still reach vLLM together.
+    Pure: the same plan always gives the same slots."""
     slots: list[SendSlot] = [SendSlot(r.offset_s) for r in plan]
     prev: int | None = None
     for i in sorted(range(len(plan)), key=lambda k: plan[k].offset_s):  # stable: a tie keeps the plan's order
         if prev is not None and plan[i].offset_s < slots[prev].offset_s + gap_s:
-            slots[i] = SendSlot(round(slots[prev].offset_s + gap_s, 9), prev)
+            if plan[i].is_whale or plan[prev].is_whale:
+                slots[i] = SendSlot(round(slots[prev].offset_s + gap_s, 9), prev, head=True)
+            else:
+                slots[i] = SendSlot(max(plan[i].offset_s, slots[prev].offset_s), prev)
         prev = i
     return slots
 
@@ -147,10 +155,16 @@ async def _heartbeat(stop: asyncio.Event, clock: Clock, samples: list[tuple[floa
 
 @dataclass
 class SendOrder:
-    """The run's shared send state: a counter for `send_seq` and one event per request, set at its response head."""
+    """The run's shared send state: a counter for `send_seq` and per request an event set when it is sent and one
+    set at its response head."""
 
+    sent: list[asyncio.Event]
     heads: list[asyncio.Event]
     next_seq: int = 0
+
+    @classmethod
+    def for_plan(cls, n: int) -> SendOrder:
+        return cls([asyncio.Event() for _ in range(n)], [asyncio.Event() for _ in range(n)])
 
 
 async def _one(
@@ -196,11 +210,14 @@ async def _one(
         body["structured_outputs"] = {"regex": re.escape(req.canary) + " [a-z ]*"}
     if order is not None and slot.after is not None:
         res.send_after = after_spec
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(order.heads[slot.after].wait(), HEAD_WAIT_MAX_S)
+        ready = (order.heads if slot.head else order.sent)[slot.after]
+        if not ready.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ready.wait(), HEAD_WAIT_MAX_S)
     res.actual_send_ts = clock.now()
     if order is not None:
         res.send_seq, order.next_seq = order.next_seq, order.next_seq + 1
+        order.sent[index].set()
     try:
         return await _stream(client, f"{base_url}{path}", body, headers, req, res, clock, order, index)
     finally:  # a failed or cancelled request must not hold the request tied after it
@@ -270,7 +287,7 @@ async def run_plan(
         with contextlib.suppress(httpx.HTTPError):
             await client.get(f"{base_url}/health")
         slots = send_slots(plan)
-        order = SendOrder([asyncio.Event() for _ in plan])
+        order = SendOrder.for_plan(len(plan))
         tasks = [
             asyncio.create_task(_one(client, base_url, model, r, start_ts, clock, slot, order, i,
                                      None if slot.after is None else plan[slot.after].spec_id))
@@ -291,7 +308,7 @@ async def run_plan(
     stop.set()
     await hb
     lags = [lag for r, s in zip(results, slots, strict=True)
-            if (lag := own_send_lag(r, None if s.after is None else results[s.after])) is not None]
+            if (lag := own_send_lag(r, results[s.after] if s.head and s.after is not None else None)) is not None]
     # Only lateness while requests are in flight bends a measurement; start-up hiccups do not.
     first = min((start_ts + s.offset_s for s in slots), default=start_ts) - 0.05
     lateness = sorted(late for t, late in beats if t >= first)
@@ -328,15 +345,17 @@ def own_send_lag(res: ClientResult, pred: ClientResult | None) -> float | None:
 
 
 def tie_summary(results: Sequence[ClientResult], slots: Sequence[SendSlot]) -> dict[str, Any]:
-    """How many sends were spaced as ties, how long they waited and whether each went after its predecessor's head."""
-    tied = [(res, results[s.after]) for res, s in zip(results, slots, strict=True) if s.after is not None]
+    """How many sends were tied (and waited for a head), how long they waited, and whether each went after the request
+    before it (and after its head where it waited for it)."""
+    tied = [(res, results[s.after], s.head) for res, s in zip(results, slots, strict=True) if s.after is not None]
     kept = all(
-        r.actual_send_ts is not None and p.head_ts is not None and p.send_seq is not None and r.send_seq is not None
-        and r.actual_send_ts >= p.head_ts and r.send_seq > p.send_seq
-        for r, p in tied
+        r.actual_send_ts is not None and p.send_seq is not None and r.send_seq is not None and r.send_seq > p.send_seq
+        and (not head or (p.head_ts is not None and r.actual_send_ts >= p.head_ts))
+        for r, p, head in tied
     )
-    wait = max((_ready_ts(r, p) - r.intended_send_ts for r, p in tied), default=0.0)
-    return {"tie_gap_s": TIE_GAP_S, "tied_sends": len(tied), "tie_order_kept": kept, "tie_wait_max_s": wait}
+    wait = max((_ready_ts(r, p) - r.intended_send_ts for r, p, head in tied if head), default=0.0)
+    return {"tie_gap_s": TIE_GAP_S, "tied_sends": len(tied), "tie_head_waits": sum(h for _, _, h in tied),
+            "tie_order_kept": kept, "tie_wait_max_s": wait}
 
 
 def _raise_priority() -> None:

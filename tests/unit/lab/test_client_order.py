@@ -33,12 +33,20 @@ def test_a_tie_is_spaced_in_the_plans_order_and_others_are_untouched() -> None:
     slots = send_slots(plan)
     assert [s.offset_s for s in slots] == [1.5, 2.0, 2.0 + TIE_GAP_S, 2.0 + 2 * TIE_GAP_S, 2.5]
     assert [s.after for s in slots] == [None, None, 1, 2, None]
+    assert [s.head for s in slots] == [False, False, True, True, False]  # x follows a whale: it waits for its head
 
 
 def test_a_near_tie_is_a_tie_and_an_unsorted_plan_is_ordered_by_offset() -> None:
-    slots = send_slots([_req("b", 1.0004), _req("a", 1.0), _req("c", 1.5)])
+    slots = send_slots([_req("w1", 1.0004), _req("a", 1.0), _req("c", 1.5)])
     assert slots[1].after is None and slots[0].after == 1 and slots[0].offset_s == round(1.0 + TIE_GAP_S, 9)
-    assert slots[2].after is None and slots[2].offset_s == 1.5
+    assert slots[0].head and slots[2].after is None and slots[2].offset_s == 1.5
+
+
+def test_a_tie_of_shorts_is_chained_but_not_spaced() -> None:
+    """`marginal`'s bursts of k decoders must reach vLLM together (spaced by heads they spread over 20-256 ms)."""
+    slots = send_slots([_req("k8d0", 3.8), _req("k8d1", 3.8), _req("k8d2", 3.8), _req("k8d3", 3.8004)])
+    assert [s.offset_s for s in slots] == [3.8, 3.8, 3.8, 3.8004]
+    assert [s.after for s in slots] == [None, 0, 1, 2] and not any(s.head for s in slots)
 
 
 def _order(name: str, keep: tuple[str, ...]) -> list[str]:
@@ -109,6 +117,22 @@ def test_a_wait_that_hit_the_cap_is_the_clients_lateness() -> None:
     waited = ClientResult("c", "w2", "whale", True, None, 10.001, actual_send_ts=11.502)
     assert own_send_lag(late, pred) == 11.001 - 10.001
     assert abs((own_send_lag(waited, pred) or 0.0) - 0.002) < 1e-9 and own_send_lag(waited, None) == 11.502 - 10.001
+
+
+def test_tied_shorts_go_in_the_plans_order_without_waiting_for_heads() -> None:
+    clock = Clock()
+    arrivals: list[tuple[str, float]] = []
+    plan = [_req(f"d{i}", 0.0) for i in range(4)]
+
+    async def go() -> tuple[list[ClientResult], dict[str, Any]]:
+        return await run_plan("http://vllm", "tiny", plan, clock.now() + 0.05, 5.0,
+                              transport=_serve({"d0": 0.06}, arrivals, clock))
+
+    results, summary = asyncio.run(go())
+    assert [a for a, _ in arrivals] == ["d0", "d1", "d2", "d3"] and [r.send_seq for r in results] == [0, 1, 2, 3]
+    d0_head, d3_sent = results[0].head_ts, results[3].actual_send_ts
+    assert d0_head is not None and d3_sent is not None and d3_sent < d0_head  # nobody waited for d0's 60 ms head
+    assert summary["tied_sends"] == 3 and summary["tie_head_waits"] == 0 and summary["tie_order_kept"] is True
 
 
 def test_a_failed_request_does_not_hold_the_one_tied_after_it() -> None:
