@@ -4,6 +4,10 @@ Runs in its own process (`python -m attrib_agent.lab.client PLAN OUT`), at a hig
 priority than vLLM where allowed, because on a 2-core machine vLLM can starve it for seconds. TTFT and
 gaps are measured from the *intended* send time (no coordinated omission), and the client's own
 lateness (send lag, event-loop heartbeat lateness) is recorded so a late run can be rejected.
+
+Requests planned for the same instant (or closer than `TIE_GAP_S`) are sent in the plan's order (`send_slots`); in a
+tie with a whale, each one `TIE_GAP_S` after the one before it and not before that one's response head arrived: a
+counterfactual truth must change only the whales present, not which of two tied requests reaches vLLM first.
 """
 
 from __future__ import annotations
@@ -17,12 +21,19 @@ import os
 import re
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
 
 HEARTBEAT_S = 0.010
+# Sends tied with a whale are spaced by this much, in the plan's order. Spacing alone does not fix the order: vLLM's
+# API server parses a 5,000-token body ~0.7 ms slower than a short's, so a whale sent 1 ms first reached it 0.3 ms
+# first. The order is fixed by waiting for the earlier one's response head: vLLM's API server writes it after logging
+# "Received request" and just before it hands the request to its engine (no I/O wait between them for token ids).
+TIE_GAP_S = 0.001
+HEAD_WAIT_MAX_S = 1.0  # past this the tied request goes anyway; its send lag shows the wait and rejects the run
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,9 @@ class ClientResult:
     n: int = 1  # sequences asked for; output_tokens sums them (the final usage chunk's total)
     status: str = "pending"
     error: str | None = None
+    send_seq: int | None = None  # this run's send order (0 first): a truth checks tied requests kept theirs
+    send_after: str | None = None  # spec id of the tied request sent just before this one (see `SendSlot`)
+    head_ts: float | None = None  # when the response head (status line and headers) arrived
 
     @property
     def send_lag_s(self) -> float | None:
@@ -81,6 +95,36 @@ class Clock:
 
     def mono_at(self, wall_ts: float) -> float:
         return self._mono0 + (wall_ts - self._wall0)
+
+
+@dataclass(frozen=True)
+class SendSlot:
+    """When a planned request is sent: its offset after tie spacing and the tied request (plan index) it follows:
+    after that one's response head in a tie with a whale (`head`), else as soon as that one was sent."""
+
+    offset_s: float
+    after: int | None = None
+    head: bool = False
+
+
+def send_slots(plan: Sequence[PlannedRequest], gap_s: float = TIE_GAP_S) -> list[SendSlot]:
+    """Chain requests planned less than `gap_s` after the previous send in the plan's order; one tied with a whale
+    (either side) goes `gap_s` after the previous one and waits for its response head.
+
+    The plan's order within a tie is the scenario's (offset, spec id) order, and a condition only drops whales, so
+    two tied requests go in the same order in every condition. Ties of shorts only (present in every condition,
+    e.g. `marginal`'s bursts) are not spaced: chained by their sends alone they still reach vLLM together.
+    Pure: the same plan always gives the same slots."""
+    slots: list[SendSlot] = [SendSlot(r.offset_s) for r in plan]
+    prev: int | None = None
+    for i in sorted(range(len(plan)), key=lambda k: plan[k].offset_s):  # stable: a tie keeps the plan's order
+        if prev is not None and plan[i].offset_s < slots[prev].offset_s + gap_s:
+            if plan[i].is_whale or plan[prev].is_whale:
+                slots[i] = SendSlot(round(slots[prev].offset_s + gap_s, 9), prev, head=True)
+            else:
+                slots[i] = SendSlot(max(plan[i].offset_s, slots[prev].offset_s), prev)
+        prev = i
+    return slots
 
 
 def canary_headers(canary: str, request_id: str) -> dict[str, str]:
@@ -109,16 +153,32 @@ async def _heartbeat(stop: asyncio.Event, clock: Clock, samples: list[tuple[floa
         samples.append((clock.now(), max(0.0, loop.time() - due)))
 
 
+@dataclass
+class SendOrder:
+    """The run's shared send state: a counter for `send_seq` and per request an event set when it is sent and one
+    set at its response head."""
+
+    sent: list[asyncio.Event]
+    heads: list[asyncio.Event]
+    next_seq: int = 0
+
+    @classmethod
+    def for_plan(cls, n: int) -> SendOrder:
+        return cls([asyncio.Event() for _ in range(n)], [asyncio.Event() for _ in range(n)])
+
+
 async def _one(
-    client: httpx.AsyncClient, base_url: str, model: str, req: PlannedRequest, start_ts: float, clock: Clock
+    client: httpx.AsyncClient, base_url: str, model: str, req: PlannedRequest, start_ts: float, clock: Clock,
+    slot: SendSlot | None = None, order: SendOrder | None = None, index: int = 0, after_spec: str | None = None,
 ) -> ClientResult:
+    slot = slot or SendSlot(req.offset_s)
     res = ClientResult(
         id=req.request_id,
         spec_id=req.spec_id,
         klass=req.klass,
         is_whale=req.is_whale,
         vllm_request_id=None,
-        intended_send_ts=start_ts + req.offset_s,
+        intended_send_ts=start_ts + slot.offset_s,
         prompt_tokens=len(req.prompt_token_ids),
         max_tokens=req.max_tokens,
         n=req.n,
@@ -148,12 +208,34 @@ async def _one(
     if req.canary:
         headers.update(canary_headers(req.canary, req.request_id))
         body["structured_outputs"] = {"regex": re.escape(req.canary) + " [a-z ]*"}
+    if order is not None and slot.after is not None:
+        res.send_after = after_spec
+        ready = (order.heads if slot.head else order.sent)[slot.after]
+        if not ready.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ready.wait(), HEAD_WAIT_MAX_S)
     res.actual_send_ts = clock.now()
+    if order is not None:
+        res.send_seq, order.next_seq = order.next_seq, order.next_seq + 1
+        order.sent[index].set()
+    try:
+        return await _stream(client, f"{base_url}{path}", body, headers, req, res, clock, order, index)
+    finally:  # a failed or cancelled request must not hold the request tied after it
+        if order is not None:
+            order.heads[index].set()
+
+
+async def _stream(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str], req: PlannedRequest,
+    res: ClientResult, clock: Clock, order: SendOrder | None, index: int,
+) -> ClientResult:
+    """Send one request and time its stream into `res`."""
     per_choice: dict[int, int] = {}  # continuous usage counts each choice's own tokens (n > 1: one per child)
     try:
-        async with client.stream(
-            "POST", f"{base_url}{path}", json=body, headers=headers
-        ) as resp:
+        async with client.stream("POST", url, json=body, headers=headers) as resp:
+            res.head_ts = clock.now()
+            if order is not None:
+                order.heads[index].set()
             if resp.status_code != 200:
                 res.status = f"http_{resp.status_code}"
                 res.error = (await resp.aread())[:300].decode("utf-8", "replace")
@@ -190,37 +272,45 @@ async def _one(
 
 
 async def run_plan(
-    base_url: str, model: str, plan: list[PlannedRequest], start_ts: float, timeout_s: float
+    base_url: str, model: str, plan: list[PlannedRequest], start_ts: float, timeout_s: float,
+    transport: httpx.AsyncBaseTransport | None = None,
 ) -> tuple[list[ClientResult], dict[str, Any]]:
-    """Send the plan; returns per-request results and the client's own lateness summary."""
+    """Send the plan; returns per-request results and the client's own lateness summary (`transport`: tests)."""
     clock = Clock()
     stop = asyncio.Event()
     beats: list[tuple[float, float]] = []
     hb = asyncio.create_task(_heartbeat(stop, clock, beats))
     limits = httpx.Limits(max_connections=len(plan) + 4, max_keepalive_connections=len(plan) + 4)
     timeout = httpx.Timeout(timeout_s, connect=10.0)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False, transport=transport) as client:
         # Warm up before the first intended send: the first request pays lazy imports and pool set-up.
         with contextlib.suppress(httpx.HTTPError):
             await client.get(f"{base_url}/health")
-        tasks = [asyncio.create_task(_one(client, base_url, model, r, start_ts, clock)) for r in plan]
+        slots = send_slots(plan)
+        order = SendOrder.for_plan(len(plan))
+        tasks = [
+            asyncio.create_task(_one(client, base_url, model, r, start_ts, clock, slot, order, i,
+                                     None if slot.after is None else plan[slot.after].spec_id))
+            for i, (r, slot) in enumerate(zip(plan, slots, strict=True))
+        ]
         done, pending = await asyncio.wait(tasks, timeout=max(1.0, start_ts + timeout_s - clock.now()))
         for t in pending:
             t.cancel()
         results = []
-        for t, r in zip(tasks, plan, strict=True):
+        for t, r, slot in zip(tasks, plan, slots, strict=True):
             if t in done and not t.cancelled() and t.exception() is None:
                 results.append(t.result())
             else:
                 results.append(
-                    ClientResult(r.request_id, r.spec_id, r.klass, r.is_whale, None, start_ts + r.offset_s,
+                    ClientResult(r.request_id, r.spec_id, r.klass, r.is_whale, None, start_ts + slot.offset_s,
                                  status="timeout", max_tokens=r.max_tokens)
                 )
     stop.set()
     await hb
-    lags = [r.send_lag_s for r in results if r.send_lag_s is not None]
+    lags = [lag for r, s in zip(results, slots, strict=True)
+            if (lag := own_send_lag(r, results[s.after] if s.head and s.after is not None else None)) is not None]
     # Only lateness while requests are in flight bends a measurement; start-up hiccups do not.
-    first = min((start_ts + r.offset_s for r in plan), default=start_ts) - 0.05
+    first = min((start_ts + s.offset_s for s in slots), default=start_ts) - 0.05
     lateness = sorted(late for t, late in beats if t >= first)
     summary: dict[str, Any] = {
         "send_lag_max_s": max(lags, default=0.0),
@@ -233,9 +323,39 @@ async def run_plan(
         "scheduling_priority": os.getpriority(os.PRIO_PROCESS, 0),
         "scheduling_policy": "SCHED_RR" if os.sched_getscheduler(0) == os.SCHED_RR else "SCHED_OTHER",
         "cpus": sorted(os.sched_getaffinity(0)),
+        **tie_summary(results, slots),
     }
     summary["lateness_s"] = max(summary["send_lag_max_s"], summary["heartbeat_lateness_max_s"])
     return results, summary
+
+
+def _ready_ts(res: ClientResult, pred: ClientResult | None) -> float:
+    """When a request could go: its intended time, or its tied predecessor's response head if that came later and
+    released it (not the cap, not the predecessor's failure)."""
+    if pred is None or pred.head_ts is None or res.actual_send_ts is None or res.actual_send_ts < pred.head_ts:
+        return res.intended_send_ts
+    return max(res.intended_send_ts, pred.head_ts)
+
+
+def own_send_lag(res: ClientResult, pred: ClientResult | None) -> float | None:
+    """The client's own send lag: from when the request could go. A tie's wait for its predecessor's head is vLLM's
+    API server's time (a request sent at once would have queued there as long), so it is not the client's lateness;
+    `tie_wait_max_s` reports it. A wait that hit the cap counts in full."""
+    return None if res.actual_send_ts is None else res.actual_send_ts - _ready_ts(res, pred)
+
+
+def tie_summary(results: Sequence[ClientResult], slots: Sequence[SendSlot]) -> dict[str, Any]:
+    """How many sends were tied (and waited for a head), how long they waited, and whether each went after the request
+    before it (and after its head where it waited for it)."""
+    tied = [(res, results[s.after], s.head) for res, s in zip(results, slots, strict=True) if s.after is not None]
+    kept = all(
+        r.actual_send_ts is not None and p.send_seq is not None and r.send_seq is not None and r.send_seq > p.send_seq
+        and (not head or (p.head_ts is not None and r.actual_send_ts >= p.head_ts))
+        for r, p, head in tied
+    )
+    wait = max((_ready_ts(r, p) - r.intended_send_ts for r, p, head in tied if head), default=0.0)
+    return {"tie_gap_s": TIE_GAP_S, "tied_sends": len(tied), "tie_head_waits": sum(h for _, _, h in tied),
+            "tie_order_kept": kept, "tie_wait_max_s": wait}
 
 
 def _raise_priority() -> None:
