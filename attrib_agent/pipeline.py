@@ -442,6 +442,10 @@ class AttributionPipeline:
         """(block size, pool blocks) as far as known."""
         return self.timeline.pool()
 
+    def token_budget(self) -> int:
+        """The step budget the re-simulation and the forecast run with (`EngineTimeline.token_budget`)."""
+        return self.timeline.token_budget()
+
     def gpu_samples(self, since: float | None = None) -> list[GpuSample]:
         """The GPU's own readings (NVML) the timeline holds, oldest first."""
         return self.timeline.gpu.samples(since)

@@ -191,6 +191,9 @@ class AgentState:
     def pool(self) -> tuple[int | None, int | None]:
         return self.pipeline.pool()
 
+    def token_budget(self) -> int:
+        return self.pipeline.token_budget()
+
     def forecast(self, candidates: Sequence[Candidate], load: ArrivalLoad | None = None,
                  prompts: Mapping[str, int] | None = None) -> tuple[EngineState, list[Forecast]] | None:
         """The admission forecast of `candidates` from the engine's state as of the first forecast since the last
@@ -262,5 +265,7 @@ class TimelineReads(Protocol):
     def outcomes(self) -> list[tuple[StepInput, StepOutcome]]: ...
 
     def pool(self) -> tuple[int | None, int | None]: ...
+
+    def token_budget(self) -> int: ...
 
     def gpu_samples(self, since: float | None = None) -> list[GpuSample]: ...

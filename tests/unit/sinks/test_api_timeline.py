@@ -42,6 +42,7 @@ def test_steps_and_kv_ledger_match_the_timeline(name: str) -> None:
     steps = p.timeline.steps()
     assert not body["truncated"] and len(body["steps"]) == len(steps)
     assert (body["block_size"], body["pool_blocks"]) == p.timeline.pool()
+    assert body["token_budget"] == p.timeline.token_budget() == 2048  # both ran vLLM CPU's default budget
     for got, rec in zip(body["steps"], steps, strict=True):
         assert got["ts"] == rec.end_ts and got["iteration"] == rec.iteration
         by_phase: dict[str, list[str]] = {}
