@@ -266,6 +266,20 @@ def test_the_agent_accepts_its_args(renderer: Path) -> None:
                                            "attrib-agent")[0]["args"]
 
 
+@pytest.mark.parametrize("form", [["--max-num-batched-tokens", "8192"], ["--max-num-batched-tokens=8192"]])
+def test_the_agent_is_given_the_step_budget_vllm_is(renderer: Path, form: list[str]) -> None:
+    """vLLM logs its budget once, at start; a sidecar restarted while vLLM runs starts at its log's end, so the chart
+    passes the budget vllm.extraArgs sets (in either of argparse's forms), and none when it sets none."""
+    from attrib_agent.cli import build_parser
+    from attrib_agent.config.load import load_config
+
+    sets = [f"vllm.extraArgs={{{','.join(form)}}}"]
+    agent = containers_named(pod_spec(render(renderer, "deploy", sets), "deploy"), "initContainers", "attrib-agent")[0]
+    assert load_config(build_parser().parse_args(agent["args"]), {}).token_budget == 8192
+    plain = containers_named(pod_spec(render(renderer, "deploy", []), "deploy"), "initContainers", "attrib-agent")[0]
+    assert "--token-budget" not in plain["args"]
+
+
 def test_chart_copies_equal_the_generated_files(renderer: Path) -> None:
     assert cc.chart_file_drift() == [], "run: python tools/helm_render/chart_check.py --sync-files"
     out = render(renderer, "deploy", ["dashboards.label=grafana_dash", "dashboards.annotations.grafana_folder=vLLM"],

@@ -162,9 +162,32 @@ has) into the emptyDir vLLM gets on its PYTHONPATH. YAML list items; empty unles
 - --plugin-socket
 - {{ include "attrib-agent.pluginSocket" .ctx | quote }}
 {{- end }}
+{{- $budget := include "attrib-agent.vllmTokenBudget" .ctx -}}
+{{- if and $budget (not (has "--token-budget" $a.extraArgs)) }}
+- --token-budget
+- {{ $budget | quote }}
+{{- end }}
 {{- range $a.extraArgs }}
 - {{ . | quote }}
 {{- end }}
+{{- end -}}
+
+{{/*
+vLLM's step budget when vllm.extraArgs sets it (`--max-num-batched-tokens N` or `=N`), else empty: the agent reads
+it from vLLM's start-up line too, but a sidecar restarted while vLLM runs starts at its log's end and misses it.
+*/}}
+{{- define "attrib-agent.vllmTokenBudget" -}}
+{{- $args := .Values.vllm.extraArgs | default list -}}
+{{- $budget := "" -}}
+{{- range $i, $x := $args -}}
+{{- $s := toString $x -}}
+{{- if hasPrefix "--max-num-batched-tokens=" $s -}}
+{{- $budget = trimPrefix "--max-num-batched-tokens=" $s -}}
+{{- else if and (eq $s "--max-num-batched-tokens") (lt (add1 $i) (len $args)) -}}
+{{- $budget = toString (index $args (add1 $i)) -}}
+{{- end -}}
+{{- end -}}
+{{- $budget -}}
 {{- end -}}
 
 {{/*
