@@ -391,6 +391,9 @@ class AttributionPipeline:
         ran_past = covered is not None and covered >= end
         if now < end + self.config.settle_margin_s and not (ran_past and self.timeline.log_stamped):
             return [rid]
+        if (self.timeline.exact_reported and now < end + self.config.final_horizon_s
+                and self.timeline.mode(me.arrival_ts, end) != "exact"):
+            return [rid]  # exact mode: the plugin's facts of its steps come on their own socket, maybe after the log
         gone = self._restarted_ts if self._restarted_ts is not None else float("-inf")
         return [lc.request_id for lc in lcs.values()
                 if lc.request_id != rid and not lc.complete and lc.aborted_ts is None

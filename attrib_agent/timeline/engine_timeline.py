@@ -382,6 +382,11 @@ class EngineTimeline:
         steps = [si for si, _ in self._window.outcomes() if si.end_ts >= lo and si.start_ts <= hi]
         return "exact" if steps and all(self._exact.get(si.iteration) is not None for si in steps) else "inferred"
 
+    @property
+    def exact_reported(self) -> bool:
+        """Whether the step plugin has reported steps (exact mode is on and its messages arrive)."""
+        return bool(len(self._exact))
+
     def cached_prompt_tokens(self, request_id: str) -> int | None:
         """Prompt tokens vLLM found in its prefix cache for the request (exact mode only; None otherwise)."""
         return self._exact.cached_tokens(request_id)
