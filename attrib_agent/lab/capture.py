@@ -70,9 +70,9 @@ class Capture:
         }
         self.vllm_exited = threading.Event()
         self.log_pipe_bytes: int | None = None  # the log pipe's capacity once widened (None: not a pipe)
-        # vLLM's start-up lines an agent reads its configuration from (the step's token budget), each recording
-        # opening with them as an agent that read vLLM's log from its start would have (the last few only)
-        self.startup_lines: list[tuple[float, str]] = []
+        # vLLM's start-up line an agent reads its step budget from, each recording opening with it as an agent that
+        # read vLLM's log from its start would have (a restarted vLLM's replaces the last)
+        self.startup_line: tuple[float, str] | None = None
         self.forward_url: str | None = None
         self._forward_q: queue.Queue[tuple[str, str, bytes, str | None]] = queue.Queue(maxsize=256)
         threading.Thread(target=self._forward_loop, daemon=True).start()
@@ -102,13 +102,8 @@ class Capture:
             if self.writer is not None:
                 self.writer.close()
             self.writer = RecordingWriter(path, {**meta, "log_pipe_bytes": self.log_pipe_bytes})
-            for ts, line in self.startup_lines:
-                self.writer.append(LOG, log_record(ts, line))
-
-    def started_with(self, ts: float, line: str) -> None:
-        """Keep a start-up line that configures what an agent reads (a restarted vLLM's replaces the last)."""
-        with self._lock:
-            self.startup_lines = [*self.startup_lines[-7:], (ts, line)]
+            if self.startup_line is not None:
+                self.writer.append(LOG, log_record(*self.startup_line))
 
     def stop(self) -> dict[str, int]:
         with self._lock:
@@ -138,7 +133,7 @@ def read_log(capture: Capture, stream: Any) -> None:
         capture.server_log.flush()
         capture.count("log_lines")
         if TOKEN_BUDGET_LEAD.search(line):
-            capture.started_with(ts, line)
+            capture.startup_line = (ts, line)  # one reference, swapped whole: no lock needed
         capture.record(LOG, log_record(ts, line))
     capture.vllm_exited.set()
 
