@@ -155,7 +155,8 @@ class StatsLine:
 @dataclass(frozen=True, slots=True)
 class TokenBudgetLine:
     """vLLM's start-up line `Chunked prefill is enabled with max_num_batched_tokens=N.`: the step's token budget,
-    exact before any step fills it (2,048 on CPU and small GPUs, 8,192 on large ones, or the operator's)."""
+    exact before any step fills it. vLLM 0.32 logs it only when the budget was given (`--max-num-batched-tokens`);
+    its defaults (2,048, 8,192 on large GPUs) are logged at DEBUG only (docs/sources.md)."""
 
     ts: float
     log_ts: float | None
