@@ -19,7 +19,11 @@ committed truths (all of preempt's and kvpair's, up to 1.05 s). So the capture w
 (`widen_pipe`), and records the size in each recording's meta (`log_pipe_bytes`).
 
 With `--steps-socket PATH` it also binds the unix datagram socket the step plugin sends to
-(plugins/vllm, docs/exact-mode.md) and records each message, receipt-stamped, as the `vllm_steps` stream.
+(plugins/vllm, docs/exact-mode.md) and records each message, receipt-stamped, as the `vllm_steps` stream. The
+plugin's messages reach this process later than vLLM's log on a busy host (its sender thread queues them and waits
+for room in a receiver queue of `net.unix.max_dgram_qlen` datagrams, 10 here), so closing a recording waits, up to
+`STEPS_CATCH_UP_S`, until the stream has reported the last step the log logged: a CI run of the step-plugin e2e
+test recorded the log's last steps (a preemption among them) without their messages.
 """
 
 from __future__ import annotations
@@ -49,12 +53,13 @@ from attrib_agent.recording import (
     metrics_record,
     otlp_record,
 )
-from attrib_agent.sources.log.patterns import TOKEN_BUDGET_LEAD
+from attrib_agent.sources.log.patterns import ITERATION, TOKEN_BUDGET_LEAD
 from attrib_agent.sources.log.pipe import widen_pipe
 
 MAX_OTLP_BODY = 16 * 1024 * 1024
 MAX_STEP_DATAGRAM = 256 * 1024
 STEPS_RCVBUF = 4 * 1024 * 1024  # bytes; the kernel also caps the queue at net.unix.max_dgram_qlen datagrams
+STEPS_CATCH_UP_S = 5.0  # closing a recording waits at most this long for the plugin to report the log's last step
 
 
 class Capture:
@@ -67,6 +72,7 @@ class Capture:
         self.counters: dict[str, int] = {
             "log_lines": 0, "otlp_requests": 0, "scrapes": 0, "scrape_errors": 0, "otlp_rejected": 0,
             "otlp_forward_dropped": 0, "otlp_forward_errors": 0, "step_messages": 0, "step_rejected": 0,
+            "steps_behind_at_stop": 0,
         }
         self.vllm_exited = threading.Event()
         self.log_pipe_bytes: int | None = None  # the log pipe's capacity once widened (None: not a pipe)
@@ -74,6 +80,10 @@ class Capture:
         # read vLLM's log from its start would have (a restarted vLLM's replaces the last)
         self.startup_line: tuple[float, str] | None = None
         self.forward_url: str | None = None
+        self.steps_expected = False  # a steps socket is bound: recordings close once its messages caught up
+        self._steps = threading.Condition()
+        self._logged_iter: int | None = None  # the last step vLLM's log logged, and the last the plugin reported
+        self._reported_iter: int | None = None
         self._forward_q: queue.Queue[tuple[str, str, bytes, str | None]] = queue.Queue(maxsize=256)
         threading.Thread(target=self._forward_loop, daemon=True).start()
 
@@ -105,7 +115,26 @@ class Capture:
             if self.startup_line is not None:
                 self.writer.append(LOG, log_record(*self.startup_line))
 
+    def logged_step(self, iteration: int) -> None:
+        with self._steps:
+            self._logged_iter = iteration
+
+    def reported_step(self, iteration: int) -> None:
+        with self._steps:
+            self._reported_iter = iteration
+            self._steps.notify_all()
+
+    def _steps_caught_up(self) -> bool:
+        """The plugin has reported the log's last step (or a later one; or none was logged, or vLLM restarted and
+        its log counts from 0 again: then any report will do, nothing is waited for that cannot come)."""
+        logged, reported = self._logged_iter, self._reported_iter
+        return logged is None or (reported is not None and reported >= logged)
+
     def stop(self) -> dict[str, int]:
+        if self.steps_expected and self.writer is not None:
+            with self._steps:
+                if not self._steps.wait_for(self._steps_caught_up, timeout=STEPS_CATCH_UP_S):
+                    self.count("steps_behind_at_stop")  # dropped by the plugin, or it lags by seconds
         with self._lock:
             w, self.writer = self.writer, None
         if w is None:
@@ -134,6 +163,8 @@ def read_log(capture: Capture, stream: Any) -> None:
         capture.count("log_lines")
         if TOKEN_BUDGET_LEAD.search(line):
             capture.startup_line = (ts, line)  # one reference, swapped whole: no lock needed
+        elif "Iteration(" in line and (it := ITERATION.search(line)):
+            capture.logged_step(int(it["iteration"]))
         capture.record(LOG, log_record(ts, line))
     capture.vllm_exited.set()
 
@@ -166,6 +197,8 @@ def receive_steps(capture: Capture, sock: socket.socket) -> None:
             continue
         capture.count("step_messages")
         capture.record(VLLM_STEPS, {**msg, "ts": ts})
+        if isinstance(it := msg.get("iter"), int):
+            capture.reported_step(it)
 
 
 def scrape_metrics(capture: Capture, url: str, interval_s: float, stop: threading.Event) -> None:
@@ -274,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=httpd.serve_forever, daemon=True),
     ]
     if args.steps_socket:
+        capture.steps_expected = True
         threads.append(threading.Thread(target=receive_steps, args=(capture, bind_steps_socket(args.steps_socket)),
                                         daemon=True))
     for t in threads:

@@ -131,3 +131,63 @@ def test_each_recording_opens_with_vllms_token_budget_line(tmp_path):
         cap.stop()
         lines = [r["line"] for r in Recording(tmp_path / name).records(LOG)]
         assert len(lines) == 2 and "max_num_batched_tokens=4096." in lines[0] and "later line" in lines[1]
+
+
+def _plugin_steps(rec_dir):
+    """What the capture recorded of the plugin's step messages (their `iter`), from the real recording."""
+    from attrib_agent.recording import VLLM_STEPS
+
+    return [m["iter"] for m in Recording(rec_dir).records(VLLM_STEPS)]
+
+
+def test_closing_a_recording_waits_for_the_plugins_report_of_the_logs_last_step(tmp_path, monkeypatch):
+    """The plugin's messages come later than vLLM's log on a busy host (its sender queues them and waits for room
+    in a 10-datagram receiver queue): a recording closed as soon as vLLM is idle lost the log's last steps'
+    messages (a CI run of the step-plugin e2e test: a logged step with no message, the preemption among the lost).
+    Closing now waits until the plugin reported the last logged step, and counts a wait that ran out (a message
+    the plugin dropped never comes)."""
+    import io
+    import json
+    import socket
+    import time
+
+    from attrib_agent.lab import capture as capture_mod
+    from attrib_agent.lab.capture import bind_steps_socket, read_log, receive_steps
+    from attrib_agent.recording import VLLM_STEPS
+
+    lines = [  # real lines (tests/fixtures/recordings/preempt-steps)
+        "(APIServer pid=15203) INFO 2026-11-25 12:52:10.555 [loggers.py:199] Engine 000: Iteration(40): 0 context "
+        "requests, 0 context tokens, 5 generation requests, 5 generation tokens, iteration elapsed time: 18.58 ms, "
+        "CPU KV cache usage: 100.0%",
+        "(APIServer pid=15203) INFO 2026-11-25 12:52:10.576 [loggers.py:199] Engine 000: Iteration(41): 0 context "
+        "requests, 0 context tokens, 5 generation requests, 5 generation tokens, iteration elapsed time: 21.49 ms, "
+        "CPU KV cache usage: 100.0%",
+    ]
+    path = str(tmp_path / "steps.sock")
+    cap = Capture(tmp_path / "server.log")
+    cap.steps_expected = True
+    threading.Thread(target=receive_steps, args=(cap, bind_steps_socket(path)), daemon=True).start()
+    sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+
+    def report(it: int) -> None:
+        sender.sendto(json.dumps({"v": 1, "kind": "step", "iter": it}).encode(), path)
+
+    cap.start(str(tmp_path / "a"), {})
+    read_log(cap, io.BytesIO("\n".join(lines).encode() + b"\n"))
+    report(40)
+    late = threading.Timer(0.3, report, args=(41,))
+    late.start()
+    t0 = time.monotonic()
+    cap.stop()
+    assert _plugin_steps(tmp_path / "a") == [40, 41]
+    assert 0.25 <= time.monotonic() - t0 < capture_mod.STEPS_CATCH_UP_S
+    assert cap.counters["steps_behind_at_stop"] == 0
+
+    # A message that never comes (dropped by the plugin): the recording still closes, after the bound, counted.
+    monkeypatch.setattr(capture_mod, "STEPS_CATCH_UP_S", 0.2)
+    cap.start(str(tmp_path / "b"), {})
+    read_log(cap, io.BytesIO(lines[1].replace("Iteration(41)", "Iteration(42)").encode() + b"\n"))
+    cap.stop()
+    assert cap.counters["steps_behind_at_stop"] == 1
+    assert list(Recording(tmp_path / "b").records(VLLM_STEPS)) == []
+    sender.close()
