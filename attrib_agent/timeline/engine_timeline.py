@@ -151,7 +151,7 @@ class EngineTimeline:
         operator's `token_budget` still wins; a restarted vLLM's line replaces the last."""
         if self._configured_budget is None:
             self._announced_budget = ev.token_budget
-            self._inference.state.budget = max(self._inference.state.budget, ev.token_budget)
+            self._inference.announce_budget(ev.token_budget)
 
     def _on_metrics(self, ev: MetricsSnapshot) -> None:
         if ev.engine != str(self.engine):
@@ -362,7 +362,7 @@ class EngineTimeline:
     def outcomes(self) -> list[tuple[StepInput, StepOutcome]]:
         """Every step held with what was inferred for it (departures, preemptions, KV holdings)."""
         self._inference.refresh()
-        if not len(self._exact):
+        if not self.exact_reported:
             return self._window.outcomes()
         if self._overlaid is None or self._overlaid[0] != self._version:
             self._overlaid = (self._version, self._exact.overlay(self._window.outcomes(), self._prompt_of,
@@ -376,7 +376,7 @@ class EngineTimeline:
     def mode(self, t0: float | None = None, t1: float | None = None) -> str:
         """`exact` when the step plugin reported every held step overlapping [t0, t1] (all steps without
         bounds), else `inferred`: which mode produced an answer about that span."""
-        if not len(self._exact):
+        if not self.exact_reported:
             return "inferred"
         lo, hi = float("-inf") if t0 is None else t0, float("inf") if t1 is None else t1
         steps = [si for si, _ in self._window.outcomes() if si.end_ts >= lo and si.start_ts <= hi]
@@ -385,7 +385,7 @@ class EngineTimeline:
     @property
     def exact_reported(self) -> bool:
         """Whether the step plugin has reported steps (exact mode is on and its messages arrive)."""
-        return bool(len(self._exact))
+        return len(self._exact) > 0
 
     def cached_prompt_tokens(self, request_id: str) -> int | None:
         """Prompt tokens vLLM found in its prefix cache for the request (exact mode only; None otherwise)."""
@@ -404,7 +404,7 @@ class EngineTimeline:
     def steps(self) -> list[StepRecord]:
         """The records of `outcomes()`; inferred, a copy of the list the window keeps (no walk of the window)."""
         self._inference.refresh()
-        if not len(self._exact):
+        if not self.exact_reported:
             return self._window.records()
         return [out.record for _, out in self.outcomes()]
 
@@ -429,7 +429,7 @@ class EngineTimeline:
     def block_seconds(self, request_ids: Iterable[str]) -> dict[str, float]:
         """KV block-seconds of these requests over the steps held (the ledger's figures, the ledger not built)."""
         outcomes, ids = self.outcomes(), set(request_ids)
-        held = None if len(self._exact) else self._inference.held_between(ids)
+        held = None if self.exact_reported else self._inference.held_between(ids)
         if held is None:  # a request the inference does not know (or the plugin's holdings): every step
             return block_seconds(outcomes, ids)
         first = self._window.first_seq  # only the steps that can hold them: the same terms in the same order
@@ -445,7 +445,7 @@ class EngineTimeline:
         read them, and the inference walks every step held."""
         self._inference.refresh()
         if self._preempted is None or self._preempted[0] != self._version:
-            exact = self.outcomes() if len(self._exact) else None
+            exact = self.outcomes() if self.exact_reported else None
             found = infer_preemptions(self._window.held_outcomes() if exact is None else exact,  # read, not kept
                                       list(self._samples), self._book.by_id(), in_order=True,
                                       eventful=None if exact is not None else self._window.eventful(),
@@ -483,7 +483,7 @@ class EngineTimeline:
             return self._announced_budget
         if self._budget is None or self._budget[0] != self._version:  # once a version
             self._inference.refresh()
-            if not len(self._exact):  # the window keeps each pair's answer until one of the two is re-inferred
+            if not self.exact_reported:  # the window keeps each pair's answer until one of the two is re-inferred
                 full = self._window.cut_max(_cut_size)
             else:  # the plugin's facts rewrite records outside the window's kept lists (the lab's exact mode)
                 steps = self.steps()
@@ -492,7 +492,7 @@ class EngineTimeline:
         return self._budget[1]
 
     def membership_quality(self) -> MembershipQuality:
-        if not len(self._exact):  # kept by the window as outcomes change
+        if not self.exact_reported:  # kept by the window as outcomes change
             self._inference.refresh()
             n, exact, total, worst = self._window.membership()
             if not n:

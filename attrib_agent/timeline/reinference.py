@@ -35,6 +35,11 @@ class TimelineInference:
         self.inferred = 0  # steps inferred, first passes and re-inference alike (benchmarks/reinference.py)
         self.reinferred = 0  # of which re-inferred: steps that already had an outcome
 
+    def announce_budget(self, budget: int) -> None:
+        """vLLM named its step budget (its start-up line): steps inferred from now on read it as at least that
+        (the line comes before the first step; a later one does not re-infer the steps before it)."""
+        self.state.budget = max(self.state.budget, budget)
+
     def departure(self, request_id: str) -> Departure | None:
         found = self._departed.get(request_id)
         return None if found is None else found[1]
