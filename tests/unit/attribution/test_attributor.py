@@ -75,7 +75,11 @@ def test_a_delay_only_both_whales_cause_is_explained_and_split_fairly(fixtures_d
 
     Every rep runs. Whether s015 was slowed in a rep is read from what the client measured in that rep (its TTFT
     against 2x its no-whale mean in the truth), not from the engine: in rep 0 the timing fell the other way
-    (TTFT 14 ms) and then the engine must blame nobody."""
+    (TTFT 14 ms) and then the engine must blame nobody. That was whale2's first recording (a slow host, one or two
+    preemptions in each all-whale run). Re-recorded by truth13 on a quiet host, no run preempts and s015 is slowed in
+    no rep (13-21 ms, 12.9 ms without a whale), so every rep checks that nobody is blamed; the one delay only both
+    whales cause there is s002's, which the agent leaves unexplained
+    (`test_score.test_whale2_scores_hold_todays_figures`)."""
     truth_dir = fixtures_dir / "truth" / "whale2"
     path = truth_dir / "runs" / f"w1+w2-r{rep}"
     results, spec = attribute(path)

@@ -18,10 +18,13 @@ from attrib_agent.sources.replay import ReplaySource
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 # The lab's preemption scenarios: the committed recordings and the truths' kept runs with every whale present
-# (the only conditions in which vLLM preempted).
+# (the only conditions in which vLLM preempted). whale2's truth, re-recorded by truth13 on a quiet host, preempts in
+# none of its runs (its first recording: 1, 1 and 2): its runs stay, where nobody may be named; preempt-steps (vLLM
+# preempted s004, s005 and w3) keeps the check's victims at 8.
 PREEMPTION_RUNS = [FIXTURES / "recordings" / "preempt", FIXTURES / "recordings" / "whale2",
                    *sorted((FIXTURES / "truth" / "preempt" / "runs").glob("w1+w2+w3-r*")),
-                   *sorted((FIXTURES / "truth" / "whale2" / "runs").glob("w1+w2-r*"))]
+                   *sorted((FIXTURES / "truth" / "whale2" / "runs").glob("w1+w2-r*")),
+                   FIXTURES / "recordings" / "preempt-steps"]
 
 
 @cache

@@ -1,8 +1,9 @@
 """The forecast against the committed counterfactual truths (`attrib-agent lab forecast-score`): today's figures
 held. The forecast is deterministic, so the margins are for changes to the model, sized by the truth's own
-resolution: the standard error of a whale's summed true harm (over the shorts, 3 reps per condition) is 30-37 %
-of it for three of the five whales (whale2's two, preempt/w2), 3 % for preempt/w3 and 198 % for preempt/w1, which
-is truly harmless (preempt re-recorded with the mended capture, truth11; before: 37-66 % for four, 6 % for w3)."""
+resolution: the standard error of a whale's summed true harm (over the shorts, 3 reps per condition) is 37 % of it
+for preempt/w2, 10 % for whale2/w2, 3 % for preempt/w3, and 97 % and 198 % for whale2/w1 and preempt/w1, which are
+truly harmless (preempt re-recorded with the mended capture, truth11; whale2 with the ordered client on a quiet
+host, truth13; before: 30-37 % for whale2's two and preempt/w2)."""
 
 from __future__ import annotations
 
@@ -34,11 +35,18 @@ def test_declared_load_figures_hold() -> None:
     # whale; today's figure plus the truth's own median resolution (37 %) would allow 73 %. 57 % since fcast12:
     # s002, received before w2 in r0 and r1 but added after w2's `Received`, was missing from the state; now in
     # it, the forecast gives it 0.142 and 0.202 s (its TTFT was 0.139 and 0.199 s: it rode w2's first chunk), and
-    # whale2/w2 moves 0.93 -> 1.08 s: what was already too much is the expected arrivals' (0.56-1.34 s)
-    assert s["median_rel_error"] <= 0.58
+    # whale2/w2 moves 0.93 -> 1.08 s: what was already too much is the expected arrivals' (0.56-1.34 s).
+    # truth13 re-recorded whale2 with the ordered client on a quiet host (its w1 prefill 0.32-0.38 s, was 0.66-1.23
+    # s): w1 now harms nobody (0.010 +/- 0.010 s, truly harmless, forecast 0.40 s: +4,000 %) and w2 only s002, which
+    # rides w2's first chunk when w1 keeps the engine busy (0.160 +/- 0.016 s, forecast 0.054 / 0.085 / 0.043 s:
+    # -62 %). With two of the five whales truly harmless the median is preempt/w2's +2,884 %; the resolved median
+    # (3 whales) is whale2/w2's 62 %.
+    assert math.isclose(s["median_rel_error"], 28.84, abs_tol=0.01)  # truth13; 0.57 on whale2's first recording
+    assert math.isclose(s["median_rel_error_resolved"], 0.62, abs_tol=0.01)  # truth13
     by = {f"{c.truth}/{c.whale}": c for c in cases()}
-    assert by["whale2/w2"].forecast_s["declared"][:2] == pytest.approx([0.701, 1.540], abs=0.005)
-    assert s["rank_correlation"] >= 0.6  # measured 0.70 (5 whales: steps of 0.1); 0.40 before truth11
+    assert by["whale2/w2"].forecast_s["declared"][:2] == pytest.approx([0.054, 0.085], abs=0.005)  # 0.701, 1.540
+    # measured 0.40 (5 whales: steps of 0.1): whale2/w2, second by true harm, is forecast last; 0.70 before truth13
+    assert math.isclose(s["rank_correlation"], 0.4, abs_tol=0.01)
     assert s["called_harmless_but_2x"] == []  # every whale with a short slowed >= 2x is forecast harmful
 
 
@@ -70,11 +78,14 @@ def test_the_median_over_resolved_truths_leaves_out_harms_the_truth_cannot_tell_
     by = {f"{c.truth}/{c.whale}": c for c in cases()}
     assert by["preempt/w3"].true_se_s == pytest.approx(0.34, abs=0.01) and by["preempt/w3"].resolved  # 0.69 before
     assert by["preempt/w2"].true_se_s == pytest.approx(0.012, abs=0.001) and by["preempt/w2"].resolved  # 0.19, no
-    assert not by["preempt/w1"].resolved and by["whale2/w1"].resolved and by["whale2/w2"].resolved
+    # whale2 re-recorded (truth13): w1 0.010 +/- 0.010 s is no longer resolved (0.52 +/- 0.19 s before), w2 is
+    # (0.160 +/- 0.016 s, 0.69 +/- 0.20 s before)
+    assert not by["preempt/w1"].resolved and not by["whale2/w1"].resolved and by["whale2/w2"].resolved
+    assert by["whale2/w2"].true_se_s == pytest.approx(0.016, abs=0.001)
     s = summary(cases(), "declared")
     resolved = sorted(abs(c.mean("declared") - c.true_harm_s) / c.true_harm_s  # type: ignore[operator]
                       for c in cases() if c.resolved)
-    assert s["resolved_whales"] == 4 and s["median_rel_error_resolved"] == (resolved[1] + resolved[2]) / 2
+    assert s["resolved_whales"] == 3 and s["median_rel_error_resolved"] == resolved[1]
     assert "whose truth is resolved" in format_report(cases())
 
 
@@ -89,6 +100,9 @@ def test_a_2x_is_resolved_only_when_that_shorts_difference_is_and_specificity_co
     assert not by["preempt/w1"].true_slowed_2x and by["preempt/w1"].truly_harmless
     assert by["preempt/w2"].true_resolved_2x and not by["preempt/w2"].truly_harmless
     assert by["preempt/w3"].true_resolved_2x and not by["preempt/w3"].truly_harmless
+    # whale2 re-recorded (truth13): w1 slows no short 2x (truly harmless), w2 beside w1 slows s002 (15 -> 99 ms, mean
+    # of 3 reps)
+    assert by["whale2/w1"].truly_harmless and by["whale2/w2"].true_resolved_2x
     quiet = WhaleCase("t", "q", (), 0.01, False, true_se_s=0.02)  # no short 2x, harm within its noise
     stall = WhaleCase("t", "s", (), 0.3, True, true_se_s=0.2)  # 2x, but not resolved
     sure = WhaleCase("t", "w", (), 5.0, True, True, true_se_s=0.5)  # 2x, resolved

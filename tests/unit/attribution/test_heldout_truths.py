@@ -142,49 +142,52 @@ def b4096(persisted: bool) -> dict[str, WhaleCase]:
 
 
 def test_whale2_b4096_is_attributed_as_measured() -> None:
-    """The fourth held-out truth (docs/attribution.md, "Tenth session (score12)"): per-whale error w1 37 %, w2 31 %
-    (the truth knows them to 50 % and 25 %, one standard error), top-1 2/5, null 0/60, ITL w1 32 % (clamped
-    negative shares: not a measure), w2 2 %. Most of the TTFT error is s002's send race with w2, which the truth
-    measured (`test_score.test_whale2_b4096_misses_are_a_send_race_the_truth_measured`)."""
+    """The fourth held-out truth, re-recorded with the ordered client (docs/attribution.md, "Eleventh session
+    (truth13)"): s002 now reaches vLLM 3-5 ms before w2 in every run. Alone neither whale delays anyone; with both,
+    vLLM's engine core (busy with w1's decode) took s002 and w2's first 4,063-token chunk in one step in two of three
+    reps (s002 13 -> 205-211 ms). The agent leaves that wait unexplained (its re-simulation runs s002 alone in the
+    step before w2 arrives): per-whale error w1 96 %, w2 100 % (was 37 % and 31 %, the truth comparing two arrival
+    orders), top-1 0/1 (one slowed short, s002, whose true top two are within two standard errors), null 0/60, ITL
+    w1 18 %, w2 12 % (was 32 % and 2 %)."""
     s = score_truth(B4096, "attrib-agent", engine_blame, engine_itl_blame)
-    assert (s.top1_hits, s.top1_total) == (2, 5) and (s.null_flagged, s.null_total) == (0, 60)
-    assert math.isclose(s.whale_rel_errors["w1"], 0.369, abs_tol=0.005)
-    assert math.isclose(s.whale_rel_errors["w2"], 0.311, abs_tol=0.005)
-    assert math.isclose(s.itl_whale_rel_errors["w1"], 0.321, abs_tol=0.005)
-    assert math.isclose(s.itl_whale_rel_errors["w2"], 0.015, abs_tol=0.005)
+    assert (s.top1_hits, s.top1_total) == (0, 1) and (s.null_flagged, s.null_total) == (0, 60)
+    assert math.isclose(s.whale_rel_errors["w1"], 0.964, abs_tol=0.005)  # truth13; 0.369 before
+    assert math.isclose(s.whale_rel_errors["w2"], 1.0, abs_tol=0.005)  # truth13; 0.311 before
+    assert math.isclose(s.itl_whale_rel_errors["w1"], 0.184, abs_tol=0.005)  # truth13; 0.321 before
+    assert math.isclose(s.itl_whale_rel_errors["w2"], 0.123, abs_tol=0.005)  # truth13; 0.015 before
 
 
-def test_whale2_b4096s_forecast_as_measured_and_its_one_call_of_harmless() -> None:
-    """Declared load, kept fit. w2 (true harm 0.73 s, resolved; s002 9 ms -> 0.20-0.57 s): 0.195 / 0.231 / 0.695 s,
-    never harmless. Before fcast12, r1's (and r2's) state had no s002 (received before w2, its `Added` line after w2's
-    `Received`), so r1 was 0.012 s and "harmless" though s002 rode w2's first chunk: the only resolved 2x called
-    harmless in declared kept (`test_forecast_state`, received-not-added requests wait ahead of a candidate).
-    w1 (true harm 0.075 +- 0.057 s, not resolved; s000's TTFT 12 / 193 / 85 ms in the three w1 reps, 22 ms
-    without it): 0.334 / 0.088 / 0.015 s, "harmless" in r2. w1 comes before any step of its run, so nothing tells
-    the forecast the host's pace: r1's and r2's kept fits price the 4,096-token chunk at 0.20 s, what r0's took
-    (199 ms), and the prefill ends before s000 arrives 0.5 s later; in r1 and r2 that chunk took 388 and 374 ms,
-    the second chunk still ran when s000 came, and it waited. The one break of "never harmless" left in declared kept,
-    on a harm the truth cannot tell from its noise. Cold fits price both whales beyond their evidence: never
-    harmless."""
+def test_whale2_b4096s_forecast_as_measured_and_no_call_of_harmless() -> None:
+    """Declared load, kept fit, on the re-recording (truth13: the ordered client, a quiet host). w2 (true harm
+    0.190 +- 0.066 s, resolved: s002 13 -> 144 ms with both whales, mean of 3 reps; alone w2 delays nobody, since s002
+    now runs first): 0.187 / 0.223 / 0.250 s (+16 %), never harmless; before, against the first recording's
+    0.73 s, 0.195 / 0.231 / 0.695 s. w1 (true harm 0.008 +- 0.011 s, truly harmless: its first 4,096-token chunk
+    took 175-208 ms in every rep, so s000, 0.5 s after it, never waits; the first recording's r1 and r2 took 374-388
+    ms and s000 waited): 0.007 / 0.211 / 0.021 s, never called harmless. Its one call of harmless in the first
+    recording (r2, the host's pace) is gone with the slow host. Cold fits price both whales beyond their evidence:
+    never harmless."""
     kept_, cold = b4096(True), b4096(False)
     w1, w2 = kept_["w1"], kept_["w2"]
-    assert math.isclose(w2.true_harm_s, 0.729, abs_tol=0.001) and w2.resolved and w2.true_resolved_2x
-    assert math.isclose(w1.true_harm_s, 0.075, abs_tol=0.001) and not w1.resolved and w1.true_slowed_2x
-    for case, want in ((w2, (0.195, 0.231, 0.695)), (w1, (0.334, 0.088, 0.015))):
+    assert math.isclose(w2.true_harm_s, 0.190, abs_tol=0.001) and w2.resolved and w2.true_resolved_2x
+    assert math.isclose(w1.true_harm_s, 0.008, abs_tol=0.001) and not w1.resolved and not w1.true_slowed_2x
+    assert w1.truly_harmless
+    for case, want in ((w2, (0.187, 0.223, 0.250)), (w1, (0.007, 0.211, 0.021))):
         assert all(math.isclose(a, b, abs_tol=0.005) for a, b in zip(case.forecast_s["declared"], want, strict=True))
     assert w2.harmless == {"learnt": [False] * 3, "declared": [False] * 3}  # fcast12; declared r1 was True
-    assert w1.harmless == {"learnt": [False] * 3, "declared": [False, False, True]}
+    assert w1.harmless == {"learnt": [False] * 3, "declared": [False] * 3}  # truth13; declared r2 was True
     assert all(not any(c.harmless[k]) and all(c.extrapolated[k]) for c in cold.values() for k in ("learnt", "declared"))
 
 
 def test_the_seven_held_out_whales_forecast_figures_as_measured() -> None:
     """Declared load, kept fit, over the seven held-out whales (whale1, mixed, kvpair, whale2-b4096; six with a
-    true harm, four resolved): median error 63 % (36 % over the resolved; the twelve tuned whales' 29 % / 28 %);
-    before fcast12 75 % (48 %), whale2-b4096/w2 72 -> 49 %. Called harmless though a short slowed 2x:
-    whale2-b4096/w1 only (1 of 3 recordings, unresolved: the host's pace, above); resolved: none."""
+    true harm, four resolved): median error 50 % (19 % over the resolved; the twelve tuned whales' 34 % / 28 %);
+    before truth13 re-recorded whale2-b4096 63 % (36 %), before fcast12 75 % (48 %). Called harmless though a short
+    slowed 2x: none (whale2-b4096/w1 in 1 of 3 recordings before truth13; now truly harmless, never called
+    harmless)."""
     s = summary([*kept(), *b4096(True).values()], "declared")
     assert s["whales"] == 7 and s["resolved_whales"] == 4
-    assert math.isclose(s["median_rel_error"], 0.63, abs_tol=0.01)  # fcast12; was 0.75
-    assert math.isclose(s["median_rel_error_resolved"], 0.36, abs_tol=0.01)  # fcast12; was 0.48
-    assert s["called_harmless_but_2x"] == ["whale2-b4096/w1"]  # fcast12; whale2-b4096/w2 too before
+    assert math.isclose(s["median_rel_error"], 0.50, abs_tol=0.01)  # truth13; 0.63 (fcast12), 0.75 before
+    assert math.isclose(s["median_rel_error_resolved"], 0.19, abs_tol=0.01)  # truth13; 0.36 (fcast12), 0.48 before
+    assert s["called_harmless_but_2x"] == []  # truth13; ["whale2-b4096/w1"] before
     assert s["called_harmless_but_resolved_2x"] == []
+    assert s["truly_harmless"] == ["mixed/w2", "kvpair/w1", "whale2-b4096/w1"]  # truth13

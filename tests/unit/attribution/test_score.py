@@ -41,22 +41,86 @@ def test_score_runs_on_the_committed_truth(fixtures_dir, capsys):
     assert engine.null_false_alarm == 0.0
 
 
-def test_whale2_scores_hold_todays_figures_within_the_truths_spread(fixtures_dir):
-    """whale2 meets neither goal today (docs/attribution.md): top-1 4/5 (goal 95 %), median per-whale error 24 %
-    (w1 11 %, w2 37 %; goal 20 %). Its truth knows each whale's summed share only to one standard error of 24 % (w1)
-    and 20 % (w2) of it (std of 3 reps per condition), so the error bound is today's 24 % plus that margin (~0.27),
-    and top-1 may lose the 2 of its 5 slowed shorts whose true top two whales are within 2 SE of each other."""
+def s002_beside_w2s_chunk(truth_dir) -> dict[str, tuple[float, float, float]]:
+    """For each all-whale run of a whale2 truth whose client measured s002 slowed 2x (against its no-whale mean):
+    (its measured slowdown, what the engine left unexplained of it, what the engine blamed on the whales), seconds."""
+    from attrib_agent.lab.score import attributed
+    from attrib_agent.recording import CLIENT, Recording
+
+    truth = truth_spread.load(truth_dir)
+    alone = truth["shorts"]["s002"]["conditions"]["none"]["ttft_s"]["mean"]
+    out: dict[str, tuple[float, float, float]] = {}
+    for run in (r for r in truth["runs"] if r["accepted"] and r["condition"] == "w1+w2"):
+        path = truth_dir / run["recording"]
+        client = next(c for c in Recording(path).records(CLIENT) if c["spec_id"] == "s002")
+        measured = client["first_token_ts"] - client["actual_send_ts"]
+        if measured < 2 * alone:
+            continue
+        results, _, spec = attributed(path)
+        [r] = [r for r in results if spec.get(r.request_id) == "s002"]
+        whales = sum(c.ttft_s for c in r.culprits if spec.get(c.request_id) in ("w1", "w2"))
+        out[path.name] = (measured - alone, r.unexplained_ttft_s, whales)
+    return out
+
+
+def test_whale2_scores_hold_todays_figures(fixtures_dir):
+    """whale2, re-recorded with the ordered client (truth13, docs/attribution.md "Eleventh session (truth13)") on a
+    quiet host: w1's prefill (0.32-0.38 s) ends before s000 is sent and neither whale alone delays a short. With
+    both, s002 (sent 3-5 ms before w2) missed the step then running on w1's decode, and vLLM took it in the next one
+    with w2's first 2,015-token chunk, in every rep (15 -> 99 ms). The agent's re-simulation runs s002 alone in the
+    step before w2 arrives, so no world without a whale changes its TTFT and it leaves the wait unexplained: blame
+    w1 1-3 ms, w2 0. Per-whale error w1 97 %, w2 100 % (median 98 %; the naive overlap split 44 %), top-1 1/1
+    (w1's 1-3 ms), null 0/60. The first recording (slow host, s002 and w2 in either order) measured 24 %, top-1 4/5.
+    Replay is deterministic: the figures are pinned as measured, and the miss by its mechanism."""
     truth_dir = fixtures_dir / "truth" / "whale2"
     engine, naive = score_command(truth_dir)
     print(format_scores([engine, naive]))
-    assert engine.median_whale_error is not None and naive.median_whale_error is not None
-    margin = error_margin(engine, truth_dir)
-    assert 0.2 <= margin <= 0.35  # the truth's spread itself: if it changes, so must this test's reasoning
-    assert engine.median_whale_error <= error_bound(0.24, margin)
-    assert engine.median_whale_error < naive.median_whale_error
+    assert engine.whale_rel_errors == pytest.approx({"w1": 0.966, "w2": 1.0}, abs=0.005)  # truth13; 24 % before
+    assert naive.median_whale_error == pytest.approx(0.437, abs=0.005)
+    assert naive.median_whale_error < engine.median_whale_error  # the agent's miss below (reported, truth13)
     ambiguous = truth_spread.ambiguous_top1(truth_spread.load(truth_dir))
-    assert ambiguous == 2 and engine.top1_total == 5
-    assert engine.top1_hits >= 4 - ambiguous and engine.top1_hits >= naive.top1_hits
+    assert ambiguous == 1 and (engine.top1_hits, engine.top1_total) == (1, 1)
+    assert engine.null_false_alarm == 0.0
+    missed = s002_beside_w2s_chunk(truth_dir)
+    assert sorted(missed) == ["w1+w2-r0", "w1+w2-r1", "w1+w2-r2"]
+    for slowdown, unexplained, whales in missed.values():
+        assert slowdown > 0.07 and unexplained >= 0.9 * slowdown and whales <= 0.01
+
+
+def test_whale2_b4096_sends_s002_first_in_every_run_and_its_wait_beside_w2_is_unexplained(fixtures_dir):
+    """The held-out 4,096-budget truth, re-recorded with the ordered client (truth13). score12 found the first
+    recording's s002 and w2 (sent at the same offset) reaching vLLM in an order that followed the condition (w2 first
+    in every w2 run, s002 first in every w1+w2 run), so that truth compared two arrival orders (per-whale error 34 %).
+    Now s002 is first in every run that has w2 (3-5 ms ahead: the client holds w2 for s002's response head), and
+    every run's budget is 4,096, read from vLLM's start-up line, the null runs' too. Alone neither whale delays a
+    short. With both, in r0 and r2 vLLM took s002 in the step with w2's first 4,063-token chunk (13 -> 205-211 ms;
+    in r1 s002 ran in the step before, 13 ms): the agent leaves that wait unexplained, as on whale2 (w1 96 %, w2
+    100 %; the naive overlap split 27 %), top-1 0/1 (s002: the truth's top two within two standard errors), null
+    0/60."""
+    from attrib_agent.lab.score import replayed_timeline, spec_ids
+    from attrib_agent.recording import Recording
+
+    truth_dir = fixtures_dir / "truth" / "whale2-b4096"
+    engine, naive = score_command(truth_dir)
+    print(format_scores([engine, naive]))
+    truth = truth_spread.load(truth_dir)
+    first: dict[str, set[str]] = {}
+    for run in (r for r in truth["runs"] if r["accepted"]):
+        tl = replayed_timeline(truth_dir / run["recording"])
+        assert tl.token_budget() == 4096
+        if "w2" in run["condition"]:
+            spec = spec_ids(Recording(truth_dir / run["recording"]))
+            arrival = {spec[lc.request_id]: lc.arrival_ts for lc in tl.lifecycles() if lc.request_id in spec}
+            first.setdefault(run["condition"], set()).add(min(("w2", "s002"), key=lambda k: arrival[k]))
+    assert first == {"w2": {"s002"}, "w1+w2": {"s002"}}  # score12's race is gone: s002 first in every rep
+    assert engine.whale_rel_errors == pytest.approx({"w1": 0.964, "w2": 1.0}, abs=0.005)  # truth13; 34 % before
+    assert naive.median_whale_error == pytest.approx(0.270, abs=0.005)
+    assert truth_spread.ambiguous_top1(truth) == 1 and (engine.top1_hits, engine.top1_total) == (0, 1)
+    assert engine.null_false_alarm == 0.0
+    missed = s002_beside_w2s_chunk(truth_dir)
+    assert sorted(missed) == ["w1+w2-r0", "w1+w2-r2"]
+    for slowdown, unexplained, whales in missed.values():
+        assert slowdown > 0.15 and unexplained >= 0.9 * slowdown and whales <= 0.01
 
 
 def test_a_three_way_interaction_is_split_within_the_goal(fixtures_dir):
@@ -82,40 +146,6 @@ def test_a_three_way_interaction_is_split_within_the_goal(fixtures_dir):
     assert engine.null_false_alarm == 0.0
 
 
-
-def test_whale2_b4096_misses_are_a_send_race_the_truth_measured(fixtures_dir):
-    """The held-out 4,096-budget truth (docs/attribution.md, "Tenth session (score12)"): per-whale error 34 % (w1
-    37 %, w2 31 %), top-1 2/5, null 0/60. Not the budget: every whale run's budget is inferred as 4,096 and its
-    chunks (4,096 + 1,904; 4,063 + 937 beside w1's decode and s002) are the engine's. Most of the error is s002,
-    sent at w2's instant: the lab client's order of the two flips with the condition (w2 first in every w2 run,
-    s002 first in every w1+w2 run), so the truth's "w2 alone" has s002 queued behind w2's 4,096 chunk (+239 ms)
-    while the re-simulation of the observed world without w1 starts s002 alone on an idle engine before w2
-    arrives (+0 ms), and splits s002's slowdown evenly. The truth knows each whale's total to 50 % (w1) and 25 %
-    (w2) of it (one standard error) and 4 of its 5 slowed shorts' top two whales within two: the bound is today's
-    34 % plus that margin (~0.51), and the engine stays better than the naive overlap split."""
-    from attrib_agent.lab.score import replayed_timeline, spec_ids
-    from attrib_agent.recording import Recording
-
-    truth_dir = fixtures_dir / "truth" / "whale2-b4096"
-    engine, naive = score_command(truth_dir)
-    print(format_scores([engine, naive]))
-    truth = truth_spread.load(truth_dir)
-    first: dict[str, set[str]] = {}
-    for run in (r for r in truth["runs"] if r["accepted"] and r["condition"] != "none"):
-        tl = replayed_timeline(truth_dir / run["recording"])
-        assert tl.token_budget() == 4096
-        if "w2" in run["condition"]:
-            spec = spec_ids(Recording(truth_dir / run["recording"]))
-            arrival = {spec[lc.request_id]: lc.arrival_ts for lc in tl.lifecycles() if lc.request_id in spec}
-            first.setdefault(run["condition"], set()).add(min(("w2", "s002"), key=lambda k: arrival[k]))
-    assert first == {"w2": {"w2"}, "w1+w2": {"s002"}}  # the race, the same way in every rep
-    assert engine.median_whale_error is not None and naive.median_whale_error is not None
-    margin = error_margin(engine, truth_dir)
-    assert 0.4 <= margin <= 0.6  # the truth's spread itself: if it changes, so must this test's reasoning
-    assert engine.median_whale_error <= error_bound(0.34, margin)
-    assert engine.median_whale_error < naive.median_whale_error
-    assert truth_spread.ambiguous_top1(truth) == 4 and engine.top1_total == 5
-    assert engine.null_false_alarm == 0.0
 
 def test_score_cli_json(fixtures_dir, capsys):
     assert main(["lab", "score", str(fixtures_dir / "truth" / "whale2"), "--json"]) == 0

@@ -1,7 +1,9 @@
 """vLLM's start-up line `Chunked prefill is enabled with max_num_batched_tokens=N.` gives the step budget before
 any step fills it. Driven by a recorded start-up (tests/fixtures/vllm-startup/budget-4096.log: the lab's vLLM 0.32
-started with --max-num-batched-tokens 4096, the server that recorded the held-out truth whale2-b4096) and that
-truth's w2-only recording, in which no step fills the budget before the whale arrives."""
+started with --max-num-batched-tokens 4096, the server that recorded the held-out truth whale2-b4096's first recording)
+and that truth's w2-only recording, in which no step fills the budget before the whale arrives. Re-recorded by
+truth13, the recording now opens with the line itself (the lab's capture keeps it): read without it, the line is left
+out of the replay."""
 
 from __future__ import annotations
 
@@ -58,7 +60,8 @@ def test_the_timeline_reads_the_announced_budget_and_the_operators_setting_wins(
 
 
 def forecast_w2(with_startup: bool) -> dict[str, object]:
-    """The forecast of admitting w2 as it arrives in its w2-only run, with or without the start-up log read."""
+    """The forecast of admitting w2 as it arrives in its w2-only run, with the start-up log read or with no budget
+    line at all (the recording's own left out)."""
     p = AttributionPipeline()
     if with_startup:
         p.feed_all(startup_events()[0])
@@ -69,15 +72,19 @@ def forecast_w2(with_startup: bool) -> dict[str, object]:
             assert state is not None
             got = forecast(state, [Candidate(5000, 600)], forecast_cost(p), ForecastConfig())[0]
             return got.as_dict()
-        p.feed(ev)
+        if with_startup or not isinstance(ev, TokenBudgetLine):
+            p.feed(ev)
     raise AssertionError("w2 never arrives")
 
 
 def test_a_whale_is_forecast_in_chunks_of_the_announced_budget() -> None:
     """No step before w2 fills the budget (shorts of 32 tokens): without the line the forecast cuts its 5,000-token
-    prompt at 2,048 tokens a step; with it, at 4,096, as vLLM did (its steps: 4,096 then 904)."""
-    steps = [e for e in ReplaySource(W2_ALONE).events() if type(e).__name__ == "EngineStep"]
-    assert max(e.context_tokens for e in steps) == 4096  # type: ignore[attr-defined]
+    prompt at 2,048 tokens a step; with it, at 4,096, as vLLM did (its steps: 4,095 beside s002's decode, then 905;
+    4,096 then 904 in the first recording, where w2 came before s002)."""
+    events = list(ReplaySource(W2_ALONE).events())
+    assert isinstance(events[0], TokenBudgetLine) and events[0].token_budget == 4096  # the capture keeps the line
+    steps = [e for e in events if type(e).__name__ == "EngineStep"]
+    assert max(e.context_tokens for e in steps) == 4095  # type: ignore[attr-defined]
     blind, told = forecast_w2(False), forecast_w2(True)
     assert blind["price_needed"]["prefill_tokens"] == 2048  # type: ignore[index]
     assert told["price_needed"]["prefill_tokens"] == 4096  # type: ignore[index]
