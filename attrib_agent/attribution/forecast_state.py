@@ -198,26 +198,22 @@ def prior_shape(cost: StepCostModel, token_budget: int) -> tuple[float, float, f
 
 
 def prefill_factor(cost: StepCostModel) -> float | None:
-    """How much longer the prefill steps the fit reads took than it prices their prefill part: per step, its time
-    beyond the other terms over its prefill terms (tokens, pairs, requests); the median weighted by those terms'
-    price, so long chunks weigh what they cost and a few slow recordings do not decide. The fit is robust over
+    """How much longer the prefill steps the fit reads took than it prices their prefill part: their time beyond
+    the other terms, summed, over their prefill terms (tokens, pairs, requests), summed. The fit is robust over
     ~1,000 mostly-decode steps, so a whale's few long chunks are down-weighted as outliers and priced low
-    (preempt-midstream's second chunks 0.75-1.38 s, priced 0.64-0.95 s). None with no prefill step priced."""
+    (preempt-midstream's second chunks 0.75-1.38 s, priced 0.64-0.95 s). A ratio of sums, as `forecast_cost`'s
+    pace: whoever queues behind a prefill waits for the sum of its chunks, and on a host whose chunks sometimes
+    stall (preempt-midstream's second chunk 0.53-2.36 s) the expected sum is the mean's. The weighted median this
+    was until the eleventh session priced the typical chunk: preempt-midstream/w1's at 0.90x and 0.79x of what
+    they took in r1 and r2 (1.26x and 1.03x by the ratio). None with no prefill step."""
     a, b, c, d, e, f = cost.coefficients.as_tuple()
-    ratios: list[tuple[float, float]] = []
-    total = 0.0
+    took = priced_sum = 0.0
     for row, y in cost.prefill_steps():
         priced = b * row[1] + e * row[4] + f * row[5]
         if priced > 0:
-            ratios.append(((y - a - c * row[2] - d * row[3]) / priced, priced))
-            total += priced
-    ratios.sort()
-    acc = 0.0
-    for ratio, weight in ratios:
-        acc += weight
-        if acc >= total / 2:
-            return ratio if ratio > 0 else None
-    return None
+            took += y - a - c * row[2] - d * row[3]
+            priced_sum += priced
+    return took / priced_sum if priced_sum > 0 and took > 0 else None
 
 
 def last_gap(pipeline: PipelineParts, steps: int = 1024) -> float | None:
