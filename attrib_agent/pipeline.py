@@ -159,7 +159,7 @@ class AttributionPipeline:
         self._rescue_tokens = 0.0
         self._rescue_ts: float | None = None
         self._rescued: OrderedDict[str, None] = OrderedDict()  # taken so, waiting or partial (bounded: max_pending)
-        self.slowed_rescued = 0  # taken so, since start (the shedder prices them)
+        self.slowed_rescued = 0  # taken so into a pass, since start (the shedder prices them)
         self.slowed_attributed = 0  # ... whose result is final
         self.slowed_skipped = 0  # visibly slowed outside the share, skipped past those bounds
         self._slowed_basis: tuple[int, tuple[float, float]] | None = None  # (budget, frontend offsets) this settle
@@ -310,6 +310,7 @@ class AttributionPipeline:
             self._skip(over)  # bounded by the pass as by the second
             self.slowed_skipped += len(over)
             held.difference_update(over)
+        self.slowed_rescued += sum(rid in self._rescued and rid not in self._partial for rid in wanted)
         if held:
             self._due = OrderedDict.fromkeys(rid for rid in self._due if rid in held)
         else:
@@ -393,7 +394,6 @@ class AttributionPipeline:
             return set()
         took = slow[:self._rescue_room(now, len(slow))]
         self.slowed_skipped += len(slow) - len(took)
-        self.slowed_rescued += len(took)
         self._rescued.update(dict.fromkeys(took))
         while len(self._rescued) > self.config.max_pending:
             self._rescued.popitem(last=False)
