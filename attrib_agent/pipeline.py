@@ -18,10 +18,10 @@ from dataclasses import dataclass, field, replace
 from attrib_agent.attribution.attributor import AttributionConfig, Attributor
 from attrib_agent.attribution.cost_model import StepCostModel
 from attrib_agent.attribution.fit_snapshot import EngineWatch
-from attrib_agent.attribution.result import AttributionResult
+from attrib_agent.attribution.result import AttributionResult, itl_gaps
 from attrib_agent.attribution.slo import SloConfig, SloTally
 from attrib_agent.attribution.store import DEFAULT_MAX_BYTES, ResultStore
-from attrib_agent.attribution.tally import SlowdownTally
+from attrib_agent.attribution.tally import SlowdownTally, phase_slowdowns, slowed
 from attrib_agent.attribution.whales import KvUse, client_uses, footprints, whales
 from attrib_agent.events import EngineStep, Event, GpuSample, MetricsSnapshot, RequestSpan
 from attrib_agent.parallel_sampling import ClientRequests, client_status
@@ -118,6 +118,9 @@ class AttributionPipeline:
         self.engine_watch = EngineWatch(cfg.engine, lambda: self.timeline.geometry, cfg.token_budget)  # a saved fit's
         self.store = ResultStore(cfg.max_results, cfg.max_result_age_s, cfg.max_result_bytes)
         self.tally = SlowdownTally(victim_threshold_s=cfg.victim_threshold_s, slo=SloTally(cfg.slo))
+        # the final results attributed outside the share because they finished visibly slowed (`_rescue`): kept
+        # apart, as the hash sample's rates (the victims' share of requests, the SLO misses) would be biased by them
+        self.slowed_tally = SlowdownTally(victim_threshold_s=cfg.victim_threshold_s, slo=SloTally(cfg.slo))
         self.events: Counter[str] = Counter()
         self.vllm_restarts = 0
         self._restarted_ts: float | None = None  # when the last restart was seen: no span of before it will land
@@ -148,6 +151,19 @@ class AttributionPipeline:
         self._last_pass: float | None = None
         self.victims_skipped = 0
         self._skipped: OrderedDict[str, None] = OrderedDict()  # the last max_pending skipped ids, for status()
+        # While shedding, a request the share leaves out is attributed all the same when it finished visibly
+        # slowed (`visibly_slowed`): the ones an operator asks about. At most `rescue_per_s` a second of event time
+        # (the agent's: what its CPU budget affords; None: no such bound, the pass bound still holds), the rest
+        # counted skipped (`slowed_skipped`, also in `victims_skipped`).
+        self.rescue_per_s: float | None = None
+        self._rescue_tokens = 0.0
+        self._rescue_ts: float | None = None
+        self._rescued: OrderedDict[str, None] = OrderedDict()  # taken so, waiting or partial (bounded: max_pending)
+        self.slowed_rescued = 0  # taken so into a pass, since start (the shedder prices them)
+        self.slowed_attributed = 0  # ... whose result is final
+        self.slowed_skipped = 0  # visibly slowed outside the share, skipped past those bounds
+        self._slowed_basis: tuple[int, tuple[float, float]] | None = None  # (budget, frontend offsets) this settle
+        self._pass_budget: int | None = None  # the step budget of the last pass (read without a step inference)
         # n>1 requests (parallel sampling): the timeline keeps each child apart (vLLM runs each as its own engine
         # request), the agent reports one result per client request, its children's together
         self.clients = ClientRequests(cfg.max_results, cfg.max_pending)
@@ -202,6 +218,7 @@ class AttributionPipeline:
                 r = replace(r, final=True)
                 self._keep(r)
                 self._spans.pop(rid, None)
+                self._rescued.pop(rid, None)
                 self.clients.forget(r.request_id)
                 out.append(r)
         self._partial.clear()
@@ -253,7 +270,10 @@ class AttributionPipeline:
     def _keep(self, r: AttributionResult) -> None:
         """Store a result the pipeline reports, and tally it when final (it is final once)."""
         self.store.put(r)
-        if r.final:
+        if r.final and r.chosen_by == "slowed":
+            self.slowed_tally.add(r)
+            self.slowed_attributed += 1
+        elif r.final:
             self.tally.add(r)
 
     # ---- attribution -------------------------------------------------------------------------------------
@@ -266,9 +286,12 @@ class AttributionPipeline:
         self.settles += 1
         self._next_settle = now + self.config.settle_interval_s
         gap = min(self.pass_gap_s, MAX_PASS_WAIT_S)
+        self._slowed_basis = None
         wanted = {rid for rid in self._due if self._attributed(rid)}
         if len(wanted) < len(self._due):  # shed: cheap to tell, so told at once (no pass needed)
-            self._skip(rid for rid in self._due if rid not in wanted)
+            left = [rid for rid in self._due if rid not in wanted]
+            wanted |= self._rescue(left, now)
+            self._skip(rid for rid in left if rid not in wanted)
             self._due = OrderedDict.fromkeys(rid for rid in self._due if rid in wanted)
         if not wanted and not self._partial:
             # nothing to attribute: no pass (the timeline is not brought up to date for nothing), and while
@@ -283,6 +306,11 @@ class AttributionPipeline:
                  if now - finished >= self.config.partial_timeout_s or not self._blockers(rid, lcs, now)}
         held = self._beyond_cap(wanted, len(ready))
         wanted = (wanted - held) | ready
+        if over := [rid for rid in self._due if rid in held and rid in self._rescued]:  # no waiting past its pass:
+            self._skip(over)  # bounded by the pass as by the second
+            self.slowed_skipped += len(over)
+            held.difference_update(over)
+        self.slowed_rescued += sum(rid in self._rescued and rid not in self._partial for rid in wanted)
         if held:
             self._due = OrderedDict.fromkeys(rid for rid in self._due if rid in held)
         else:
@@ -293,13 +321,18 @@ class AttributionPipeline:
         attributed: set[str] = set()
         finalised: set[str] = set()
         filed: dict[str, AttributionResult] = {}  # n>1 client requests this pass filed a child of
-        for r in self.attributor.attribute(self.timeline, wanted):
+        results = self.attributor.attribute(self.timeline, wanted)
+        if self.attribute_share < 1.0:  # the pass's budget, for `visibly_slowed` (kept per timeline version: read
+            self._pass_budget = self.timeline.token_budget()  # as the pass left it, no step inference more)
+        for r in results:
             lc = lcs.get(r.request_id)
             ids = self.span_of(r.request_id)
             timed_out = now - r.finished_ts >= self.config.partial_timeout_s
             final = timed_out or lc is None or not self._blockers(r.request_id, lcs, now)
             mode = self.timeline.mode(lc.arrival_ts if lc is not None else None, r.finished_ts)
             r = replace(r, final=final, trace_id=ids[0] if ids else None, span_id=ids[1] if ids else None, mode=mode)
+            if r.request_id in self._rescued:
+                r = replace(r, chosen_by="slowed")
             cid = self.timeline.client_of(r.request_id)
             if cid == r.request_id:
                 self._keep(r)
@@ -310,6 +343,7 @@ class AttributionPipeline:
             if final:
                 self._partial.pop(r.request_id, None)
                 self._spans.pop(r.request_id, None)  # the stored result carries its span's ids (`span_of`)
+                self._rescued.pop(r.request_id, None)
                 finalised.add(r.request_id)
             else:
                 self._partial[r.request_id] = r.finished_ts
@@ -321,6 +355,7 @@ class AttributionPipeline:
         for rid in wanted - attributed:  # forgotten by the timeline before it could be attributed
             self._partial.pop(rid, None)
             self._spans.pop(rid, None)
+            self._rescued.pop(rid, None)
         while len(self._partial) > self.config.max_pending:
             self._partial.popitem(last=False)
             self._dropped += 1
@@ -333,13 +368,58 @@ class AttributionPipeline:
         return self.clients.client_id(self.timeline, request_id)
 
     def _attributed(self, rid: str) -> bool:
-        return chosen(self.timeline.client_of(rid), self.attribute_share)  # an n>1 request's children together
+        return rid in self._rescued or chosen(self.timeline.client_of(rid), self.attribute_share)  # an n>1
+        # request's children together
+
+    def visibly_slowed(self, rid: str) -> bool:
+        """Whether a request whose span landed finished slowed past `victim_threshold_s` in a phase (the tally's
+        rule) over what the step-cost model says it would take alone: from its own times, the cost model and the
+        frontend offsets learnt so far (no re-simulation). Its result may differ a little: the pass refits."""
+        lc = self.timeline.logged(rid)
+        if lc is None or not lc.complete:
+            return False
+        if self._slowed_basis is None:  # once a settle
+            budget = self._pass_budget if self._pass_budget is not None else self.timeline.token_budget()
+            self._slowed_basis = (budget, self.attributor.frontend_offsets())
+        ttft, itl = self.attributor.slowdowns(lc, self.timeline.cached_tokens(rid), *self._slowed_basis)
+        return any(slowed(s, self.config.victim_threshold_s)
+                   for _, s in phase_slowdowns(ttft, itl, itl_gaps(lc.completion_tokens)))
+
+    def _rescue(self, left: list[str], now: float) -> set[str]:
+        """Of the requests the share `left` out (in the order they landed), those that finished visibly slowed,
+        the oldest first, as many as `rescue_per_s` allows: attributed whatever the share (`chosen_by` "slowed").
+        An n>1 request's children are not (its one result needs all of them). The other slowed are skipped."""
+        slow = [rid for rid in left if self.timeline.client_of(rid) == rid and self.visibly_slowed(rid)]
+        if not slow:
+            return set()
+        took = slow[:self._rescue_room(now, len(slow))]
+        self.slowed_skipped += len(slow) - len(took)
+        self._rescued.update(dict.fromkeys(took))
+        while len(self._rescued) > self.config.max_pending:
+            self._rescued.popitem(last=False)
+        return set(took)
+
+    def _rescue_room(self, now: float, want: int) -> int:
+        """How many slowed requests may be taken outside the share now: a bucket of one second's worth of
+        `rescue_per_s` (at least one), filled in event time; all of them without a rate."""
+        rate = self.rescue_per_s
+        if rate is None:
+            return want
+        size = max(1.0, rate)
+        last, self._rescue_ts = self._rescue_ts, now
+        filled = size if last is None else rate * max(0.0, now - last)
+        self._rescue_tokens = min(size, self._rescue_tokens + filled)
+        n = min(want, int(self._rescue_tokens))
+        self._rescue_tokens -= n
+        return n
 
     def _beyond_cap(self, wanted: set[str], refining: int) -> set[str]:
         """The new victims this pass leaves for the next under `max_pass_victims`, counting the `refining` partial
         results it takes again (never held: they are older): those chosen at `floor_share` go first, whatever the
-        bound, then the rest in the order they landed (the oldest first: none waits behind newer ones pass after
-        pass). Empty without a bound."""
+        bound, then those taken outside the share as visibly slowed, then the rest, each in the order they landed
+        (the oldest first: none waits behind newer ones pass after pass). Empty without a bound. (The caller skips
+        the slowed taken outside the share that are left over: they do not wait. One chosen by the share that waits
+        is taken outside it if the share falls and it was slowed.)"""
         cap = self.max_pass_victims
         if cap is None or len(wanted) + refining <= cap:
             return set()
@@ -347,6 +427,7 @@ class AttributionPipeline:
         floor = [rid for rid in order if chosen(rid, self.floor_share)]
         room = max(0, cap - refining - len(floor))
         rest = [rid for rid in order if not chosen(rid, self.floor_share)]
+        rest.sort(key=lambda rid: rid not in self._rescued)  # stable: the oldest first in each
         return set(rest[room:])
 
     def settles_on(self, ts: float) -> bool:

@@ -53,6 +53,8 @@ class Backlog:
     victims_skipped: int  # requests not attributed because the agent shed load, since start
     budget_cores: float | None  # the agent's CPU budget (None: no shedding, e.g. a replay)
     cores: float  # the pipeline thread's CPU lately
+    slowed_attributed: int = 0  # of the requests the share left out, final results attributed as visibly slowed
+    slowed_skipped: int = 0  # ... and visibly slowed ones skipped past the bounds on those (in victims_skipped)
 
     @property
     def shedding(self) -> bool:
@@ -99,7 +101,7 @@ class AgentState:
         if self.backlog is not None:
             return self.backlog()
         p = self.pipeline
-        return Backlog(0, 0.0, p.attribute_share, p.victims_skipped, None, 0.0)
+        return Backlog(0, 0.0, p.attribute_share, p.victims_skipped, None, 0.0, p.slowed_attributed, p.slowed_skipped)
 
     def source(self, name: str) -> SourceHealth:
         """The health record of a source, created on first use."""

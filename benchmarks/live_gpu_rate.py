@@ -247,11 +247,13 @@ async def run(path: Path, workdir: Path, every: int, agent_cpu: int | None, budg
 
 
 SERIES = ("attrib_pipeline_lag_seconds", "attrib_pipeline_backlog_events", "attrib_pipeline_backlog_seconds",
-          "attrib_attributed_share_ratio", "attrib_victims_skipped_total", "attrib_results_stored")
+          "attrib_attributed_share_ratio", "attrib_victims_skipped_total", "attrib_results_stored",
+          'attrib_slowed_outside_share_total{outcome="attributed"}',
+          'attrib_slowed_outside_share_total{outcome="skipped"}')
 
 
 def _series(text: str) -> dict[str, float]:
-    """The unlabelled backlog and shedding series of one scrape."""
+    """The unlabelled backlog and shedding series of one scrape (and the slowed taken outside the share)."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         name, _, value = line.partition(" ")

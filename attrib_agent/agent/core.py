@@ -209,7 +209,8 @@ class AgentCore:
         return Backlog(len(self._queue) + (flight[0] if flight is not None else 0),
                        0.0 if oldest is None else max(0.0, time.monotonic() - oldest),
                        self.pipeline.attribute_share, self.pipeline.victims_skipped,
-                       shed.budget_cores if shed is not None else None, shed.cores if shed is not None else 0.0)
+                       shed.budget_cores if shed is not None else None, shed.cores if shed is not None else 0.0,
+                       self.pipeline.slowed_attributed, self.pipeline.slowed_skipped)
 
     def process(self, event: Event) -> list[AttributionResult]:
         """Feed one event through the pipeline and deliver what it settled."""
@@ -304,16 +305,18 @@ class AgentCore:
         self.state.mode_now = p.mode()
         if shed is not None:
             p.attribute_share = shed.update(time.monotonic(), time.process_time(), self.backlog().oldest_s,
-                                            p.events["RequestSpan"])
+                                            p.events["RequestSpan"], p.slowed_rescued)
             p.pass_gap_s = shed.pass_gap_s(p.config.settle_interval_s)
             self._bound_passes()
         return n
 
     def _bound_passes(self) -> None:
-        """The pipeline's bound on a pass's victims: the freshness goal's pass time over a victim's cost so far."""
+        """The pipeline's bound on a pass's victims: the freshness goal's pass time over a victim's cost so far; and
+        on the visibly slowed it takes outside the share: the victims a second the budget affords."""
         p, shed = self.pipeline, self.shedder
         assert shed is not None
         p.max_pass_victims = shed.pass_cap()
+        p.rescue_per_s = shed.rescue_rate()
 
     def refresh_forecast(self) -> None:
         """After each settle, the forecast's snapshot (state, the future without a candidate, the reference

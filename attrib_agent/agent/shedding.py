@@ -25,6 +25,11 @@ staleness while the share fell): every pass the agent times teaches it what a vi
   every victim, late or not).
 The CPU average is bias-corrected from the first reading (an average started at 0 read as "under budget" and
 raised the share at the start).
+
+A request the share leaves out is attributed all the same when it finished visibly slowed (the pipeline's
+`visibly_slowed`: the slow tail an operator looks at the agent for). Those come first: at most the victims a second
+the budget affords (`rescue_rate`, the pipeline's bucket), and the share is priced on what they leave
+(`affordable` takes them off), so when many are slowed the share falls for the others, down to `MIN_SHARE`.
 """
 
 from __future__ import annotations
@@ -102,9 +107,11 @@ class Shedder:
     cores: float = 0.0  # the agent's CPU, averaged over ~WINDOW_S
     pass_cores: float = 0.0  # ... of it in the attribution passes timed (`learn_pass`)
     spans_per_s: float = 0.0  # victims landing (spans fed), averaged the same way from the first span on
+    rescued_per_s: float = 0.0  # ... of them attributed outside the share as visibly slowed, averaged with them
     wall: PassPrice = field(default_factory=PassPrice)  # the timed passes' wall time
     cpu: PassPrice = field(default_factory=PassPrice)  # ... and CPU time
-    _last: tuple[float, float, float, int] | None = None  # (wall, CPU, pass CPU, spans) at the last update
+    _last: tuple[float, float, float, int, int] | None = None  # (wall, CPU, pass CPU, spans, rescued) at the last
+    # update
     _weight: float = 0.0  # of the averages so far (their bias correction: they start at 0)
     _measured_s: float = 0.0  # wall time the averages cover
     _span_weight: float = 0.0  # ... the spans' average, which starts at the first span (not in the idle before)
@@ -137,15 +144,24 @@ class Shedder:
         self._stale_s = max(self._stale_s, age_s)
 
     def affordable(self) -> float | None:
-        """The share the CPU budget pays for: the CPU the rest of the agent leaves in it, over the victims landing a
-        second at what a pass taking one victim costs (its fixed part and one victim's: on the safe side, and
-        what the passes are at a low share; the start's cheap passes, on a timeline still short, do not make it
-        look cheaper by gathering many victims). None until a pass and a second of spans were measured."""
+        """The share the CPU budget pays for: the victims a second it affords (`rescue_rate`) less those taken as
+        visibly slowed, over the victims landing a second. None until a pass and a second of spans were
+        measured."""
+        rate = self.rescue_rate()
+        if rate is None:
+            return None
+        return max(0.0, rate - self.rescued_per_s) / self.spans_per_s
+
+    def rescue_rate(self) -> float | None:
+        """Victims a second the CPU budget affords: the CPU the rest of the agent leaves in it at what a pass taking
+        one victim costs (its fixed part and one victim's: on the safe side, and what the passes are at a low
+        share; the start's cheap passes, on a timeline still short, do not make it look cheaper by gathering many
+        victims). The visibly slowed may take all of it. None until a pass and a second of spans were measured."""
         one = self.cpu.one()
         if one is None or self.spans_per_s <= 0 or self._spans_s < STEP_S:
             return None
         spare = max(0.0, self.budget_cores - (self.cores - self.pass_cores))
-        return spare / (self.spans_per_s * max(one, 1e-9))
+        return spare / max(one, 1e-9)
 
     def pass_cap(self) -> int:
         """How many victims a pass may take to last at most `pass_budget_s` of wall time at the fixed and
@@ -168,17 +184,18 @@ class Shedder:
             cap = min(cap, int(victims * self.pass_budget_s / wall))
         return max(1, cap)
 
-    def update(self, wall: float, cpu: float, backlog_s: float, spans: int = 0) -> float:
-        """Take the clock, the agent's CPU seconds and the spans fed so far; returns the share to attribute."""
+    def update(self, wall: float, cpu: float, backlog_s: float, spans: int = 0, rescued: int = 0) -> float:
+        """Take the clock, the agent's CPU seconds, the spans fed so far and the requests attributed as visibly
+        slowed outside the share so far (the pipeline's `slowed_rescued`); returns the share to attribute."""
         if backlog_s <= MAX_BACKLOG_S:
             self._behind_since = None
         elif self._behind_since is None:
             self._behind_since = wall
         if self._last is None:
-            self._last = (wall, cpu, self._pass_cpu, spans)
+            self._last = (wall, cpu, self._pass_cpu, spans, rescued)
             self._revised = wall
             return self.share
-        w0, c0, p0, s0 = self._last
+        w0, c0, p0, s0, r0 = self._last
         dt = wall - w0
         if dt <= 0:
             return self.share
@@ -191,8 +208,10 @@ class Shedder:
         if spans > 0:
             self._spans_s += dt
             self._span_weight += alpha * (1.0 - self._span_weight)
-            self.spans_per_s += alpha / self._span_weight * (max(0, spans - s0) / dt - self.spans_per_s)
-        self._last = (wall, cpu, self._pass_cpu, spans)
+            k_span = alpha / self._span_weight
+            self.spans_per_s += k_span * (max(0, spans - s0) / dt - self.spans_per_s)
+            self.rescued_per_s += k_span * (max(0, rescued - r0) / dt - self.rescued_per_s)
+        self._last = (wall, cpu, self._pass_cpu, spans, rescued)
         afford = self.affordable()
         first_price = afford is not None and not self._priced
         if not first_price and self._revised is not None and wall - self._revised < STEP_S:

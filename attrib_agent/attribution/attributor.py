@@ -367,7 +367,7 @@ class Attributor:
         offsets = self.frontend_offsets()  # fixed from here on: only the loop above feeds them
         planned = []
         for plan, victims in plans:  # every plan's slowed victims known before any run waits for them
-            bases = [self._baseline(v, cfg, offsets) for v in victims]
+            bases = [self._baseline(v, cfg.token_budget, offsets) for v in victims]
             plan.needy = {v.req.request_id for v, b in zip(victims, bases, strict=True) if b.blamed}
             plan.shared.needy |= plan.needy
             plan.floors = {v.req.request_id: (b.ttft_floor_s, b.itl_floor_s)
@@ -414,9 +414,20 @@ class Attributor:
                 out.append((kept, start, mine))
         return out
 
-    def _baseline(self, v: _Victim, cfg: SchedulerConfig, offsets: tuple[float, float]) -> _Baseline:
+    def slowdowns(self, lc: RequestLifecycle, cached_tokens: int, token_budget: int,
+                  offsets: tuple[float, float]) -> tuple[float, float]:
+        """A finished request's (TTFT, per-token ITL) slowdowns over its uncontended baseline, as its result would
+        state them, from its own times and the step-cost model alone (no re-simulation): cheap enough for the
+        pipeline to ask of every request that lands while it sheds. `offsets`: `frontend_offsets()`."""
+        req = _sim_request(lc, cached_tokens)
+        if req is None or not lc.complete:
+            return 0.0, 0.0
+        base = self._baseline(_Victim(lc, req), token_budget, offsets)
+        return base.ttft_slow_s, base.itl_slow_s
+
+    def _baseline(self, v: _Victim, token_budget: int, offsets: tuple[float, float]) -> _Baseline:
         ttft_off, itl_off = offsets
-        base_ttft = self.cost.solo_ttft_s(v.req.prompt_tokens, cfg.token_budget, v.req.prefix_tokens) + ttft_off
+        base_ttft = self.cost.solo_ttft_s(v.req.prompt_tokens, token_budget, v.req.prefix_tokens) + ttft_off
         solo_itl = self.cost.solo_itl_s(v.req.prompt_tokens + v.req.output_tokens // 2)
         base_itl = max(self.config.itl_floor_ratio * solo_itl, solo_itl + itl_off)
         ttft_slow = max(0.0, (v.lc.ttft_s or 0.0) - base_ttft)

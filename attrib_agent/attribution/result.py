@@ -217,10 +217,15 @@ class AttributionResult:
     # output sequences its completion tokens are summed over: an n>1 client request's children (`client_result`),
     # else 1 (left out of repr: 1 on every other result, whose repr, and the replay digests of it, stay as they were)
     sequences: int = field(default=1, repr=False)
+    # why it was attributed while the live agent shed load: "share" (in the hash sample the counters read: every
+    # result outside shedding) or "slowed" (outside it, attributed because it finished visibly slowed: the
+    # pipeline's `visibly_slowed`); left out of repr as `sequences` is
+    chosen_by: str = field(default="share", repr=False)
 
     def __post_init__(self) -> None:  # one string per mode, the evidence packed (compact.py)
         object.__setattr__(self, "evidence", compact_evidence(self.evidence))
         object.__setattr__(self, "mode", sys.intern(self.mode))
+        object.__setattr__(self, "chosen_by", sys.intern(self.chosen_by))
 
     @property
     def itl_gaps(self) -> int:

@@ -32,7 +32,7 @@ def to_dict(r: AttributionResult) -> dict[str, Any]:
         "itl_s": r.itl_s, "itl_baseline_s": r.itl_baseline_s, "itl_slowdown_s": r.itl_slowdown_s,
         "unexplained_s": r.unexplained_ttft_s, "unexplained_itl_s": r.unexplained_itl_s,
         "no_interference": r.no_interference, "quality": r.quality, "preempted_s": r.preempted_s, "mode": r.mode,
-        "sequences": r.sequences, "evidence": dict(r.evidence),
+        "sequences": r.sequences, "chosen_by": r.chosen_by, "evidence": dict(r.evidence),
         "culprits": [culprit_to_dict(c) for c in r.culprits],
     }
 
@@ -90,4 +90,5 @@ def from_dict(d: dict[str, Any]) -> AttributionResult:
         completion_tokens=_opt_int(d.get("completion_tokens")), trace_id=_opt_str(d.get("trace_id")),
         span_id=_opt_str(d.get("span_id")), final=bool(d.get("final", True)),
         preempted_s=float(d.get("preempted_s", 0.0)), evidence=_evidence(d.get("evidence")),
-        mode=str(d.get("mode", "inferred")), sequences=_sequences(d.get("sequences", 1)))
+        mode=str(d.get("mode", "inferred")), sequences=_sequences(d.get("sequences", 1)),
+        chosen_by=str(d.get("chosen_by", "share")))

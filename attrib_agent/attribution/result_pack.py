@@ -7,8 +7,8 @@ AttributionResult (same values to the bit, same types), so the API's JSON, the j
 read what they read before.
 
 Layout (little-endian; in memory only, never written anywhere, so it may change freely):
-  header     finished_ts d, flags B, mode B, engine H, prompt_tokens I, completion_tokens I,
-             stored-float mask H, none-float mask H, evidence pairs B, culprits H
+  header     finished_ts d, flags B, mode B (top bit: chosen_by "slowed"), engine H, prompt_tokens I,
+             completion_tokens I, stored-float mask H, none-float mask H, evidence pairs B, culprits H
   sequences  H, when not 1 (flags: an n>1 client request's children, `AttributionResult.sequences`)
   ids        the trace id's 16 bytes and the span id's 8, each when present (flags)
   evidence   the EvidenceMap's bytes (cause codes, then evidence codes)
@@ -36,6 +36,8 @@ Stored = bytes | AttributionResult
 FLOATS: Final = ("ttft_s", "ttft_baseline_s", "ttft_slowdown_s", "itl_s", "itl_baseline_s", "itl_slowdown_s",
                  "unexplained_ttft_s", "unexplained_itl_s", "quality", "arrival_ts", "preempted_s")
 MODES: Final = ("inferred", "exact")
+CHOSEN_BY: Final = ("share", "slowed")  # `AttributionResult.chosen_by`, in the mode byte's top bit
+_SLOWED: Final = 0x80
 _HEAD: Final = struct.Struct("<dBBHIIHHBH")
 _FINISHED: Final = struct.Struct("<d")
 _SEQUENCES_AT: Final = struct.Struct("<H")
@@ -48,7 +50,8 @@ _MODE_CODE: Final = {m: i for i, m in enumerate(MODES)}
 def pack(r: AttributionResult) -> bytes | None:
     """`r` in one bytes (its request id aside), or None when it cannot be packed exactly."""
     if (type(r.finished_ts) is not float or r.mode not in _MODE_CODE or type(r.culprits) is not tuple
-            or len(r.culprits) > 0xFFFF or any(type(b) is not bool for b in (r.final, r.no_interference, r.is_whale))
+            or r.chosen_by not in CHOSEN_BY or len(r.culprits) > 0xFFFF
+            or any(type(b) is not bool for b in (r.final, r.no_interference, r.is_whale))
             or not _uint(r.engine, 0xFFFF) or not _uint(r.sequences, 0xFFFF)
             or not all(x is None or _uint(x, 0xFFFFFFFF) for x in (r.prompt_tokens, r.completion_tokens))):
         return None
@@ -76,7 +79,8 @@ def pack(r: AttributionResult) -> bytes | None:
              | _TRACE * (r.trace_id is not None) | _SPAN * (r.span_id is not None)
              | _PROMPT * (r.prompt_tokens is not None) | _COMPLETION * (r.completion_tokens is not None)
              | _SEQUENCES * (r.sequences != 1))
-    head = _HEAD.pack(r.finished_ts, flags, _MODE_CODE[r.mode], r.engine, r.prompt_tokens or 0,
+    mode = _MODE_CODE[r.mode] | _SLOWED * (r.chosen_by == "slowed")
+    head = _HEAD.pack(r.finished_ts, flags, mode, r.engine, r.prompt_tokens or 0,
                       r.completion_tokens or 0, stored, none, len(evidence) // EvidenceMap._WIDTH, len(culprits))
     sequences = _SEQUENCES_AT.pack(r.sequences) if r.sequences != 1 else b""
     return b"".join((head, sequences, trace, span, evidence, _DOUBLES[len(values)].pack(*values), *culprits))
@@ -130,7 +134,8 @@ def unpack(request_id: str, blob: bytes) -> AttributionResult:
         request_id, finished, f[0], f[1], f[2], f[3], f[4], f[5], _culprits(blob, culprits_at, n_c), f[6],
         f[7], bool(flags & _NO_INTERFERENCE), f[8], bool(flags & _WHALE), engine, f[9],
         prompt if flags & _PROMPT else None, completion if flags & _COMPLETION else None, trace_id, span_id,
-        bool(flags & _FINAL), f[10], evidence, MODES[mode], _sequences(blob, flags))
+        bool(flags & _FINAL), f[10], evidence, MODES[mode & ~_SLOWED], _sequences(blob, flags),
+        CHOSEN_BY[bool(mode & _SLOWED)])
 
 
 def _sections(flags: int, n_evidence: int, stored: int) -> tuple[int, int, int]:

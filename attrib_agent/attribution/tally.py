@@ -23,6 +23,18 @@ def victim_class(result: AttributionResult) -> str:
     return "whale" if result.is_whale else "short"
 
 
+def phase_slowdowns(ttft_slowdown_s: float, itl_slowdown_s: float, gaps: int) -> tuple[tuple[str, float], ...]:
+    """A request's slowdown in each phase, in seconds of its own time: TTFT's, and the per-token ITL's over its
+    token gaps."""
+    return ("ttft", ttft_slowdown_s), ("itl", itl_slowdown_s * gaps)
+
+
+def slowed(phase_s: float, victim_threshold_s: float) -> bool:
+    """The rule that makes a request a slowed victim in a phase (`attrib_slowed_requests_total`), and while the
+    agent sheds, one attributed whatever the share (the pipeline's `visibly_slowed`): shared, never restated."""
+    return phase_s >= victim_threshold_s
+
+
 @dataclass(frozen=True, slots=True)
 class Exemplar:
     trace_id: str
@@ -85,9 +97,10 @@ class SlowdownTally:
         gaps = r.itl_gaps
         self.requests[vc] += 1
         self.slo.add(r)
-        for phase, slow, unexplained in (("ttft", r.ttft_slowdown_s, r.unexplained_ttft_s),
-                                         ("itl", r.itl_slowdown_s * gaps, r.unexplained_itl_s * gaps)):
-            if slow >= self.victim_threshold_s:
+        phases = phase_slowdowns(r.ttft_slowdown_s, r.itl_slowdown_s, gaps)
+        for (phase, slow), unexplained in zip(phases, (r.unexplained_ttft_s, r.unexplained_itl_s * gaps),
+                                              strict=True):
+            if slowed(slow, self.victim_threshold_s):
                 self.slowed[(phase, vc)] += 1
             self.unexplained_s[(phase, vc)] += unexplained
             ex = Exemplar(r.trace_id, slow, r.finished_ts) if r.trace_id and slow > 0 else None

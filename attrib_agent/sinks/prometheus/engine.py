@@ -52,7 +52,10 @@ def live_pipeline_families(state: AgentState) -> list[Metric]:
     waited = one(gauge("attrib_pipeline_backlog_seconds"), b.oldest_s)
     share = one(gauge("attrib_attributed_share_ratio"), b.attributed_share)
     skipped = one(counter("attrib_victims_skipped_total"), b.victims_skipped)
-    return [lag, events, waited, share, skipped]
+    slowed = counter("attrib_slowed_outside_share_total")
+    slowed.add_metric(["attributed"], b.slowed_attributed)
+    slowed.add_metric(["skipped"], b.slowed_skipped)
+    return [lag, events, waited, share, skipped, slowed]
 
 
 def kv_families(state: AgentState) -> list[Metric]:

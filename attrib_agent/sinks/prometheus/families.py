@@ -66,7 +66,8 @@ SPECS: Final = (
           "Slowdown of each attributed request over its uncontended baseline; exemplars carry the victim's "
           "trace_id."),
     _spec("attrib_requests_attributed_total", "counter", "", "victim_class",
-          "Finished requests attributed (final results only)."),
+          "Finished requests attributed (final results only; while the agent sheds load, those in the hash sample, "
+          "which this and the other slowdown and SLO series count: see attrib_slowed_outside_share_total)."),
     _spec("attrib_slowed_requests_total", "counter", "", _SLOW,
           "Attributed requests whose slowdown exceeded the victim threshold."),
     _spec("attrib_slo_requests_total", "counter", "", "shape, outcome",
@@ -129,6 +130,11 @@ SPECS: Final = (
           "(attribution_budget_cores)."),
     _spec("attrib_victims_skipped_total", "counter", "", "",
           "Requests left unattributed because the agent shed load (status `skipped` in the API)."),
+    _spec("attrib_slowed_outside_share_total", "counter", "", "outcome",
+          "Requests the shed share left out that finished visibly slowed (a phase slowed past the victim threshold "
+          "over the step-cost model's time alone): `attributed` all the same (final results, `chosen_by` slowed; "
+          "not in the sample the slowdown and SLO series count), or `skipped` past the bound the CPU budget sets "
+          "(counted in attrib_victims_skipped_total too)."),
     _spec("attrib_results_stored", "gauge", "", "", "Attribution results held for the API."),
     _spec("attrib_results_stored_bytes", "gauge", "bytes", "",
           "Memory the stored results count against max_result_bytes (packed; RSS is ~1.1x this)."),
