@@ -152,7 +152,7 @@ class AttributionPipeline:
         self.victims_skipped = 0
         self._skipped: OrderedDict[str, None] = OrderedDict()  # the last max_pending skipped ids, for status()
         # While shedding, a request the share leaves out is attributed all the same when it finished visibly
-        # slowed (`visibly_slowed`): the ones an operator asks about. At most `rescue_per_s` a second of event time
+        # slowed (`visible_slowdown`): the ones an operator asks about. At most `rescue_per_s` a second of event time
         # (the agent's: what its CPU budget affords; None: no such bound, the pass bound still holds), the rest
         # counted skipped (`slowed_skipped`, also in `victims_skipped`).
         self.rescue_per_s: float | None = None
@@ -322,7 +322,7 @@ class AttributionPipeline:
         finalised: set[str] = set()
         filed: dict[str, AttributionResult] = {}  # n>1 client requests this pass filed a child of
         results = self.attributor.attribute(self.timeline, wanted)
-        if self.attribute_share < 1.0:  # the pass's budget, for `visibly_slowed` (kept per timeline version: read
+        if self.attribute_share < 1.0:  # the pass's budget, for `visible_slowdown` (kept per timeline version: read
             self._pass_budget = self.timeline.token_budget()  # as the pass left it, no step inference more)
         for r in results:
             lc = lcs.get(r.request_id)
@@ -371,27 +371,30 @@ class AttributionPipeline:
         return rid in self._rescued or chosen(self.timeline.client_of(rid), self.attribute_share)  # an n>1
         # request's children together
 
-    def visibly_slowed(self, rid: str) -> bool:
-        """Whether a request whose span landed finished slowed past `victim_threshold_s` in a phase (the tally's
-        rule) over what the step-cost model says it would take alone: from its own times, the cost model and the
-        frontend offsets learnt so far (no re-simulation). Its result may differ a little: the pass refits."""
+    def visible_slowdown(self, rid: str) -> float:
+        """How far a request whose span landed finished slowed past `victim_threshold_s` (the tally's rule), in
+        seconds of its own time in its most slowed phase, over what the step-cost model says it would take alone;
+        0 when it was not: from its own times, the cost model and the frontend offsets learnt so far (no
+        re-simulation). Its result may differ a little: the pass refits."""
         lc = self.timeline.logged(rid)
         if lc is None or not lc.complete:
-            return False
+            return 0.0
         if self._slowed_basis is None:  # once a settle
             budget = self._pass_budget if self._pass_budget is not None else self.timeline.token_budget()
             self._slowed_basis = (budget, self.attributor.frontend_offsets())
         ttft, itl = self.attributor.slowdowns(lc, self.timeline.cached_tokens(rid), *self._slowed_basis)
-        return any(slowed(s, self.config.victim_threshold_s)
-                   for _, s in phase_slowdowns(ttft, itl, itl_gaps(lc.completion_tokens)))
+        return max((s for _, s in phase_slowdowns(ttft, itl, itl_gaps(lc.completion_tokens))
+                    if slowed(s, self.config.victim_threshold_s)), default=0.0)
 
     def _rescue(self, left: list[str], now: float) -> set[str]:
         """Of the requests the share `left` out (in the order they landed), those that finished visibly slowed,
-        the oldest first, as many as `rescue_per_s` allows: attributed whatever the share (`chosen_by` "slowed").
-        An n>1 request's children are not (its one result needs all of them). The other slowed are skipped."""
-        slow = [rid for rid in left if self.timeline.client_of(rid) == rid and self.visibly_slowed(rid)]
-        if not slow:
+        the most slowed first (the tail an operator asks about; ties the oldest first), as many as `rescue_per_s`
+        allows: attributed whatever the share (`chosen_by` "slowed"). An n>1 request's children are not (its one
+        result needs all of them). The other slowed are skipped."""
+        by = {rid: s for rid in left if self.timeline.client_of(rid) == rid and (s := self.visible_slowdown(rid)) > 0}
+        if not by:
             return set()
+        slow = sorted(by, key=lambda rid: -by[rid])  # stable: in landing order among equals
         took = slow[:self._rescue_room(now, len(slow))]
         self.slowed_skipped += len(slow) - len(took)
         self._rescued.update(dict.fromkeys(took))

@@ -27,7 +27,7 @@ The CPU average is bias-corrected from the first reading (an average started at 
 raised the share at the start).
 
 A request the share leaves out is attributed all the same when it finished visibly slowed (the pipeline's
-`visibly_slowed`: the slow tail an operator looks at the agent for). Those come first: at most the victims a second
+`visible_slowdown`: the slow tail an operator looks at the agent for). Those come first: at most the victims a second
 the budget affords (`rescue_rate`, the pipeline's bucket), and the share is priced on what they leave
 (`affordable` takes them off), so when many are slowed the share falls for the others, down to `MIN_SHARE`.
 """

@@ -219,7 +219,7 @@ class AttributionResult:
     sequences: int = field(default=1, repr=False)
     # why it was attributed while the live agent shed load: "share" (in the hash sample the counters read: every
     # result outside shedding) or "slowed" (outside it, attributed because it finished visibly slowed: the
-    # pipeline's `visibly_slowed`); left out of repr as `sequences` is
+    # pipeline's `visible_slowdown`); left out of repr as `sequences` is
     chosen_by: str = field(default="share", repr=False)
 
     def __post_init__(self) -> None:  # one string per mode, the evidence packed (compact.py)

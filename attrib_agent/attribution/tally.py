@@ -31,7 +31,7 @@ def phase_slowdowns(ttft_slowdown_s: float, itl_slowdown_s: float, gaps: int) ->
 
 def slowed(phase_s: float, victim_threshold_s: float) -> bool:
     """The rule that makes a request a slowed victim in a phase (`attrib_slowed_requests_total`), and while the
-    agent sheds, one attributed whatever the share (the pipeline's `visibly_slowed`): shared, never restated."""
+    agent sheds, one attributed whatever the share (the pipeline's `visible_slowdown`): shared, never restated."""
     return phase_s >= victim_threshold_s
 
 

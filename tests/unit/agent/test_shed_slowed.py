@@ -105,7 +105,7 @@ def test_at_share_one_nothing_is_taken_as_slowed() -> None:
 
 def test_the_slowed_outside_the_share_are_bounded_by_rate_and_by_pass() -> None:
     """A rate bound (victims a second of event time, a bucket of one second's worth) and the pass bound: the slowed
-    past them are skipped and counted, the oldest taken first; the hash sample is unaffected."""
+    past them are skipped and counted; the hash sample is unaffected."""
     rate = 0.5
     p, low = replay("bench-mixed", 0.2, lambda q: setattr(q, "rescue_per_s", rate))
     evs = recording("bench-mixed")
@@ -134,6 +134,30 @@ def test_the_slowed_outside_the_share_are_bounded_by_rate_and_by_pass() -> None:
     p, low = replay("bench-mixed", 0.2, capped)
     assert taken and max(len(ids) for ids in taken) <= 2  # new victims a pass (partial results come again)
     assert p.slowed_skipped > 0 and all(p.status(rid) in ("final", "skipped") for rid in full)
+
+
+def test_under_the_rate_bound_the_most_slowed_of_a_settle_are_taken_first() -> None:
+    """When the bound leaves some slowed requests out, the ones taken are the most slowed of what the settle found
+    (the tail an operator asks about), not the ones that happened to land first."""
+    calls: list[tuple[dict[str, float], set[str]]] = []
+
+    def spy(q: AttributionPipeline) -> None:
+        q.rescue_per_s = 0.5
+        real = q._rescue
+
+        def rescue(left: list[str], now: float) -> set[str]:
+            by = {rid: s for rid in left if (s := q.visible_slowdown(rid)) > 0}
+            took = real(left, now)
+            calls.append((by, took))
+            return took
+
+        q._rescue = rescue  # type: ignore[method-assign]
+
+    replay("bench-mixed", 0.2, spy)
+    bound = [(by, took) for by, took in calls if took and len(took) < len(by)]
+    assert bound, "the bound never left a slowed request out: the test shows nothing"
+    for by, took in bound:
+        assert min(by[r] for r in took) >= max(s for r, s in by.items() if r not in took), (by, took)
 
 
 def test_the_result_says_why_it_was_attributed_through_json_and_the_store() -> None:
