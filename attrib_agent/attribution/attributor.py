@@ -161,11 +161,15 @@ class _PeriodPlan:
     def client_of(self, rid: str) -> str:
         return self.client.get(rid, rid)
 
+    def requests_of(self, player: str) -> frozenset[str]:
+        """The requests a player is: an n>1 client request's children, else itself."""
+        return self._members.get(player, frozenset({player}))
+
     def _expand(self, removed: frozenset[str]) -> frozenset[str]:
         """The requests a coalition of players stands for: a client request's children all go together."""
         if not self._members or not removed & self._members.keys():
             return removed
-        return frozenset().union(*(self._members.get(p, frozenset({p})) for p in removed))
+        return frozenset().union(*(self.requests_of(p) for p in removed))
 
     def _without(self, removed: frozenset[str], readers: Iterable[str]) -> tuple[list[SimRequest], list[str]]:
         return [r for r in self.period if r.request_id not in removed], [v for v in readers if v not in removed]
@@ -460,6 +464,9 @@ class Attributor:
 
         blame_ttft: dict[str, float] = defaultdict(float)
         blame_itl: dict[str, float] = defaultdict(float)
+        # causes label blamed seconds, and where no world shows a whale to matter they decide the shortfall's split
+        mech = observed_causes(v.lc, view) if base.blamed else None
+        by_steps: dict[str, Mapping[str, float]] = {}  # phase -> the shortfall's split the observed steps decided
         if base.blamed:
             for which, slow, blame in (("ttft", ttft_slow, blame_ttft), ("itl", itl_slow, blame_itl)):
                 if slow <= 0:
@@ -473,7 +480,9 @@ class Attributor:
                 # leaves out of it goes to the players in proportion to what the counterfactuals show they did.
                 seen = observed_engine[which]
                 shortfall = 0.0 if seen is None or not players else seen - metric(factual, which)
-                relevant = sorted(plan.relevant(rid, which)) if shortfall else []
+                relevant: list[str] | dict[str, float] = sorted(plan.relevant(rid, which)) if shortfall else []
+                if not relevant and shortfall > 0 and mech is not None:  # the observed steps say who was there
+                    relevant = by_steps[which] = mech.shares(which, {p: plan.requests_of(p) for p in players})
                 phi = with_shortfall(shapley(players, value), shortfall, relevant) if players else {}
                 for p, val in phi.items():
                     blame[p] += max(0.0, val)
@@ -488,8 +497,7 @@ class Attributor:
                     other == me != rid):  # (its siblings: the client's own doing, no other request's)
                 blame_ttft.pop(other, None)
                 blame_itl.pop(other, None)
-        # causes label blamed seconds: a victim nobody is blamed for reports only its preempted time
-        mech = observed_causes(v.lc, view) if base.blamed else None
+        # a victim nobody is blamed for reports only its preempted time
         if mech is None and base.blamed:
             mech = simulated_causes(plan.traced(frozenset()).outcomes[rid])
         unexplained_ttft = max(0.0, ttft_slow - sum(blame_ttft.values()))
@@ -518,14 +526,25 @@ class Attributor:
             is_whale=me in whale_set, engine=v.lc.engine, arrival_ts=v.lc.arrival_ts,
             prompt_tokens=v.lc.prompt_tokens, completion_tokens=v.lc.completion_tokens,
             preempted_s=mech.preempted_s if mech else 0.0 if base.blamed else preempted_seconds(v.lc, view),
-            evidence=mech.evidence_for(*(c.causes for c in culprits), *(c.itl_causes for c in culprits))
-            if mech else NO_EVIDENCE)
+            evidence=mech.evidence_for(*(c.causes for c in culprits), *(c.itl_causes for c in culprits),
+                                       comembership=_comembership(culprits, by_steps)) if mech else NO_EVIDENCE)
 
     @staticmethod
     def _light_split(plan: _PeriodPlan, players: list[str], rid: str, which: str) -> dict[str, float]:
         """Fractions (summing to 1) of the light crowd's effect, from a traced run without the whales."""
         traced = plan.traced(frozenset(players)).outcomes[rid]
         return _normalised(_trace_by_request(traced, which))
+
+
+def _comembership(culprits: Iterable[Culprit], by_steps: Mapping[str, Mapping[str, float]]) -> set[str]:
+    """The causes labelling the seconds of culprits given a share of the shortfall by the observed steps."""
+    marked: set[str] = set()
+    for c in culprits if by_steps else ():
+        if by_steps.get("ttft", {}).get(c.request_id, 0.0) > 0:
+            marked.update(c.causes)
+        if by_steps.get("itl", {}).get(c.request_id, 0.0) > 0:
+            marked.update(c.itl_causes)
+    return marked
 
 
 def _footprints(period: list[SimRequest], client: Mapping[str, str]) -> dict[str, int]:

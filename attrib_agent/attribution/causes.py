@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
@@ -231,6 +231,7 @@ class StepShares:
 
 
 _CONTENTION = (Cause.PREFILL_CONTENTION.value, Cause.DECODE_BATCHING.value, Cause.KV_BANDWIDTH.value)
+_HEAD_OF_LINE = Cause.HEAD_OF_LINE.value
 _Lazy = tuple[StepShares, str, float, float, float]  # a step's shares, the victim, seconds per unit of each cause
 
 
@@ -333,9 +334,34 @@ class VictimCauses:
         fractions = _normalised(self.culprit(phase, culprit)) or _normalised(self._overall(phase))
         return {c: seconds * f for c, f in sorted(fractions.items())} if fractions else {Cause.OTHER.value: seconds}
 
-    def evidence_for(self, *causes: Mapping[str, float]) -> Mapping[str, str]:
+    def evidence_for(self, *causes: Mapping[str, float], comembership: Collection[str] = ()) -> Mapping[str, str]:
+        """What each named cause rests on; `observed_comembership` for those (`comembership`) labelling seconds
+        whose amount `shares` decided, the weakest link of their derivation."""
         named = {c for cs in causes for c in cs}
-        return {c: e for c, e in sorted(self.evidence.items()) if c in named} or NO_EVIDENCE
+        by = Evidence.OBSERVED_COMEMBERSHIP.value
+        return {c: by if c in comembership else e for c, e in sorted(self.evidence.items()) if c in named} \
+            or NO_EVIDENCE
+
+    def shares(self, phase: str, players: Mapping[str, Iterable[str]]) -> dict[str, float]:
+        """The fraction of the victim's observed wait in `phase` (TTFT: arrival to first token; ITL: after it) that
+        each player (its requests: an n>1 client request's children) caused, as the causes price it: the step-cost
+        model's marginal costs in the steps it shared or waited on, blocks held where it was preempted or queued for
+        KV, over every co-member's. How what the re-simulation missed is split when no world of it shows a player
+        to matter (attributor.py): a whale in none of those steps gets nothing (absent here), one decoding a token
+        beside the victim far less than a chunk that filled the step, and the light crowd's fraction stays
+        unexplained. Not `head_of_line` (the queue's head is in no step)."""
+        overall = self._overall(phase)
+        total = sum(secs for cause, secs in overall.items() if cause != _HEAD_OF_LINE and secs > 0)
+        out: dict[str, float] = {}
+        for player, requests in players.items() if total > 0 else ():
+            by_cause: dict[str, float] = defaultdict(float)
+            for rid in requests:
+                for cause, secs in self.culprit(phase, rid).items():
+                    if cause != _HEAD_OF_LINE and secs > 0:
+                        by_cause[cause] += secs
+            if (mine := sum(by_cause.values())) > 0:
+                out[player] = min(1.0, mine / total)
+        return out
 
     def _overall(self, phase: str) -> dict[str, float]:
         acc: dict[str, float] = defaultdict(float)

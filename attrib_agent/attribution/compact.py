@@ -16,7 +16,8 @@ from typing import ClassVar, Final, TypeVar
 # The names' order is the wire format of nothing (maps are packed in memory only), but only ever append.
 CAUSE_NAMES: Final = ("kv_pressure", "head_of_line", "prefill_contention", "decode_batching", "kv_bandwidth",
                       "preemption", "other")
-EVIDENCE_NAMES: Final = ("simulated", "observed_steps", "observed_preemption", "cost_model", "nvml_bandwidth")
+EVIDENCE_NAMES: Final = ("simulated", "observed_steps", "observed_preemption", "cost_model", "nvml_bandwidth",
+                          "observed_comembership")
 V = TypeVar("V")
 DOUBLE: Final = struct.Struct("<d")  # a packed number: a map's value, one of a culprit's four
 _CAUSE_CODE: Final = {name: i for i, name in enumerate(CAUSE_NAMES)}

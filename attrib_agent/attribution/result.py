@@ -48,6 +48,9 @@ class Evidence(StrEnum):
     OBSERVED_PREEMPTION = "observed_preemption"  # the timeline saw the victim preempted (timeline/preemption.py)
     COST_MODEL = "cost_model"  # observed steps, split by the fitted step-cost model's marginal costs
     NVML_BANDWIDTH = "nvml_bandwidth"  # observed steps, the bandwidth part from the GPU's measured DRAM use
+    # the amount, not only its label, from the observed steps: no re-simulated world showed a whale to matter, so
+    # what the simulation missed went to the whales in the victim's steps by what they cost there (causes.py)
+    OBSERVED_COMEMBERSHIP = "observed_comembership"
 
 
 class Culprit:

@@ -63,16 +63,21 @@ def largest_effects(players: Sequence[str], value: Callable[[frozenset[str]], fl
                 effect[w] = max(effect[w], abs(value(s | {w}) - value(s)))
     return effect
 
-def with_shortfall(phi: Mapping[str, float], shortfall: float, relevant: Sequence[str]) -> dict[str, float]:
-    """Shapley values of the simulated game plus the shortfall (observed minus simulated, in the world that
-    happened) as a unanimity game of the relevant players R (worth the shortfall to a coalition holding all of R):
+def with_shortfall(phi: Mapping[str, float], shortfall: float,
+                   relevant: Sequence[str] | Mapping[str, float]) -> dict[str, float]:
+    """Shapley values of the simulated game plus the shortfall D (observed minus simulated, in the world that
+    happened) as a unanimity game of the relevant players R (worth D to a coalition holding all of R):
 
-        phi_w = phi_w^sim + shortfall / |R|   if w in R,   phi_w^sim otherwise
+        phi_w = phi_w^sim + D / |R|   if w in R,   phi_w^sim otherwise
 
     A player the counterfactual worlds show to be irrelevant gets none of it, so a long but cheap request beside a
     real whale is not blamed for what the simulation misses of the whale; among the relevant ones the split is
-    even, not by the simulated sizes, which drift where KV exhaustion is knife-edge (docs/attribution.md). With R
+    even, not by the simulated sizes, which drift where KV exhaustion is knife-edge (docs/attribution.md). R given
+    with fractions f_w instead (when no world shows anyone to matter: the whales' parts of the victim's observed
+    wait, causes.VictimCauses.shares), phi_w = phi_w^sim + D x f_w, and D x (1 - sum f) goes to nobody. With R
     empty the shortfall goes to nobody (the caller reports it as unexplained)."""
+    if isinstance(relevant, Mapping):
+        return {p: v + shortfall * relevant.get(p, 0.0) for p, v in phi.items()}
     share = shortfall / len(relevant) if relevant else 0.0
     keep = set(relevant)
     return {p: v + (share if p in keep else 0.0) for p, v in phi.items()}

@@ -78,7 +78,7 @@ def test_a_delay_only_both_whales_cause_is_explained_and_split_fairly(fixtures_d
     (TTFT 14 ms) and then the engine must blame nobody. That was whale2's first recording (a slow host, one or two
     preemptions in each all-whale run). Re-recorded by truth13 on a quiet host, no run preempts and s015 is slowed in
     no rep (13-21 ms, 12.9 ms without a whale), so every rep checks that nobody is blamed; the one delay only both
-    whales cause there is s002's, which the agent leaves unexplained
+    whales cause there is s002's, which the re-simulation misses and the observed steps explain
     (`test_score.test_whale2_scores_hold_todays_figures`)."""
     truth_dir = fixtures_dir / "truth" / "whale2"
     path = truth_dir / "runs" / f"w1+w2-r{rep}"
