@@ -161,7 +161,7 @@ class Forecast:
         arrival: "harmless" from a price no evidence supports; `price_evidence` says so. Nor, when the stream's
         phase is unknown, one its next arrival has `harmless_arrival_chance` or more chance to land behind: the
         runs place that arrival half a gap ahead, after a prefill shorter than that, while a Poisson stream lands
-        in it (mixed/w1 in the lab: 0.12 s priced, 2.47 shorts/s, 26 %; one came 0.106 s after it, slowed 5x)."""
+        in it (mixed/w1 in the lab: 0.12 s priced, 2.47 shorts/s, 25 %; one came 0.106 s after it, slowed 5x)."""
         if self.extrapolated:
             return False
         if self.arrival_chance is not None and self.arrival_chance >= config.harmless_arrival_chance:

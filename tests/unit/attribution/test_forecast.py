@@ -301,7 +301,7 @@ def test_a_price_beyond_what_the_fit_saw_is_flagged_and_never_harmless() -> None
 def test_with_the_streams_phase_unknown_harmless_needs_the_next_arrival_unlikely_to_land_behind_the_candidate() -> None:
     """Issue 16, learnt load: the runs place the next arrival half a gap ahead, after a prefill shorter than that,
     so nobody is harmed in the forecast, while a Poisson stream of that rate lands in the prefill 1 - exp(-rate x
-    prefill) of the time and that short waits for it (mixed/w1 in the lab: 26 %, a short slowed 5x). With the
+    prefill) of the time and that short waits for it (mixed/w1 in the lab: 25 %, a short slowed 5x). With the
     phase unknown such a candidate is not harmless; a declared `first_in_s` keeps its phase, and the runs decide."""
     assert arrival_chance(None, 0.1) is None and arrival_chance(ArrivalLoad(0.0, 32, 32), 0.1) is None
     assert arrival_chance(ArrivalLoad(2.0, 32, 32, first_in_s=0.3), 0.1) is None  # its phase is declared
