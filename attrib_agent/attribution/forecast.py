@@ -10,8 +10,9 @@ mostly hurts those that come after it: the two are reported apart.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from attrib_agent.attribution.cost_model import PriceRange
 from attrib_agent.attribution.forecast_sim import Run, Window, simulate_from
@@ -22,7 +23,8 @@ from attrib_agent.attribution.slo import SloConfig
 from attrib_agent.attribution.step_shape import prefill_pairs
 
 __all__ = ["ArrivalLoad", "Baseline", "Candidate", "EngineState", "Forecast", "ForecastConfig", "ForecastSettings",
-           "Harm", "InFlight", "PriceCheck", "Run", "baseline", "forecast", "price_check"]
+           "Harm", "InFlight", "PriceCheck", "Run", "arrival_chance", "baseline", "forecast", "phase_extra_s",
+           "price_check"]
 
 CANDIDATE_PREFIX = "candidate-"
 EXPECTED_PREFIX = "expected-"
@@ -42,12 +44,18 @@ class ForecastConfig:
     max_steps: int = 20_000  # per simulated run
     harmless_s: float = 0.05  # summed extra TTFT below this calls a candidate harmless ...
     slowed_ratio: float = 2.0  # ... and so does no request's TTFT or mean ITL made this many times longer
+    harmless_arrival_chance: float = 0.05  # ... and, when the stream's phase is unknown, a chance under this that
+    # its next arrival lands while the candidate holds it back (`arrival_chance`): "harmless" promises nobody
+    # slowed 2x, and an arrival landing there is; the promise kept 19 times in 20, the 95 % the lab asks of a
+    # truth's harm before calling it resolved (two standard errors). Above 1: the check is off
 
     def __post_init__(self) -> None:
         if min(self.ttft_slo_s, self.itl_p95_slo_s, self.horizon_s) <= 0 or self.max_expected < 0:
             raise ValueError("SLOs and horizon_s must be > 0, max_expected >= 0")
         if self.max_steps < 1 or self.harmless_s < 0 or not self.slowed_ratio > 1:
             raise ValueError("max_steps must be >= 1, harmless_s >= 0 and slowed_ratio > 1")
+        if not self.harmless_arrival_chance > 0:
+            raise ValueError("harmless_arrival_chance must be > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +72,14 @@ class Harm:
     ttft_extra_by_request: tuple[tuple[str, float], ...] = ()  # those with extra TTFT > 0 (not exported)
     slowed: int = 0  # whose TTFT (arrival to first token) or mean ITL the candidate makes `slowed_ratio` times
     # longer or more, the time without it taken as at least one step's (`forecast._harm`)
+    phase_extra_s: float = 0.0  # of `ttft_extra_sum_s`, the part no run shows: a stream of unknown phase
+    # averaged over its phase (`phase_extra_s`); 0 for the requests in flight and a known phase
 
     def as_dict(self) -> dict[str, float | int]:
         return {"requests": self.requests, "ttft_extra_sum_s": self.ttft_extra_sum_s,
                 "ttft_extra_max_s": self.ttft_extra_max_s, "itl_extra_sum_s": self.itl_extra_sum_s,
                 "itl_extra_max_s": self.itl_extra_max_s, "ttft_slo_pushed": self.ttft_slo_pushed,
-                "itl_slo_pushed": self.itl_slo_pushed, "slowed": self.slowed}
+                "itl_slo_pushed": self.itl_slo_pushed, "slowed": self.slowed, "phase_extra_s": self.phase_extra_s}
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +139,8 @@ class Forecast:
     load_basis: str = "declared"  # what `expected` is: declared, learnt, saved (the last agent's) or probe
     stay_s: float | None = None  # from now to its last token, its decode priced alone (a lower bound; not exported)
     price: PriceCheck | None = None  # whether its prefill's price rests on chunks the fit has seen
+    arrival_chance: float | None = None  # the chance the next arrival lands while the candidate holds it back
+    # (`arrival_chance`), for a stream whose phase is unknown; None when it is known (or no stream)
 
     @property
     def extrapolated(self) -> bool:
@@ -146,8 +158,13 @@ class Forecast:
         decoding 1,500 tokens) can still slow a stream the agent has not seen, so it is not called harmless;
         `load_basis` says why. Nor is one whose prefill is priced beyond what the fit has seen (`PriceCheck`): the
         fit's price of an unseen chunk can be half its time, and a prefill priced short ends before the next
-        arrival: "harmless" from a price no evidence supports; `price_evidence` says so."""
+        arrival: "harmless" from a price no evidence supports; `price_evidence` says so. Nor, when the stream's
+        phase is unknown, one its next arrival has `harmless_arrival_chance` or more chance to land behind: the
+        runs place that arrival half a gap ahead, after a prefill shorter than that, while a Poisson stream lands
+        in it (mixed/w1 in the lab: 0.12 s priced, 2.47 shorts/s, 25 %; one came 0.106 s after it, slowed 5x)."""
         if self.extrapolated:
+            return False
+        if self.arrival_chance is not None and self.arrival_chance >= config.harmless_arrival_chance:
             return False
         if self.load_basis == "probe" and (self.stay_s is None or self.stay_s >= config.harmless_s):
             return False
@@ -166,8 +183,37 @@ class Forecast:
                     "max_tokens": self.expected_load.max_tokens, "first_in_s": self.expected_load.first_in_s,
                     "mix": [list(m) for m in self.expected_load.mix],
                     "cached_prefix_tokens": self.expected_load.cached_prefix_tokens},
-                "load_basis": self.load_basis, "extra_preemptions": self.preemptions} | (
+                "load_basis": self.load_basis, "extra_preemptions": self.preemptions,
+                "arrival_chance": self.arrival_chance} | (
                     {"price_evidence": None} if self.price is None else self.price.as_dict())
+
+
+def arrival_chance(load: ArrivalLoad | None, exposure_s: float | None) -> float | None:
+    """The chance that a Poisson stream of `load`'s rate has an arrival within `exposure_s` (1 - exp(-rate x
+    exposure)): the next arrival landing while the candidate holds it back, head-of-line behind its wait and
+    prefill (`forecast` passes that time less its end, where a newcomer is not slowed 2x: `_unslowed_tail_s`).
+    Only a stream whose phase is unknown (no `first_in_s`: learnt, saved, or declared without it) has
+    one; a declared `first_in_s` keeps its phase and the runs place that arrival where it is (None). An
+    exposure unknown (no first token within the run) is a certainty."""
+    if load is None or load.first_in_s is not None or load.rate_per_s <= 0:
+        return None
+    if exposure_s is None:
+        return 1.0
+    return -math.expm1(-load.rate_per_s * max(exposure_s, 0.0))
+
+
+def phase_extra_s(load: ArrivalLoad | None, exposure_s: float | None) -> float:
+    """The extra TTFT the arrivals landing within `exposure_s` (the candidate's wait and prefill) are expected to
+    wait behind it, averaged over a stream whose phase is unknown, beyond what the runs show with the next arrival
+    placed half a gap ahead. Over a uniform phase (or a Poisson stream) of rate r the arrivals within E wait
+    r E^2 / 2 in all, each E minus its arrival; the runs' evenly placed arrivals give that exactly over every whole
+    gap (a midpoint), so what differs is the last, partial one, of length p: p^2 / 2g before its midpoint
+    (no placed arrival lands in it), (g - p)^2 / 2g after. At most an eighth of a gap: 0 for a known phase."""
+    if load is None or load.first_in_s is not None or load.rate_per_s <= 0 or exposure_s is None:
+        return 0.0
+    gap = 1.0 / load.rate_per_s
+    part = max(exposure_s, 0.0) % gap
+    return (part if part < 0.5 * gap else gap - part) ** 2 / (2.0 * gap)
 
 
 def expected_arrivals(state: EngineState, config: ForecastConfig) -> list[SimRequest]:
@@ -227,6 +273,7 @@ def forecast(state: EngineState, candidates: Sequence[Candidate], cost: StepCost
     queued = [(r, 0) for r in base.expected]
     usable = state.sched.num_blocks - 1
     step_s = cost.step_seconds(0, 1, 1)  # one step's time: the least a TTFT or a token gap can be
+    tail = _unslowed_tail_s(base, state.ttft_offset_s, cfg, step_s)
     out = []
     for c in candidates:
         cand = SimRequest(cid, state.now, c.prompt_tokens, c.max_tokens)
@@ -241,15 +288,34 @@ def forecast(state: EngineState, candidates: Sequence[Candidate], cost: StepCost
         reason = None if admitted or refused else (
             run.first_stop if run.first_blocked == cid or run.first_stop in ("budget", "seats", "preemption")
             else "queue")
+        exposure = None if first is None else first - state.now  # a newcomer queues behind it till then
+        expected = _harm(base.run, run, base.arrivals, base.arriving, state.ttft_offset_s, cfg, step_s)
+        phase = phase_extra_s(state.load, exposure)
+        if phase > 0:
+            expected = replace(expected, ttft_extra_sum_s=expected.ttft_extra_sum_s + phase, phase_extra_s=phase)
         out.append(Forecast(
             c, refused, admitted, reason,
             None if first is None else first - state.now + state.ttft_offset_s,
-            _harm(base.run, run, base.awaiting, base.in_flight, state.ttft_offset_s, cfg, step_s),
-            _harm(base.run, run, base.arrivals, base.arriving, state.ttft_offset_s, cfg, step_s),
+            _harm(base.run, run, base.awaiting, base.in_flight, state.ttft_offset_s, cfg, step_s), expected,
             state.load, max(run.preemptions - base.run.preemptions, 0),
             "probe" if state.load is None else state.load_basis, stay,
-            price_check(c, state.sched.token_budget, cost)))
+            price_check(c, state.sched.token_budget, cost),
+            arrival_chance(state.load, None if exposure is None else exposure - tail)))
     return out
+
+
+def _unslowed_tail_s(base: Baseline, offset_s: float, cfg: ForecastConfig, step_s: float) -> float:
+    """The end of the candidate's hold in which a newcomer lands and is not slowed `slowed_ratio` times: it waits
+    there less than (ratio - 1) times its TTFT without the candidate (the next expected arrival's, in the run
+    without it, frontend included; at least a step). Left out of `arrival_chance`'s exposure: that chance is of
+    a 2x, what `harmless` promises there is none of."""
+    ttft = step_s
+    if base.expected:
+        nxt = base.expected[0]
+        got = base.run.first_token.get(nxt.request_id)
+        if got is not None:
+            ttft = max(got - nxt.arrival_ts + offset_s, step_s)
+    return (cfg.slowed_ratio - 1.0) * ttft
 
 
 def window_end(state: EngineState, cfg: ForecastConfig) -> float:

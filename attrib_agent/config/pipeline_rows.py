@@ -108,6 +108,9 @@ FORECAST: Final[tuple[Setting[Any], ...]] = (
        "prompt of the reference whale whose harm the gauge reports", "TOKENS"),
     _f("forecast_reference_max_tokens", "reference.max_tokens", v.count(1, 10_000_000),
        "max_tokens of the reference whale", "TOKENS"),
+    _f("forecast_harmless_arrival_chance", "config.harmless_arrival_chance", v.ratio(0.0),
+       "a stream of unknown phase: harmless only if its next arrival is less likely to land behind the candidate",
+       "CHANCE"),
 )
 
 

@@ -127,6 +127,7 @@ def samples(tmp_path: Path, token_file: Path) -> dict[str, tuple[object, Any]]:
         "forecast_horizon_s": (4.0, 4.0),
         "forecast_reference_prompt_tokens": (6000, 6000),
         "forecast_reference_max_tokens": (600, 600),
+        "forecast_harmless_arrival_chance": (0.1, 0.1),
         "log_level": ("debug", "DEBUG"),
         "attribution_budget_cores": (0.5, 0.5),
         "state_dir": (str(tmp_path / "state"), tmp_path / "state"),

@@ -181,6 +181,7 @@ def forecast_answer(state: AgentState, errs: Counter[str]) -> Callable[[bytes], 
             "engine": now.engine, "at": now.now, "running": sum(r.running for r in now.requests),
             "waiting": sum(not r.running for r in now.requests), "cost_model_fitted": state.cost_model.fitted,
             "slo": {"ttft_s": cfg.ttft_slo_s, "itl_p95_s": cfg.itl_p95_slo_s}, "horizon_s": cfg.horizon_s,
+            "harmless_arrival_chance": cfg.harmless_arrival_chance,
             "forecasts": [f.as_dict() | {"harmless": f.harmless(cfg)} for f in out]})
 
     return answer

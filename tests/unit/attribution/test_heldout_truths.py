@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
-from attrib_agent.lab.forecast_score import WhaleCase, score_dirs, summary
+import pytest
+
+from attrib_agent.attribution.forecast import Candidate, ForecastConfig
+from attrib_agent.lab.forecast_score import WhaleCase, forecast_at_arrival, persisted_states, score_dirs, summary
 from attrib_agent.lab.score import attributed, engine_blame, engine_itl_blame, score_truth
 
 from . import truth_spread
@@ -195,3 +199,29 @@ def test_the_seven_held_out_whales_forecast_figures_as_measured() -> None:
     assert s["called_harmless_but_2x"] == []  # truth13; ["whale2-b4096/w1"] before
     assert s["called_harmless_but_resolved_2x"] == []
     assert s["truly_harmless"] == ["mixed/w2", "kvpair/w1", "whale2-b4096/w1"]  # truth13
+
+
+def test_mixed_w1_r2_on_the_learnt_load_is_not_harmless_its_prefill_is_where_the_next_short_likely_lands() -> None:
+    """Issue 16's last break (learnt load, kept fit, `lab forecast-score --persisted`): at w1's arrival in mixed's
+    r2 the learnt stream (2.47/s, phase unknown) puts its next short half a gap ahead, 0.20 s, after w1's prefill
+    priced 0.11 s, so the runs harm nobody and w1 was called harmless; m002 came 0.106 s after w1 and waited for
+    its prefill, 5x its TTFT without (the truth's resolved 2x). A Poisson stream of that rate lands in the prefill
+    25 % of the time: at the default bound (5 %) w1 is not harmless. mixed/w2, truly harmless, looks alike at
+    its arrivals (15-28 %): no longer called harmless on the learnt load either (it was in all 3 recordings)."""
+    d = TRUTH / "mixed"
+    truth = json.loads((d / "truth.json").read_text())
+    w = truth["whales"]["w1"]
+    cfg = ForecastConfig()
+    f = forecast_at_arrival(d / "runs/w1-r2", "w1", Candidate(w["prompt_tokens"], w["output_tokens"]),
+                            {"learnt": (None, cfg)}, {}, None, persisted_states(truth, d)["runs/w1-r2"])["learnt"]
+    assert f.load_basis == "learnt+saved" and f.expected_load is not None and f.expected_load.first_in_s is None
+    assert f.expected_load.rate_per_s == pytest.approx(2.47, abs=0.01)
+    assert f.ttft_extra_sum_s < cfg.harmless_s and f.in_flight.slowed == f.expected.slowed == 0  # the runs: no harm
+    assert not f.extrapolated and f.harmless(replace(cfg, harmless_arrival_chance=1.01))  # so harmless, before
+    assert f.arrival_chance == pytest.approx(0.248, abs=0.005)
+    assert not f.harmless(cfg)
+    by = {f"{c.truth}/{c.whale}": c for c in kept()}
+    assert by["mixed/w1"].true_resolved_2x and by["mixed/w1"].harmless["learnt"] == [False] * 3  # was r2 True
+    assert by["mixed/w2"].truly_harmless and by["mixed/w2"].harmless["learnt"] == [False] * 3  # was [True] * 3
+    s = summary([*kept(), *b4096(True).values()], "learnt")
+    assert s["called_harmless_but_2x"] == [] and s["truly_harmless_called_harmless"] == []

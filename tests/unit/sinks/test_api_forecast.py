@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from typing import Any
 
 import httpx
@@ -260,3 +261,30 @@ def test_a_crash_on_the_direct_route_is_a_json_500() -> None:
         _raw_post(app, b'{"prompt_tokens": 5, "max_tokens": 5}', sent=sent)
     assert sent[0]["status"] == 500 and json.loads(sent[1]["body"]) == {"error": "internal error"}
     assert app.state.api_errors["internal"] == 1
+
+
+def test_with_the_streams_phase_unknown_the_answer_gives_the_chance_the_next_arrival_lands_behind_it() -> None:
+    """Issue 16 through the endpoint: on whale2's idle engine with its fit, a stream declared without `first_in_s`
+    (its phase unknown, as a learnt one's) puts its next arrival half a gap ahead, after a 4,000-token prefill,
+    so nobody is harmed in the runs; `arrival_chance` is the chance a Poisson stream of that rate lands in the
+    prefill instead, and at the answer's `harmless_arrival_chance` or more the candidate is not harmless. The
+    same stream with its phase declared (the next one in 5 s) has no chance to give, and the runs decide."""
+    p = replayed("whale2")
+    app = api_app(state_of(p))
+    cands = {"candidates": [{"prompt_tokens": 4000, "max_tokens": 4}, {"prompt_tokens": 16, "max_tokens": 2}]}
+    body = post(app, cands | {"load": {"rate_per_s": 0.5, "prompt_tokens": 32, "max_tokens": 8}}).json()
+    assert body["harmless_arrival_chance"] == ForecastConfig().harmless_arrival_chance == 0.05
+    whale, tiny = body["forecasts"]
+    assert whale["expected_arrivals"]["slowed"] == 0 and whale["in_flight"]["requests"] == 0  # the next at 1 s
+    assert whale["price_evidence"] == "fitted" and whale["load_basis"] == "declared"
+    prefill = whale["own_ttft_s"] - engine_state(p).ttft_offset_s  # type: ignore[union-attr]
+    # the runs harm nobody: the sum is the phase's, 0.5 x prefill^2 / 2 (the prefill shorter than half a gap)
+    assert whale["ttft_extra_sum_s"] == whale["expected_arrivals"]["phase_extra_s"]
+    assert whale["ttft_extra_sum_s"] == pytest.approx(0.25 * prefill**2, rel=1e-6)
+    assert 0 < whale["arrival_chance"] < 1 - math.exp(-0.5 * prefill)  # less the end where a short is not slowed 2x
+    assert whale["arrival_chance"] >= 0.05 and not whale["harmless"]
+    assert tiny["arrival_chance"] < 0.05 and tiny["harmless"]
+    known = post(app, cands | {"load": {"rate_per_s": 0.5, "prompt_tokens": 32, "max_tokens": 8,
+                                        "first_in_s": 5.0}}).json()["forecasts"]
+    assert [f["arrival_chance"] for f in known] == [None, None] and all(f["harmless"] for f in known)
+    assert [f["expected_arrivals"]["phase_extra_s"] for f in known] == [0, 0]
