@@ -22,6 +22,7 @@ import pytest
 from attrib_agent.attribution.forecast import Candidate, ForecastConfig
 from attrib_agent.lab.forecast_score import WhaleCase, forecast_at_arrival, persisted_states, score_dirs, summary
 from attrib_agent.lab.score import attributed, engine_blame, engine_itl_blame, score_truth
+from attrib_agent.recording import LOG, Recording
 
 from . import truth_spread
 
@@ -225,3 +226,79 @@ def test_mixed_w1_r2_on_the_learnt_load_is_not_harmless_its_prefill_is_where_the
     assert by["mixed/w2"].truly_harmless and by["mixed/w2"].harmless["learnt"] == [False] * 3  # was [True] * 3
     s = summary([*kept(), *b4096(True).values()], "learnt")
     assert s["called_harmless_but_2x"] == [] and s["truly_harmless_called_harmless"] == []
+
+
+B1024 = TRUTH / "continuous-b1024"  # continuous on a vLLM with 1,024-token budgets and 48 MiB of KV (truth14)
+
+
+@cache
+def b1024(persisted: bool) -> dict[str, WhaleCase]:
+    return {c.whale: c for c in score_dirs([B1024], persisted=persisted)}
+
+
+def test_continuous_b1024_was_recorded_as_its_command_says_and_its_whales_slow_nobody_2x() -> None:
+    """The fifth held-out truth (eleventh session, truth14): `continuous` on a vLLM started with
+    `--max-num-batched-tokens=1024` and a 48 MiB KV pool (192 blocks of 128), a budget and a pool no other truth has.
+    Every recording opens with vLLM's budget line; 12 runs accepted at the first attempt, no preemption. On a quiet
+    host and 1,024-token chunks no short's mean TTFT doubles in any condition (at most 1.73x: c014 with w1 alone)."""
+    truth = truth_spread.load(B1024)
+    assert len(truth["runs"]) == 12 and all(r["accepted"] for r in truth["runs"])
+    for r in truth["runs"]:
+        meta = json.loads((B1024 / r["recording"] / "meta.json").read_text())
+        assert (meta["num_gpu_blocks"], meta["model"]["kv_cache_bytes"], meta["attempt"]) == (192, 50331648, 1)
+        assert meta["preemptions"] == 0 and meta["log_pipe_bytes"] == 1 << 20
+        first = next(Recording(B1024 / r["recording"]).records(LOG))["line"]
+        assert "max_num_batched_tokens=1024." in first, r["recording"]
+    worst = max(c["ttft_s"]["mean"] / e["conditions"]["none"]["ttft_s"]["mean"]
+                for e in truth["shorts"].values() for c in e["conditions"].values())
+    assert math.isclose(worst, 1.73, abs_tol=0.01)
+
+
+def test_continuous_b1024_is_attributed_as_measured_nobody_blamed() -> None:
+    """The agent blames neither whale anything in any of the nine runs with a whale (nor anyone in the 120 null
+    shorts). The truth's clipped Shapley shares are 27 ms (w1, +- 12 ms) and 3 ms (w2) summed over 40 shorts, none
+    over 5 ms a short, so the per-whale error reads 100 % for both and top-1 has no case (no short slowed 2x)."""
+    s = score_truth(B1024, "attrib-agent", engine_blame, engine_itl_blame)
+    assert (s.top1_hits, s.top1_total) == (0, 0) and (s.null_flagged, s.null_total) == (0, 120)
+    assert s.whale_rel_errors == {"w1": 1.0, "w2": 1.0} and s.itl_whale_rel_errors == {"w1": 1.0, "w2": 1.0}
+    truth = truth_spread.load(B1024)
+    totals = truth_spread.whale_totals(truth)
+    assert math.isclose(totals["w1"][0], 0.027, abs_tol=0.001) and math.isclose(totals["w2"][0], 0.003, abs_tol=0.001)
+    for r in truth["runs"]:
+        if r["condition"] != "none":
+            blamed = engine_blame(B1024 / r["recording"]).values()
+            assert all(per.get(w, 0.0) == 0.0 for per in blamed for w in ("w1", "w2")), r["recording"]
+
+
+def test_continuous_b1024s_forecast_as_measured() -> None:
+    """w1 (3,900 tokens at 15 s): true harm 0.035 s, resolved (>= 2 standard errors) but no short slowed 2x. Declared
+    kept forecasts 2.3 / 0.3 / 0.8 ms (-97 %), every one priced beyond the fit's evidence, so never harmless; learnt
+    kept 11 / 7 / 13 ms, never harmless. w2 (2,500 tokens at 27 s): truly harmless, called harmless by the declared
+    load in every recording, kept and cold (0 / 0 / 7.5 ms), never by the learnt load (4-8 ms)."""
+    kept_, cold = b1024(True), b1024(False)
+    w1, w2 = kept_["w1"], kept_["w2"]
+    assert math.isclose(w1.true_harm_s, 0.035, abs_tol=0.001) and w1.resolved and not w1.true_slowed_2x
+    assert w2.true_harm_s == 0.0 and w2.truly_harmless
+    for case, want in ((w1, (0.0023, 0.0003, 0.0008)), (w2, (0.0, 0.0, 0.0075))):
+        assert all(math.isclose(a, b, abs_tol=0.0005) for a, b in zip(case.forecast_s["declared"], want, strict=True))
+    assert w1.harmless == {"learnt": [False] * 3, "declared": [False] * 3}
+    assert all(w1.extrapolated["declared"]) and all(cold["w1"].extrapolated["declared"])
+    assert w2.harmless == {"learnt": [False] * 3, "declared": [True] * 3}
+    assert cold["w2"].harmless == {"learnt": [False] * 3, "declared": [True] * 3}
+
+
+def test_the_nine_held_out_whales_forecast_figures_as_measured() -> None:
+    """Declared load, kept fit, over the nine held-out whales (seven with a true harm, five resolved): median error
+    77 % (23 % over the resolved), against the seven before continuous-b1024 joined, 50 % (19 %): its w1 (-97 %) is
+    the resolved held-out whale priced furthest below its harm (mixed/w1 -77 %). Called harmless though a short
+    slowed 2x: none; truly harmless called harmless in every recording: mixed/w2 and continuous-b1024/w2, 2 of 4.
+    Learnt load, kept fit: 60 % (60 %), never harmless when a short slowed 2x."""
+    s = summary([*kept(), *b4096(True).values(), *b1024(True).values()], "declared")
+    assert s["whales"] == 9 and s["resolved_whales"] == 5
+    assert math.isclose(s["median_rel_error"], 0.77, abs_tol=0.01)
+    assert math.isclose(s["median_rel_error_resolved"], 0.23, abs_tol=0.01)
+    assert s["called_harmless_but_2x"] == [] and s["called_harmless_but_resolved_2x"] == []
+    assert s["truly_harmless_called_harmless"] == ["mixed/w2", "continuous-b1024/w2"]
+    learnt = summary([*kept(), *b4096(True).values(), *b1024(True).values()], "learnt")
+    assert math.isclose(learnt["median_rel_error"], 0.60, abs_tol=0.01) and learnt["called_harmless_but_2x"] == []
+    assert math.isclose(learnt["median_rel_error_resolved"], 0.60, abs_tol=0.01)
