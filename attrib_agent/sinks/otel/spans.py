@@ -168,6 +168,8 @@ def victim_attributes(r: AttributionResult) -> dict[str, AttributeValue]:
         "attrib.victim_class": victim_class(r),
         "attrib.no_interference": r.no_interference,
         "attrib.quality": r.quality,
+        "attrib.mode": r.mode,  # exact (the step plugin's facts) or inferred
+        "attrib.chosen_by": r.chosen_by,  # share (the hash sample) or slowed (taken outside it while shedding)
         # one figure in seconds of the victim's time, to sort by: TTFT slowdown + ITL slowdown x token gaps
         "attrib.slowdown_s": r.ttft_slowdown_s + r.itl_slowdown_s * gaps,
         "attrib.ttft.observed_s": r.ttft_s,

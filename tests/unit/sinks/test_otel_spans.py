@@ -81,6 +81,7 @@ def test_each_final_slowed_victim_becomes_a_child_of_its_vllm_span_linked_to_its
         assert a["attrib.itl.slowdown_s"] == r.itl_slowdown_s and a["attrib.unexplained_s"] == r.unexplained_ttft_s
         assert a["attrib.slowdown_s"] == pytest.approx(r.ttft_slowdown_s + r.itl_slowdown_s * r.itl_gaps)
         assert a["attrib.quality"] == r.quality and a["attrib.culprits.count"] == len(r.culprits)
+        assert a["attrib.mode"] == r.mode == "inferred" and a["attrib.chosen_by"] == r.chosen_by == "share"
         top = r.top_culprit()
         assert top is not None and a["attrib.top_culprit.request_id"] == top.request_id
         assert "attrib.culprits.unlinked" not in a  # every culprit's span landed in this recording
@@ -230,3 +231,15 @@ def test_a_sighting_below_the_actionable_bar_is_no_span_event(
     assert victims[0] in got and real.request_id in got
     assert not [e for e in got[victims[0]].events if e.name == "attrib.preempted"]
     assert [e for e in got[real.request_id].events if e.name == "attrib.preempted"]
+
+
+def test_a_victim_taken_outside_the_share_says_so_on_its_span(
+        preempt: Replayed, memory: tuple[TracerProvider, InMemorySpanExporter]) -> None:
+    """While the agent sheds, a visibly slowed request is attributed outside the hash sample (`chosen_by`
+    "slowed"): a trace backend can tell it from the unbiased sample, as the API and /metrics can."""
+    provider, exporter = memory
+    spans = SlowdownSpans(provider)
+    r = next(r for r in preempt.results if r.final and not r.no_interference)
+    assert spans.emit(replace(r, chosen_by="slowed"), preempt.pipeline.span_of)
+    (s,) = exporter.get_finished_spans()
+    assert (s.attributes or {})["attrib.chosen_by"] == "slowed"
