@@ -118,9 +118,6 @@ class AttributionPipeline:
         self.engine_watch = EngineWatch(cfg.engine, lambda: self.timeline.geometry, cfg.token_budget)  # a saved fit's
         self.store = ResultStore(cfg.max_results, cfg.max_result_age_s, cfg.max_result_bytes)
         self.tally = SlowdownTally(victim_threshold_s=cfg.victim_threshold_s, slo=SloTally(cfg.slo))
-        # the final results attributed outside the share because they finished visibly slowed (`_rescue`): kept
-        # apart, as the hash sample's rates (the victims' share of requests, the SLO misses) would be biased by them
-        self.slowed_tally = SlowdownTally(victim_threshold_s=cfg.victim_threshold_s, slo=SloTally(cfg.slo))
         self.events: Counter[str] = Counter()
         self.vllm_restarts = 0
         self._restarted_ts: float | None = None  # when the last restart was seen: no span of before it will land
@@ -270,9 +267,8 @@ class AttributionPipeline:
     def _keep(self, r: AttributionResult) -> None:
         """Store a result the pipeline reports, and tally it when final (it is final once)."""
         self.store.put(r)
-        if r.final and r.chosen_by == "slowed":
-            self.slowed_tally.add(r)
-            self.slowed_attributed += 1
+        if r.final and r.chosen_by == "slowed":  # outside the hash sample: counted, not tallied (the sample's rates,
+            self.slowed_attributed += 1  # the victims' share of requests and the SLO misses, would be biased)
         elif r.final:
             self.tally.add(r)
 
@@ -368,8 +364,8 @@ class AttributionPipeline:
         return self.clients.client_id(self.timeline, request_id)
 
     def _attributed(self, rid: str) -> bool:
-        return rid in self._rescued or chosen(self.timeline.client_of(rid), self.attribute_share)  # an n>1
-        # request's children together
+        # an n>1 request's children are chosen together (by their client request's id)
+        return rid in self._rescued or chosen(self.timeline.client_of(rid), self.attribute_share)
 
     def visible_slowdown(self, rid: str) -> float:
         """How far a request whose span landed finished slowed past `victim_threshold_s` (the tally's rule), in

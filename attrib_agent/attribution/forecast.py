@@ -188,6 +188,12 @@ class Forecast:
                     {"price_evidence": None} if self.price is None else self.price.as_dict())
 
 
+def _unknown_phase_rate(load: ArrivalLoad | None) -> float | None:
+    """The rate of a stream whose next arrival's time is not known, only its rate: learnt, saved, or declared
+    without `first_in_s` (the runs then place it half a gap ahead); None for a known phase, or no stream arriving."""
+    return load.rate_per_s if load is not None and load.first_in_s is None and load.rate_per_s > 0 else None
+
+
 def arrival_chance(load: ArrivalLoad | None, exposure_s: float | None) -> float | None:
     """The chance that a Poisson stream of `load`'s rate has an arrival within `exposure_s` (1 - exp(-rate x
     exposure)): the next arrival landing while the candidate holds it back, head-of-line behind its wait and
@@ -195,11 +201,11 @@ def arrival_chance(load: ArrivalLoad | None, exposure_s: float | None) -> float 
     Only a stream whose phase is unknown (no `first_in_s`: learnt, saved, or declared without it) has
     one; a declared `first_in_s` keeps its phase and the runs place that arrival where it is (None). An
     exposure unknown (no first token within the run) is a certainty."""
-    if load is None or load.first_in_s is not None or load.rate_per_s <= 0:
+    if (rate := _unknown_phase_rate(load)) is None:
         return None
     if exposure_s is None:
         return 1.0
-    return -math.expm1(-load.rate_per_s * max(exposure_s, 0.0))
+    return -math.expm1(-rate * max(exposure_s, 0.0))
 
 
 def phase_extra_s(load: ArrivalLoad | None, exposure_s: float | None) -> float:
@@ -209,9 +215,9 @@ def phase_extra_s(load: ArrivalLoad | None, exposure_s: float | None) -> float:
     r E^2 / 2 in all, each E minus its arrival; the runs' evenly placed arrivals give that exactly over every whole
     gap (a midpoint), so what differs is the last, partial one, of length p: p^2 / 2g before its midpoint
     (no placed arrival lands in it), (g - p)^2 / 2g after. At most an eighth of a gap: 0 for a known phase."""
-    if load is None or load.first_in_s is not None or load.rate_per_s <= 0 or exposure_s is None:
+    if (rate := _unknown_phase_rate(load)) is None or exposure_s is None:
         return 0.0
-    gap = 1.0 / load.rate_per_s
+    gap = 1.0 / rate
     part = max(exposure_s, 0.0) % gap
     return (part if part < 0.5 * gap else gap - part) ** 2 / (2.0 * gap)
 

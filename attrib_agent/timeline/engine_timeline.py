@@ -379,7 +379,7 @@ class EngineTimeline:
         if not self.exact_reported:
             return "inferred"
         lo, hi = float("-inf") if t0 is None else t0, float("inf") if t1 is None else t1
-        steps = [si for si, _ in self._window.outcomes() if si.end_ts >= lo and si.start_ts <= hi]
+        steps = [si for si, _ in self._window.held_outcomes() if si.end_ts >= lo and si.start_ts <= hi]
         return "exact" if steps and all(self._exact.get(si.iteration) is not None for si in steps) else "inferred"
 
     @property
