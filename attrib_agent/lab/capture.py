@@ -163,7 +163,7 @@ def read_log(capture: Capture, stream: Any) -> None:
         capture.count("log_lines")
         if TOKEN_BUDGET_LEAD.search(line):
             capture.startup_line = (ts, line)  # one reference, swapped whole: no lock needed
-        elif "Iteration(" in line and (it := ITERATION.search(line)):
+        elif capture.steps_expected and "Iteration(" in line and (it := ITERATION.search(line)):  # plugin runs only
             capture.logged_step(int(it["iteration"]))
         capture.record(LOG, log_record(ts, line))
     capture.vllm_exited.set()
