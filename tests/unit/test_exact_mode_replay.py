@@ -135,3 +135,29 @@ def test_a_result_waits_for_the_plugins_facts_that_come_after_the_log() -> None:
     results += p.settle()
     final = {r.request_id: r.mode for r in results if r.final}
     assert final and set(final.values()) == {"exact"}, final
+
+
+def test_the_kept_overlay_is_the_one_built_afresh_at_every_pass() -> None:
+    """`ExactSteps.overlay` keeps each step's overlay while nothing it reads changes: on the recording, with the
+    plugin's messages read 3 s late (steps logged before their plugin step, requests reported finished later), every
+    read of the outcomes is the overlay built from nothing, and it keeps no more than the steps it was last given.
+    (timeline/test_exact_overlay.py changes each thing a kept overlay reads, one at a time.)"""
+    import copy
+    from dataclasses import replace
+
+    events = list(ReplaySource(STEPS, exact=True).events())
+    late = [replace(ev, ts=ev.ts + 3.0) if isinstance(ev, SchedulerStep) else ev for ev in events]
+    tl = EngineTimeline()
+    reads = 0
+    for i, ev in enumerate(sorted(late, key=lambda e: e.ts)):
+        tl.feed(ev)
+        if i % 97 or not tl.exact_reported:
+            continue
+        kept = tl.outcomes()
+        fresh = copy.copy(tl._exact)  # noqa: SLF001 (the same facts, nothing kept)
+        fresh._overlaid = {}  # noqa: SLF001
+        assert repr(kept) == repr(fresh.overlay(tl._window.outcomes(), tl._prompt_of,  # noqa: SLF001
+                                                tl.geometry.block_size))
+        assert len(tl._exact._overlaid) <= len(kept)  # noqa: SLF001 (the bound)
+        reads += 1
+    assert reads > 20
