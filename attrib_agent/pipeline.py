@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from attrib_agent.attribution.attributor import AttributionConfig, Attributor
 from attrib_agent.attribution.cost_model import StepCostModel
 from attrib_agent.attribution.fit_snapshot import EngineWatch
-from attrib_agent.attribution.result import AttributionResult, itl_gaps
+from attrib_agent.attribution.result import AttributionResult, Cause, itl_gaps
 from attrib_agent.attribution.slo import SloConfig, SloTally
 from attrib_agent.attribution.store import DEFAULT_MAX_BYTES, ResultStore
 from attrib_agent.attribution.tally import SlowdownTally, phase_slowdowns, slowed
@@ -158,6 +158,8 @@ class AttributionPipeline:
         self._rescued: OrderedDict[str, None] = OrderedDict()  # taken so, waiting or partial (bounded: max_pending)
         self.slowed_rescued = 0  # taken so into a pass, since start (the shedder prices them)
         self.slowed_attributed = 0  # ... whose result is final
+        # ... their slowdown blamed on culprits, by cause (every Cause value, an unknown one as `other`: bounded)
+        self.slowed_blamed_s: dict[str, float] = dict.fromkeys((c.value for c in Cause), 0.0)
         self.slowed_skipped = 0  # visibly slowed outside the share, skipped past those bounds
         self._slowed_basis: tuple[int, tuple[float, float]] | None = None  # (budget, frontend offsets) this settle
         self._pass_budget: int | None = None  # the step budget of the last pass (read without a step inference)
@@ -269,6 +271,11 @@ class AttributionPipeline:
         self.store.put(r)
         if r.final and r.chosen_by == "slowed":  # outside the hash sample: counted, not tallied (the sample's rates,
             self.slowed_attributed += 1  # the victims' share of requests and the SLO misses, would be biased)
+            blamed = self.slowed_blamed_s
+            for c in r.culprits:
+                for cause, secs in c.blame_by_cause(r.itl_gaps).items():
+                    key = cause if cause in blamed else Cause.OTHER.value
+                    blamed[key] += secs
         elif r.final:
             self.tally.add(r)
 
