@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,12 +13,13 @@ import pytest
 from attrib_agent.agent.core import AgentCore
 from attrib_agent.agent.replay import replay_into
 from attrib_agent.config.load import AgentConfig
-from attrib_agent.events import Event, SchedulerHello, SchedulerStep
+from attrib_agent.events import Event, SchedulerStep
 from attrib_agent.lab.step_truth import truth_steps
 from attrib_agent.recording import VLLM_STEPS, Recording
 from attrib_agent.sources.replay import ReplaySource
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.exact import PLUGIN_EVIDENCE, ExactSteps
+from benchmarks.exact_digest import plugin_late
 from tests.unit.timeline.plugin_kv import held_after, plugin_messages
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "fixtures" / "recordings"
@@ -32,10 +32,9 @@ def _timeline(path: Path, exact: bool) -> EngineTimeline:
     return tl
 
 
-def _late(events: list[Event], by: float = 3.0) -> list[Event]:
-    """The events as read when the plugin's messages come `by` seconds late (a busy host)."""
-    return sorted((replace(ev, ts=ev.ts + by) if isinstance(ev, SchedulerStep | SchedulerHello) else ev
-                   for ev in events), key=lambda e: e.ts)
+def _late(events: list[Event]) -> list[Event]:
+    """The events as read when the plugin's messages come 3 s late (a busy host): far past settle_margin_s."""
+    return plugin_late(events, 3.0)
 
 
 @pytest.fixture(scope="module")
