@@ -158,6 +158,7 @@ class ExactSteps:
         return tuple([(rid, roots.get(rid, rid), hit // bs) for rid, _ in holdings
                       if (hit := self._cached.get(rid)) is not None and hit >= bs])
 
+
 # What a step's overlay reads besides its inferred outcome and plugin steps, and may change while it is held: of
 # each member (in the plugin's order) its prompt and whether vLLM ever preempted it, each holder's prefix-cache hit,
 # the block size, and how many requests finished at its end (that set only grows while the step is held). A plain
