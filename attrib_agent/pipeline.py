@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from attrib_agent.attribution.attributor import AttributionConfig, Attributor
 from attrib_agent.attribution.cost_model import StepCostModel
 from attrib_agent.attribution.fit_snapshot import EngineWatch
-from attrib_agent.attribution.result import AttributionResult, itl_gaps
+from attrib_agent.attribution.result import AttributionResult, Cause, itl_gaps
 from attrib_agent.attribution.slo import SloConfig, SloTally
 from attrib_agent.attribution.store import DEFAULT_MAX_BYTES, ResultStore
 from attrib_agent.attribution.tally import SlowdownTally, phase_slowdowns, slowed
@@ -158,6 +158,8 @@ class AttributionPipeline:
         self._rescued: OrderedDict[str, None] = OrderedDict()  # taken so, waiting or partial (bounded: max_pending)
         self.slowed_rescued = 0  # taken so into a pass, since start (the shedder prices them)
         self.slowed_attributed = 0  # ... whose result is final
+        # ... their slowdown blamed on culprits, by cause (every Cause value, an unknown one as `other`: bounded)
+        self.slowed_blamed_s: dict[str, float] = dict.fromkeys((c.value for c in Cause), 0.0)
         self.slowed_skipped = 0  # visibly slowed outside the share, skipped past those bounds
         self._slowed_basis: tuple[int, tuple[float, float]] | None = None  # (budget, frontend offsets) this settle
         self._pass_budget: int | None = None  # the step budget of the last pass (read without a step inference)
@@ -269,6 +271,11 @@ class AttributionPipeline:
         self.store.put(r)
         if r.final and r.chosen_by == "slowed":  # outside the hash sample: counted, not tallied (the sample's rates,
             self.slowed_attributed += 1  # the victims' share of requests and the SLO misses, would be biased)
+            blamed = self.slowed_blamed_s
+            for c in r.culprits:
+                for cause, secs in c.blame_by_cause(r.itl_gaps).items():
+                    key = cause if cause in blamed else Cause.OTHER.value
+                    blamed[key] += secs
         elif r.final:
             self.tally.add(r)
 
@@ -298,8 +305,9 @@ class AttributionPipeline:
         self._last_pass = now
         self.attributor.one_refit_a_pass = self.pass_gap_s > 0  # shedding: one cost-model refit a pass
         lcs = {lc.request_id: lc for lc in self.timeline.lifecycles()}
+        modes: dict[str, str] = {}  # each victim's mode, decided once a pass: its blockers and its result read it
         ready = {rid for rid, finished in self._partial.items()
-                 if now - finished >= self.config.partial_timeout_s or not self._blockers(rid, lcs, now)}
+                 if now - finished >= self.config.partial_timeout_s or not self._blockers(rid, lcs, now, modes)}
         held = self._beyond_cap(wanted, len(ready))
         wanted = (wanted - held) | ready
         if over := [rid for rid in self._due if rid in held and rid in self._rescued]:  # no waiting past its pass:
@@ -324,8 +332,8 @@ class AttributionPipeline:
             lc = lcs.get(r.request_id)
             ids = self.span_of(r.request_id)
             timed_out = now - r.finished_ts >= self.config.partial_timeout_s
-            final = timed_out or lc is None or not self._blockers(r.request_id, lcs, now)
-            mode = self.timeline.mode(lc.arrival_ts if lc is not None else None, r.finished_ts)
+            final = timed_out or lc is None or not self._blockers(r.request_id, lcs, now, modes)
+            mode = self._mode(r.request_id, lc, r.finished_ts, modes)
             r = replace(r, final=final, trace_id=ids[0] if ids else None, span_id=ids[1] if ids else None, mode=mode)
             if r.request_id in self._rescued:
                 r = replace(r, chosen_by="slowed")
@@ -447,8 +455,16 @@ class AttributionPipeline:
         if finalised:
             self.preemptions_inferred += sum(p.request_id in finalised for p in self.timeline.actionable_preemptions())
 
-    def _blockers(self, rid: str, lcs: dict[str, RequestLifecycle], now: float) -> list[str]:
-        """What `rid`'s answer still waits for; empty when its result can be final.
+    def _mode(self, rid: str, lc: RequestLifecycle | None, finished_ts: float, modes: dict[str, str]) -> str:
+        """Which mode answers for `rid` (`EngineTimeline.mode` from its arrival to `finished_ts`), decided once a
+        settle pass in `modes`: its blockers and its result both read it (each a scan of the steps since)."""
+        mode = modes.get(rid)
+        if mode is None:
+            mode = modes[rid] = self.timeline.mode(lc.arrival_ts if lc is not None else None, finished_ts)
+        return mode
+
+    def _blockers(self, rid: str, lcs: dict[str, RequestLifecycle], now: float, modes: dict[str, str]) -> list[str]:
+        """What `rid`'s answer still waits for; empty when its result can be final (`modes`: `_mode`'s, this pass).
 
         A victim's re-simulation reads, of each request that overlapped it in the engine, its arrival, its
         prompt and, only where that request ended before the victim did, its end. So it waits for:
@@ -472,7 +488,7 @@ class AttributionPipeline:
         if now < end + self.config.settle_margin_s and not (ran_past and self.timeline.log_stamped):
             return [rid]
         if (self.timeline.exact_reported and now < end + self.config.final_horizon_s
-                and self.timeline.mode(me.arrival_ts, end) != "exact"):
+                and self._mode(rid, me, end, modes) != "exact"):
             return [rid]  # exact mode: the plugin's facts of its steps come on their own socket, maybe after the log
         gone = self._restarted_ts if self._restarted_ts is not None else float("-inf")
         return [lc.request_id for lc in lcs.values()

@@ -68,7 +68,7 @@ def _wrap() -> None:
                         {"id": b, "arrival": lcs[b].arrival_ts if b in lcs else None,
                          "end": lcs[b].end_ts if b in lcs else None,
                          "prompt": lcs[b].prompt_tokens if b in lcs else None}
-                        for b in self._blockers(r.request_id, lcs, now)[:5]]
+                        for b in self._blockers(r.request_id, lcs, now, {r.request_id: r.mode})[:5]]
         _passes.append({"wall0": t0, "wall1": t1, "cpu": cpu, "now": now, "share": self.attribute_share,
                         "results": [[r.request_id, r.final] for r in out], "last_step_end":
                         self.timeline.last_step_end()})

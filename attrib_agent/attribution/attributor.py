@@ -29,7 +29,7 @@ from attrib_agent.attribution.neighbourhoods import bounded_neighbourhoods
 from attrib_agent.attribution.period_cost import PeriodCost
 from attrib_agent.attribution.result import NO_CAUSES, NO_EVIDENCE, AttributionResult, Culprit, itl_gaps
 from attrib_agent.attribution.scheduler_sim import shapley, simulate
-from attrib_agent.attribution.shapley import largest_effects, with_shortfall
+from attrib_agent.attribution.shapley import even_split, largest_effects, split_by, with_shortfall
 from attrib_agent.attribution.sim_cache import CostVersions, RunCache
 from attrib_agent.attribution.sim_start import StepIndex, observed_start, without
 from attrib_agent.attribution.sim_trace import Pricer
@@ -480,10 +480,11 @@ class Attributor:
                 # leaves out of it goes to the players in proportion to what the counterfactuals show they did.
                 seen = observed_engine[which]
                 shortfall = 0.0 if seen is None or not players else seen - metric(factual, which)
-                relevant: list[str] | dict[str, float] = sorted(plan.relevant(rid, which)) if shortfall else []
-                if not relevant and shortfall > 0 and mech is not None:  # the observed steps say who was there
-                    relevant = by_steps[which] = mech.shares(which, {p: plan.requests_of(p) for p in players})
-                phi = with_shortfall(shapley(players, value), shortfall, relevant) if players else {}
+                parts = even_split(shortfall, plan.relevant(rid, which)) if shortfall else {}
+                if not parts and shortfall > 0 and mech is not None:  # the observed steps say who was there
+                    by_steps[which] = fractions = mech.shares(which, {p: plan.requests_of(p) for p in players})
+                    parts = split_by(shortfall, fractions)
+                phi = with_shortfall(shapley(players, value), parts) if players else {}
                 for p, val in phi.items():
                     blame[p] += max(0.0, val)
                 light = none - (base_ttft if which == "ttft" else base_itl)

@@ -7,7 +7,7 @@ fair split of v(all) when only a combination of whales causes the delay.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from itertools import combinations
 from math import factorial
 
@@ -63,21 +63,26 @@ def largest_effects(players: Sequence[str], value: Callable[[frozenset[str]], fl
                 effect[w] = max(effect[w], abs(value(s | {w}) - value(s)))
     return effect
 
-def with_shortfall(phi: Mapping[str, float], shortfall: float,
-                   relevant: Sequence[str] | Mapping[str, float]) -> dict[str, float]:
-    """Shapley values of the simulated game plus the shortfall D (observed minus simulated, in the world that
-    happened) as a unanimity game of the relevant players R (worth D to a coalition holding all of R):
+def with_shortfall(phi: Mapping[str, float], parts: Mapping[str, float]) -> dict[str, float]:
+    """Shapley values of the simulated game plus each player's part of the shortfall D (observed minus simulated,
+    in the world that happened): `even_split`'s, or `split_by`'s where no world shows anyone to matter. A player
+    without a part gets none of D, and what the parts leave of it goes to nobody (the caller reports it as
+    unexplained)."""
+    return {p: v + parts.get(p, 0.0) for p, v in phi.items()}
 
-        phi_w = phi_w^sim + D / |R|   if w in R,   phi_w^sim otherwise
+
+def even_split(shortfall: float, relevant: Collection[str]) -> dict[str, float]:
+    """D as a unanimity game of the relevant players R (worth D to a coalition holding all of R): D / |R| to each.
 
     A player the counterfactual worlds show to be irrelevant gets none of it, so a long but cheap request beside a
     real whale is not blamed for what the simulation misses of the whale; among the relevant ones the split is
-    even, not by the simulated sizes, which drift where KV exhaustion is knife-edge (docs/attribution.md). R given
-    with fractions f_w instead (when no world shows anyone to matter: the whales' parts of the victim's observed
-    wait, causes.VictimCauses.shares), phi_w = phi_w^sim + D x f_w, and D x (1 - sum f) goes to nobody. With R
-    empty the shortfall goes to nobody (the caller reports it as unexplained)."""
-    if isinstance(relevant, Mapping):
-        return {p: v + shortfall * relevant.get(p, 0.0) for p, v in phi.items()}
+    even, not by the simulated sizes, which drift where KV exhaustion is knife-edge (docs/attribution.md). With R
+    empty, no part: D goes to nobody."""
     share = shortfall / len(relevant) if relevant else 0.0
-    keep = set(relevant)
-    return {p: v + (share if p in keep else 0.0) for p, v in phi.items()}
+    return dict.fromkeys(relevant, share)
+
+
+def split_by(shortfall: float, fractions: Mapping[str, float]) -> dict[str, float]:
+    """D by fractions f_w (the whales' parts of the victim's observed wait, causes.VictimCauses.shares): D x f_w
+    each, and D x (1 - sum f) to nobody."""
+    return {p: shortfall * f for p, f in fractions.items()}

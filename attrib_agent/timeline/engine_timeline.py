@@ -8,6 +8,7 @@ chunks, with the requests that ended before them; hard caps bound steps, request
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -379,7 +380,9 @@ class EngineTimeline:
         if not self.exact_reported:
             return "inferred"
         lo, hi = float("-inf") if t0 is None else t0, float("inf") if t1 is None else t1
-        steps = [si for si, _ in self._window.held_outcomes() if si.end_ts >= lo and si.start_ts <= hi]
+        held = self._window.held_outcomes()
+        first = bisect_left(held, lo, key=_end_of)  # the steps' ends never go back (`_on_step`): none before ends in it
+        steps = [si for si, _ in held[first:] if si.start_ts <= hi]
         return "exact" if steps and all(self._exact.get(si.iteration) is not None for si in steps) else "inferred"
 
     @property
@@ -517,6 +520,10 @@ class EngineTimeline:
     def never_admitted(self) -> tuple[int, int]:
         """(calls that never use the engine, received ids that left without entering it): not requests here."""
         return self._book.non_generation, self._book.never_admitted
+
+
+def _end_of(pair: tuple[StepInput, StepOutcome]) -> float:
+    return pair[0].end_ts
 
 
 def _cut_size(step: StepRecord, after: StepRecord) -> int:

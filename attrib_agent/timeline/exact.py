@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import NamedTuple
 
 from attrib_agent.events import SchedulerHello, SchedulerStep
 from attrib_agent.timeline.kv_share import Holdings, Shares, split_holdings
@@ -39,6 +40,9 @@ class ExactSteps:
         self._max_steps, self._max_requests = max_steps, max_requests
         self.hello: SchedulerHello | None = None
         self.unindexed = 0  # steps without an Iteration index (nothing scheduled)
+        # by iteration: the last overlay of each step the last `overlay` call was given, with what it read
+        # (bounded by those steps: each call keeps only its own)
+        self._overlaid: dict[int, _Overlaid] = {}
 
     def __len__(self) -> int:
         return len(self._steps)
@@ -75,9 +79,17 @@ class ExactSteps:
     def overlay(self, outcomes: Outcomes, prompt_of: Callable[[str], int | None],
                 block_size: int | None = None) -> Outcomes:
         """Every held step, with the plugin's facts in place of the inferred ones where it has them. `block_size`:
-        the pool's (from vLLM's metrics) when the plugin's hello was not seen: prefix hits are counted in blocks."""
+        the pool's (from vLLM's metrics) when the plugin's hello was not seen: prefix hits are counted in blocks.
+
+        A step's plugin facts (members, preemptions, resumes, holdings) are rebuilt only when something they read
+        changed since the last call (its plugin step or the one before, a member's prompt or preemption, a holder's
+        prefix hit, what finished at its end, the block size), and laid over its inferred outcome again only when
+        that changed too (a re-inference): a pass reads every step held, and between two passes most of them change
+        in none of these."""
         bs = self.hello.block_size if self.hello is not None else block_size
         out: Outcomes = []
+        kept: dict[int, _Overlaid] = {}
+        was = self._overlaid
         prev: SchedulerStep | None = None
         for si, o in outcomes:
             step = self._steps.get(si.iteration)
@@ -86,20 +98,37 @@ class ExactSteps:
             else:
                 before = prev if prev is not None and prev.iteration == si.iteration - 1 else \
                     self._steps.get(si.iteration - 1)
-                out.append((si, self._exact_outcome(si, o, step, before, prompt_of, bs)))
+                gone = self._gone.get(si.iteration)
+                prompts = tuple([prompt_of(s.request_id) for s in step.scheduled])
+                preempted = tuple([s.request_id in self._preempted for s in step.scheduled])
+                reads = (prompts, preempted, tuple([self._cached.get(rid) for rid, _ in step.blocks]), bs,
+                         len(gone) if gone else 0)
+                last = was.get(si.iteration)
+                if last is None or not (last.si is si and last.step is step and last.before is before
+                                        and last.reads == reads):
+                    last = _Overlaid(si, step, before, reads, o,
+                                     self._exact_outcome(si, o, step, before, prompts, preempted, bs))
+                elif last.inferred is not o:  # re-inferred: the same facts, laid over its new outcome
+                    x = last.outcome
+                    last = last._replace(inferred=o, outcome=self._lay(o, x.record.members, x.record.membership_error,
+                                                                       x.preemptions, x.resumes, x.holdings, bs))
+                kept[si.iteration] = last
+                out.append((si, last.outcome))
             prev = step
+        self._overlaid = kept
         return out
 
     def _exact_outcome(self, si: StepInput, o: StepOutcome, step: SchedulerStep, before: SchedulerStep | None,
-                       prompt_of: Callable[[str], int | None], bs: int | None) -> StepOutcome:
+                       prompts: tuple[int | None, ...], preempted: tuple[bool, ...], bs: int | None) -> StepOutcome:
+        """The inferred outcome with the plugin's facts of the step in place of its guesses: members (their
+        `prompts` and whether vLLM ever `preempted` them give their phase), preemptions, resumes, holdings."""
         blocks = dict(step.blocks)
-        members = tuple(StepMember(s.request_id, self._phase(s.request_id, s.new_tokens, s.done_tokens, prompt_of),
+        members = tuple(StepMember(s.request_id, _phase(s.new_tokens, s.done_tokens, prompt, was_preempted),
                                    s.new_tokens, (s.done_tokens or 0) + s.new_tokens, blocks.get(s.request_id, 0))
-                        for s in step.scheduled)
+                        for s, prompt, was_preempted in zip(step.scheduled, prompts, preempted, strict=True))
         logged_reqs = si.context_requests + si.generation_requests
         logged_tokens = si.context_tokens + si.generation_tokens
         error = abs(len(members) - logged_reqs) + abs(sum(m.tokens for m in members) - logged_tokens)
-        record = replace(o.record, members=members, membership_error=error)
         had = dict(before.blocks) if before is not None else {}
         done = {s.request_id: (s.done_tokens or 0) + s.new_tokens for s in before.scheduled} if before else {}
         preemptions = tuple(PreemptionSighting(rid, si.seq, si.iteration, si.start_ts, True, done.get(rid, 0),
@@ -108,9 +137,16 @@ class ExactSteps:
         resumes = tuple(ResumeSighting(rid, si.seq, si.iteration, si.end_ts, new.get(rid, 0)) for rid in step.resumed)
         gone = self._gone.get(si.iteration)  # finished in this step: freed before vLLM reports KV usage
         holdings = tuple([h for h in step.blocks if h[0] not in gone]) if gone else step.blocks
+        return self._lay(o, members, error, preemptions, resumes, holdings, bs)
+
+    def _lay(self, o: StepOutcome, members: tuple[StepMember, ...], error: int,
+             preemptions: tuple[PreemptionSighting, ...], resumes: tuple[ResumeSighting, ...],
+             holdings: tuple[tuple[str, int], ...], bs: int | None) -> StepOutcome:
+        """`o` with the plugin's facts in place of its guesses (the prefix shares follow the holdings)."""
         shares = self._shares(holdings, o.prefix_shares, bs)
-        return replace(o, record=record, preemptions=preemptions, resumes=resumes, holdings=holdings,
-                       predicted_blocks=split_holdings(holdings, shares).total, prefix_shares=shares)
+        return replace(o, record=replace(o.record, members=members, membership_error=error), preemptions=preemptions,
+                       resumes=resumes, holdings=holdings, predicted_blocks=split_holdings(holdings, shares).total,
+                       prefix_shares=shares)
 
     def _shares(self, holdings: Holdings, inferred: Shares, bs: int | None) -> tuple[tuple[str, str, int], ...]:
         """`StepOutcome.prefix_shares` of the plugin's holdings: each holder's prefix-cache hit in whole blocks as
@@ -122,11 +158,31 @@ class ExactSteps:
         return tuple([(rid, roots.get(rid, rid), hit // bs) for rid, _ in holdings
                       if (hit := self._cached.get(rid)) is not None and hit >= bs])
 
-    def _phase(self, rid: str, new: int, done: int | None, prompt_of: Callable[[str], int | None]) -> str:
-        prompt, done = prompt_of(rid), done or 0
-        if (prompt is not None and done >= prompt) or (prompt is None and new == 1 and done > 0):
-            return "decode"
-        return "recompute" if rid in self._preempted else "prefill"
+
+# What a step's overlay reads besides its inferred outcome and plugin steps, and may change while it is held: of
+# each member (in the plugin's order) its prompt and whether vLLM ever preempted it, each holder's prefix-cache hit,
+# the block size, and how many requests finished at its end (that set only grows while the step is held). A plain
+# tuple: it is built for every step held at every pass.
+_Reads = tuple[tuple[int | None, ...], tuple[bool, ...], tuple[int | None, ...], int | None, int]
+
+
+class _Overlaid(NamedTuple):
+    """A step's overlay and what it was built from (the objects themselves: they are immutable)."""
+
+    si: StepInput
+    step: SchedulerStep
+    before: SchedulerStep | None
+    reads: _Reads
+    inferred: StepOutcome
+    outcome: StepOutcome
+
+
+def _phase(new: int, done: int | None, prompt: int | None, preempted: bool) -> str:
+    """A member's phase from the plugin's token counts and its prompt: a recompute when vLLM ever preempted it."""
+    done = done or 0
+    if (prompt is not None and done >= prompt) or (prompt is None and new == 1 and done > 0):
+        return "decode"
+    return "recompute" if preempted else "prefill"
 
 
 def exact_iterations(outcomes: Outcomes, exact: ExactSteps) -> set[int]:

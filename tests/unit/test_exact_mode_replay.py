@@ -5,6 +5,7 @@ results say `mode: exact`, and the timeline's steps, KV holdings and preemptions
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -12,12 +13,13 @@ import pytest
 from attrib_agent.agent.core import AgentCore
 from attrib_agent.agent.replay import replay_into
 from attrib_agent.config.load import AgentConfig
-from attrib_agent.events import SchedulerStep
+from attrib_agent.events import Event, SchedulerStep
 from attrib_agent.lab.step_truth import truth_steps
 from attrib_agent.recording import VLLM_STEPS, Recording
 from attrib_agent.sources.replay import ReplaySource
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.exact import PLUGIN_EVIDENCE, ExactSteps
+from benchmarks.exact_digest import plugin_late
 from tests.unit.timeline.plugin_kv import held_after, plugin_messages
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "fixtures" / "recordings"
@@ -28,6 +30,11 @@ def _timeline(path: Path, exact: bool) -> EngineTimeline:
     tl = EngineTimeline()
     tl.feed_all(ReplaySource(path, exact=exact).events())
     return tl
+
+
+def _late(events: list[Event]) -> list[Event]:
+    """The events as read when the plugin's messages come 3 s late (a busy host): far past settle_margin_s."""
+    return plugin_late(events, 3.0)
 
 
 @pytest.fixture(scope="module")
@@ -116,22 +123,78 @@ def test_a_result_waits_for_the_plugins_facts_that_come_after_the_log() -> None:
     """The plugin's messages come on their own socket: on a busy host they can be read after the log lines of the
     same steps. A result whose steps the plugin has not reported yet waits for them (within `final_horizon_s`),
     rather than be made final as `inferred` (a flaky CI run of the exact-mode e2e test: 3 of 6 inferred, 0 drops)."""
-    from dataclasses import replace
-
-    from attrib_agent.events import SchedulerHello
     from attrib_agent.pipeline import AttributionPipeline
 
-    events = list(ReplaySource(STEPS, exact=True).events())
-    late = 3.0  # each plugin message read 3 s after vLLM sent it: far past settle_margin_s (0.5 s)
-    order = sorted(range(len(events)), key=lambda i: events[i].ts + (late if isinstance(
-        events[i], SchedulerStep | SchedulerHello) else 0.0))
-    p = AttributionPipeline()
-    results = []
-    for i in order:
-        ev = events[i]
-        if isinstance(ev, SchedulerStep | SchedulerHello):
-            ev = replace(ev, ts=ev.ts + late)
-        results += p.feed(ev)
-    results += p.settle()
+    p = AttributionPipeline()  # each plugin message read 3 s after vLLM sent it: far past settle_margin_s (0.5 s)
+    results = p.feed_all(_late(list(ReplaySource(STEPS, exact=True).events()))) + p.settle()
     final = {r.request_id: r.mode for r in results if r.final}
     assert final and set(final.values()) == {"exact"}, final
+
+
+def test_the_kept_overlay_is_the_one_built_afresh_at_every_pass() -> None:
+    """`ExactSteps.overlay` keeps each step's overlay while nothing it reads changes: on the recording, with the
+    plugin's messages read 3 s late (steps logged before their plugin step, requests reported finished later), every
+    read of the outcomes is the overlay built from nothing, and it keeps no more than the steps it was last given.
+    (timeline/test_exact_overlay.py changes each thing a kept overlay reads, one at a time.)"""
+    import copy
+
+    tl = EngineTimeline()
+    reads = 0
+    for i, ev in enumerate(_late(list(ReplaySource(STEPS, exact=True).events()))):
+        tl.feed(ev)
+        if i % 97 or not tl.exact_reported:
+            continue
+        kept = tl.outcomes()
+        fresh = copy.copy(tl._exact)  # noqa: SLF001 (the same facts, nothing kept)
+        fresh._overlaid = {}  # noqa: SLF001
+        assert repr(kept) == repr(fresh.overlay(tl._window.outcomes(), tl._prompt_of,  # noqa: SLF001
+                                                tl.geometry.block_size))
+        assert len(tl._exact._overlaid) <= len(kept)  # noqa: SLF001 (the bound)
+        reads += 1
+    assert reads > 20
+
+
+def test_mode_is_the_scan_of_every_step_held() -> None:
+    """`EngineTimeline.mode` reads only the steps ending at or after `t0` (their ends never go back): its answer is
+    the scan of every step held, on spans that start at, just before and just after a step's end, while the
+    plugin's facts of the newest steps have not come (so both answers are asked for)."""
+    events = _late(list(ReplaySource(STEPS, exact=True).events()))
+    tl = EngineTimeline()
+    tl.feed_all(events[:len(events) // 2])
+    tl.outcomes()
+    held = [si for si, _ in tl._window.held_outcomes()]  # noqa: SLF001
+    reported = {si.iteration for si in held if tl._exact.get(si.iteration) is not None}  # noqa: SLF001
+
+    def scan(t0: float | None, t1: float | None) -> str:
+        lo, hi = float("-inf") if t0 is None else t0, float("inf") if t1 is None else t1
+        steps = [si for si in held if si.end_ts >= lo and si.start_ts <= hi]
+        return "exact" if steps and all(si.iteration in reported for si in steps) else "inferred"
+
+    spans: list[tuple[float | None, float | None]] = [(None, None)]
+    for si in held[::7]:
+        for t0 in (si.end_ts - 1e-6, si.end_ts, si.end_ts + 1e-6):
+            spans += [(t0, None), (t0, t0), (t0, t0 + 0.05), (None, t0)]
+    spans += [(lc.arrival_ts, lc.end_ts) for lc in tl.lifecycles()]
+    answers = [tl.mode(t0, t1) for t0, t1 in spans]
+    assert answers == [scan(t0, t1) for t0, t1 in spans]
+    assert answers.count("exact") > 50 and answers.count("inferred") > 50
+
+
+def test_a_victims_mode_is_decided_once_a_settle_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its blockers (while the plugin's facts may still come) and its result read one answer: the timeline is asked
+    once a pass per victim, partial results taken again included (it was asked twice per result and once more per
+    partial result)."""
+    from attrib_agent.pipeline import AttributionPipeline
+
+    p = AttributionPipeline()
+    asked: Counter[tuple[int, float | None, float | None]] = Counter()
+    mode = p.timeline.mode
+
+    def spy(t0: float | None = None, t1: float | None = None) -> str:
+        asked[(p.settles, t0, t1)] += 1
+        return mode(t0, t1)
+
+    monkeypatch.setattr(p.timeline, "mode", spy)
+    results = p.feed_all(_late(list(ReplaySource(STEPS, exact=True).events()))) + p.settle()
+    assert sum(not r.final for r in results) > 5 and {r.mode for r in results if r.final} == {"exact"}
+    assert len(asked) >= len(results) and max(asked.values()) == 1

@@ -29,7 +29,7 @@ from attrib_agent.sinks.prometheus.forecast import forecast_families
 from attrib_agent.sinks.prometheus.gpu import gpu_families
 from attrib_agent.sinks.prometheus.health import agent_families, journal_families, source_families
 from attrib_agent.sinks.prometheus.slo import slo_families
-from attrib_agent.sinks.prometheus.slowdown import slowdown_families
+from attrib_agent.sinks.prometheus.slowdown import slowdown_families, slowed_outside_families
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +44,7 @@ _LIVE: Final[tuple[tuple[str, Section], ...]] = (
 # Read where the pipeline lives (they walk its state: the KV picture forces step inference, 10-30 ms at GPU rates).
 _PIPELINE: Final[tuple[tuple[str, Section], ...]] = (
     ("slowdown", lambda state: slowdown_families(state.tally)),
+    ("slowdown", lambda state: slowed_outside_families(state.pipeline.slowed_blamed_s)),
     ("slo", lambda state: slo_families(state.tally.slo)),
     ("pipeline", pipeline_families),
     ("kv", kv_families),

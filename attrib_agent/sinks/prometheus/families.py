@@ -135,6 +135,11 @@ SPECS: Final = (
           "over the step-cost model's time alone): `attributed` all the same (final results, `chosen_by` slowed; "
           "not in the sample the slowdown and SLO series count), or `skipped` past the bound the CPU budget sets "
           "(counted in attrib_victims_skipped_total too)."),
+    _spec("attrib_slowed_outside_share_slowdown_seconds_total", "counter", "seconds", "cause",
+          "Slowdown of the requests the shed share left out and attributed all the same as visibly slowed "
+          "(attrib_slowed_outside_share_total{outcome=\"attributed\"}), blamed on culprits (whales and the crowd), "
+          "by cause: what slowed the tail while the agent sheds load. Apart from "
+          "attrib_attributed_slowdown_seconds_total, which counts the hash sample only (its rates stay unbiased)."),
     _spec("attrib_results_stored", "gauge", "", "", "Attribution results held for the API."),
     _spec("attrib_results_stored_bytes", "gauge", "bytes", "",
           "Memory the stored results count against max_result_bytes (packed; RSS is ~1.1x this)."),

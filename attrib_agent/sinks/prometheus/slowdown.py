@@ -1,5 +1,6 @@
 """The slowdown series, read from the pipeline's SlowdownTally: blame by cause, the unexplained rest, the
-per-victim histogram (exemplars name the victim's trace so Grafana can jump to it), and request counts.
+per-victim histogram (exemplars name the victim's trace so Grafana can jump to it), and request counts; and
+apart, the blame by cause of the results taken outside the shed share as visibly slowed.
 
 Every label combination of the closed sets is served from the start (at zero), so dashboards see a series
 before its first increment.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Mapping
 from typing import Final
 
 from prometheus_client.metrics_core import Metric
@@ -53,6 +55,16 @@ def slowdown_families(tally: SlowdownTally) -> list[Metric]:
     for vc in dict.fromkeys((*VICTIM_CLASSES, *tally.requests)):
         requests.add_metric([vc], tally.requests.get(vc, 0))
     return [attributed, unexplained, hist, requests, slowed]
+
+
+def slowed_outside_families(blamed: Mapping[str, float]) -> list[Metric]:
+    """The slowdown of the results taken outside the shed share as visibly slowed, by cause (the pipeline's
+    `slowed_blamed_s`): a family of its own, since summed into the sample's series it would bias their rates
+    towards the tail. Every cause is served from the start."""
+    family = counter("attrib_slowed_outside_share_slowdown_seconds_total")
+    for cause in dict.fromkeys((*CAUSE_VALUES, *blamed)):
+        family.add_metric([cause], blamed.get(cause, 0.0))
+    return [family]
 
 
 def _buckets(h: SlowdownHistogram) -> list[_Bucket]:

@@ -11,15 +11,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
 from attrib_agent.agent.core import AgentCore
 from attrib_agent.agent.shedding import MIN_SHARE, Shedder
-from attrib_agent.attribution.result import AttributionResult
+from attrib_agent.attribution.result import AttributionResult, Culprit
 from attrib_agent.attribution.result_codec import from_dict, to_dict
 from attrib_agent.attribution.tally import phase_slowdowns, slowed
 from attrib_agent.events import Event, RequestSpan
 from attrib_agent.pipeline import AttributionPipeline, chosen
+from attrib_agent.read_model import AgentState
+from attrib_agent.sinks.prometheus.collector import registry_for
 from attrib_agent.sinks.prometheus.engine import live_pipeline_families
+from attrib_agent.sinks.prometheus.families import CAUSE_VALUES
 from attrib_agent.sources.replay import ReplaySource
 from tests.unit.agent.test_shed_start import BUDGET_CORES, gpu_rate_events, run_live
 
@@ -213,3 +218,49 @@ def test_the_agent_attributes_slowed_requests_while_it_sheds(tmp_path_factory: p
     got = {s.labels["outcome"]: s.value for s in family.samples if s.name.endswith("_total")}
     assert got["attributed"] == p.slowed_attributed == len(rescued)
     assert got["skipped"] == p.slowed_skipped
+
+
+def test_metrics_serve_the_slowed_results_blame_by_cause_apart_from_the_sample() -> None:
+    """Through the real /metrics (the agent's registry, OpenMetrics): the results taken outside the share as slowed
+    have their blame by cause in a family of their own, every cause served; the sample's series hold only the
+    results the share chose."""
+    p, low = replay("whale2", 0.3)
+    rescued = [r for r in low.values() if r.chosen_by == "slowed"]
+    sample = [r for r in low.values() if r.chosen_by == "share"]
+    assert len(rescued) > 3 and len(sample) > 3
+    text = generate_openmetrics(registry_for(AgentState(p))).decode()
+    families = {f.name: f for f in parse_openmetrics(text)}
+
+    def by_cause(name: str) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for s in families[name].samples:
+            if s.name.endswith("_total"):
+                out[s.labels["cause"]] = out.get(s.labels["cause"], 0.0) + s.value
+        return out
+
+    def blamed(results: list[AttributionResult]) -> dict[str, float]:
+        out = dict.fromkeys(CAUSE_VALUES, 0.0)
+        for r in results:
+            for c in r.culprits:
+                for cause, secs in c.blame_by_cause(r.itl_gaps).items():
+                    out[cause] += secs
+        return out
+
+    got = by_cause("attrib_slowed_outside_share_slowdown_seconds")
+    assert got == pytest.approx(blamed(rescued), abs=1e-9) and sum(got.values()) > 0.05
+    assert by_cause("attrib_attributed_slowdown_seconds") == pytest.approx(blamed(sample), abs=1e-9)
+
+
+def test_the_slowed_results_blame_keeps_to_the_known_causes() -> None:
+    """A cause this agent does not know (a newer agent's) is counted as `other`: the map, and the series, stay the
+    closed set of causes."""
+    p = AttributionPipeline()
+    r = AttributionResult(request_id="v", finished_ts=1.0, ttft_s=0.3, ttft_baseline_s=0.1, ttft_slowdown_s=0.2,
+                          itl_s=None, itl_baseline_s=0.0, itl_slowdown_s=0.0, unexplained_ttft_s=0.0,
+                          unexplained_itl_s=0.0, no_interference=False, quality=1.0, final=True, chosen_by="slowed",
+                          culprits=(Culprit("w", ttft_s=0.2, itl_s=0.0, share=1.0,
+                                            causes={"a_newer_cause": 1.0, "kv_pressure": 1.0}),))
+    p._keep(r)  # noqa: SLF001 (what a pass does with a final result)
+    assert tuple(p.slowed_blamed_s) == CAUSE_VALUES
+    assert p.slowed_blamed_s["other"] == pytest.approx(0.1) == p.slowed_blamed_s["kv_pressure"]
+    assert p.slowed_attributed == 1 and sum(p.tally.requests.values()) == 0

@@ -9,7 +9,7 @@ import pytest
 
 from attrib_agent.attribution.causes import EngineView, observed_causes
 from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior
-from attrib_agent.attribution.shapley import with_shortfall
+from attrib_agent.attribution.shapley import even_split, split_by, with_shortfall
 from attrib_agent.attribution.sim_trace import Pricer
 from attrib_agent.timeline.model import RequestLifecycle, StepMember, StepRecord
 
@@ -76,8 +76,9 @@ def test_an_n_seq_client_is_its_childrens_sum_and_nobody_in_no_step_gets_anythin
 
 def test_the_shortfall_by_fractions_leaves_the_rest_unexplained_and_an_even_split_is_unchanged() -> None:
     phi = {"w1": 0.001, "w2": 0.0, "w3": 0.002}
-    got = with_shortfall(phi, 0.08, {"w1": 0.15, "w2": 0.8})
+    got = with_shortfall(phi, split_by(0.08, {"w1": 0.15, "w2": 0.8}))
     assert got == pytest.approx({"w1": 0.001 + 0.012, "w2": 0.064, "w3": 0.002})
     assert sum(got.values()) - sum(phi.values()) == pytest.approx(0.08 * 0.95)  # the light crowd's 5 %: nobody's
-    assert with_shortfall(phi, 0.08, {}) == phi
-    assert with_shortfall(phi, 0.09, ["w1", "w3"]) == {"w1": 0.001 + 0.09 / 2, "w2": 0.0, "w3": 0.002 + 0.09 / 2}
+    assert with_shortfall(phi, split_by(0.08, {})) == phi
+    assert with_shortfall(phi, even_split(0.09, ["w1", "w3"])) == {"w1": 0.001 + 0.09 / 2, "w2": 0.0,
+                                                                   "w3": 0.002 + 0.09 / 2}

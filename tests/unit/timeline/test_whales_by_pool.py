@@ -9,7 +9,7 @@ import pytest
 
 from attrib_agent.attribution.attributor import Attributor
 from attrib_agent.attribution.result import AttributionResult
-from attrib_agent.attribution.shapley import largest_effects, with_shortfall
+from attrib_agent.attribution.shapley import even_split, largest_effects, with_shortfall
 from attrib_agent.attribution.whales import kv_footprint, whales
 from attrib_agent.events import Event, RequestSpan
 from attrib_agent.timeline.engine_timeline import EngineTimeline
@@ -92,6 +92,7 @@ def test_shortfall_is_a_unanimity_game_of_the_relevant_players() -> None:
     effects = largest_effects(["w", "d"], worlds.__getitem__)
     assert effects == pytest.approx({"w": 0.302, "d": 0.002})
     relevant = [p for p, e in effects.items() if e >= 0.03]
-    phi = with_shortfall({"w": 0.301, "d": 0.001}, 0.5, relevant)
+    phi = with_shortfall({"w": 0.301, "d": 0.001}, even_split(0.5, relevant))
     assert phi == pytest.approx({"w": 0.801, "d": 0.001})  # efficiency kept: sum = simulated effect + shortfall
-    assert with_shortfall({"w": 0.3, "d": 0.0}, 0.5, []) == {"w": 0.3, "d": 0.0}  # nobody relevant: unexplained
+    # nobody relevant: unexplained
+    assert with_shortfall({"w": 0.3, "d": 0.0}, even_split(0.5, [])) == {"w": 0.3, "d": 0.0}
