@@ -10,9 +10,10 @@ What an observer cannot see is estimated, and said so:
 - a request's prompt before its prefill has shown it: the median prompt of the requests that asked for the same
   max_tokens (`prompt_classes`: this agent's, else the last agent's on this engine, kept in the saved state),
   else the median prompt of recent requests, else `default_prompt_tokens`;
-- expected arrivals: the arrivals of the last `load_window_s` as a rate, with their median prompt and
-  max_tokens; before this agent has seen two arrivals, the load the last agent saw on this engine (kept in the
-  saved state, agent/fit_store.py): a restarted sidecar's whale otherwise comes before any traffic it knows of.
+- expected arrivals: the arrivals of the last `load_window_s` as a rate (those after the first over the span
+  from it), with their median prompt and max_tokens; before this agent has seen two arrivals, the load the last
+  agent saw on this engine (kept in the saved state, agent/fit_store.py): a restarted sidecar's whale otherwise
+  comes before any traffic it knows of.
 """
 
 from __future__ import annotations
@@ -249,9 +250,12 @@ def learnt_load(lcs: list[RequestLifecycle], now: float, cfg: StateConfig,
                 cached: Callable[[str], int] | None = None, prior: ArrivalLoad | None = None) -> ArrivalLoad | None:
     """Recent arrivals as an evenly spaced stream of their median size, and the median of the prompt tokens they
     found in the prefix cache (`cached`, by request id: a shared system prompt or document) as the stream's
-    shared prefix; None with fewer than two (one arrival says nothing of a rate). Their sizes in turn (a mix)
-    were tried: with a few arrivals seen, one whale among them is then expected every few arrivals (whale2/w2's
-    learnt forecast went from 0.9 s to 46 s against 0.69 s); the median ignores a rare whale.
+    shared prefix; None with fewer than two (one arrival says nothing of a rate). The rate is that of the
+    arrivals after the first over the span from it to now: the watch starts at the first, so n arrivals are
+    n - 1 gaps' worth (n / span, the rate until the twelfth session, read kvpair's 4 shorts 0.5 s apart as
+    2.7/s, not 2/s). Their sizes in turn (a mix) were tried: with a few arrivals seen, one whale among them is
+    then expected every few arrivals (whale2/w2's learnt forecast went from 0.9 s to 46 s against 0.69 s); the
+    median ignores a rare whale.
 
     `prior`: the load the last agent on this engine saw (its saved state). The part of the window before this
     agent's first arrival is filled with it, as `prior.rate_per_s` times that span arrivals of its sizes: a
@@ -271,10 +275,10 @@ def learnt_load(lcs: list[RequestLifecycle], now: float, cfg: StateConfig,
         prompts.append((float(prior.prompt_tokens), weight))
         outs.append((float(prior.max_tokens), weight))
         shares.append((float(prior.cached_prefix_tokens), weight))
-        rate = (len(recent) + weight) / cfg.load_window_s
+        rate = (max(len(recent) - 1, 0) + weight) / cfg.load_window_s
     else:
         first = min(lc.arrival_ts for lc in recent if lc.arrival_ts is not None)
-        rate = len(recent) / max(now - first, cfg.min_load_span_s)
+        rate = (len(recent) - 1) / max(now - first, cfg.min_load_span_s)
     return ArrivalLoad(rate, _weighted_median(prompts, cfg.default_prompt_tokens),
                        _weighted_median(outs, cfg.default_output_tokens),
                        cached_prefix_tokens=_weighted_median(shares, 0))

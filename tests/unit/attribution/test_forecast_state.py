@@ -272,16 +272,28 @@ def test_until_it_has_watched_a_window_a_restarted_agent_fills_the_rest_with_the
     whales = [RequestLifecycle(f"w{i}", arrival_ts=100.0 + 0.05 * i, prompt_tokens=3900, max_tokens=800)
               for i in range(2)]
     alone = learnt_load(whales, 100.1, cfg)
-    assert alone is not None and alone.prompt_tokens == 3900 and alone.rate_per_s == pytest.approx(2.0)
+    # one arrival after the first within the least span a rate is taken over (the first starts the watch)
+    assert alone is not None and alone.prompt_tokens == 3900 and alone.rate_per_s == pytest.approx(1.0)
     blended = learnt_load(whales, 100.1, cfg, prior=saved)
     assert blended is not None and (blended.prompt_tokens, blended.max_tokens) == (32, 32)
-    assert blended.rate_per_s == pytest.approx((2 + 4.3 * (30 - 0.1)) / 30)
+    assert blended.rate_per_s == pytest.approx((1 + 4.3 * (30 - 0.1)) / 30)
     assert learnt_load([], 100.1, cfg, prior=saved) == ArrivalLoad(4.3, 32, 32)  # nothing of its own: the saved
     # a window of its own watched: the saved load no longer counts
     stream = [RequestLifecycle(f"s{i}", arrival_ts=100.0 + i, prompt_tokens=500, max_tokens=64) for i in range(31)]
     assert learnt_load(stream, 130.0, cfg, prior=saved) == learnt_load(stream, 130.0, cfg)
     half = learnt_load(stream[:16], 115.0, cfg, prior=saved)  # half a window: the two weigh 16 against 64.5
-    assert half is not None and half.prompt_tokens == 32 and half.rate_per_s == pytest.approx((16 + 4.3 * 15) / 30)
+    assert half is not None and half.prompt_tokens == 32 and half.rate_per_s == pytest.approx((15 + 4.3 * 15) / 30)
+
+
+def test_a_rate_counts_the_arrivals_after_the_first_over_the_span_from_it() -> None:
+    """The watch of a stream starts at its first arrival: n arrivals from there to now are n - 1 gaps' worth, the
+    rate's estimate (n - 1) / span. n / span (before) read kvpair's 4 shorts 0.5 s apart as 2.7/s, not 2/s."""
+    from attrib_agent.attribution.forecast_state import learnt_load
+    from attrib_agent.timeline.model import RequestLifecycle
+
+    stream = [RequestLifecycle(f"s{i}", arrival_ts=100.0 + 0.5 * i, prompt_tokens=32, max_tokens=32) for i in range(4)]
+    got = learnt_load(stream, 101.5, StateConfig())
+    assert got is not None and got.rate_per_s == pytest.approx(2.0)
 
 
 def test_prompt_classes_are_the_median_prompt_by_max_tokens_this_agents_first_and_bounded() -> None:
