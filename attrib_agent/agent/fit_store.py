@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from attrib_agent.attribution.fit_snapshot import MAX_BYTES, decode, encode
-from attrib_agent.attribution.forecast_state import last_gap, last_load
+from attrib_agent.attribution.forecast_state import last_gap, last_load, last_prompts
 from attrib_agent.health import SourceHealth
 from attrib_agent.pipeline import AttributionPipeline
 
@@ -107,15 +107,15 @@ class FitStore:
         self._last_save = self._clock()
         engine = self.pipeline.engine_watch.fingerprint()
         cost = self.pipeline.attributor.cost
-        load, gap = last_load(self.pipeline), last_gap(self.pipeline)
-        now = (engine, cost.steps_seen, cost.window_steps, cost.coefficients, load, gap)
+        load, gap, prompts = last_load(self.pipeline), last_gap(self.pipeline), last_prompts(self.pipeline)
+        now = (engine, cost.steps_seen, cost.window_steps, cost.coefficients, load, gap, prompts)
         if engine is None or engine.device is None or cost.window_steps == 0 or now == self._saved:
             return False  # nothing learnt, or the engine not fully known (a saved fit always names its device)
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as f:
-                f.write(encode(engine, cost, load, gap))
+                f.write(encode(engine, cost, load, gap, prompts))
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.path)

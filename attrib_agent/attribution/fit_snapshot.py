@@ -64,19 +64,23 @@ class FitSnapshot:
     fit: Mapping[str, Any]  # StepCostModel.snapshot(), checked when restored
     load: ArrivalLoad | None = None  # the last traffic the saving agent saw (rate and sizes), if any
     step_gap_s: float | None = None  # the gap between steps it measured (forecast_state.step_gap), if any
+    prompts: tuple[tuple[int, int], ...] = ()  # (max_tokens, median prompt) it saw (forecast_state.prompt_classes)
 
 
 LOAD_FIELDS: Final = ("rate_per_s", "prompt_tokens", "max_tokens", "cached_prefix_tokens")
+MAX_PROMPT_CLASSES: Final = 64  # (max_tokens, prompt) pairs a file may hold; the agent saves at most 16
 
 
 def encode(engine: EngineFingerprint, model: StepCostModel, load: ArrivalLoad | None = None,
-           step_gap_s: float | None = None) -> bytes:
+           step_gap_s: float | None = None, prompts: Mapping[int, int] | None = None) -> bytes:
     """The state file's bytes: numbers and the engine's labels only (the load: a rate and median sizes)."""
     doc: dict[str, Any] = {"format": FORMAT, "version": VERSION, "engine": asdict(engine), "fit": model.snapshot()}
     if load is not None:
         doc["load"] = {k: getattr(load, k) for k in LOAD_FIELDS}
     if step_gap_s is not None:
         doc["step_gap_s"] = step_gap_s
+    if prompts:
+        doc["prompts"] = [[int(k), int(v)] for k, v in prompts.items()]
     return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -105,6 +109,17 @@ def _gap(data: object) -> float | None:
     return float(data)
 
 
+def _prompts(data: object) -> tuple[tuple[int, int], ...]:
+    """The saved prompt classes (absent in files written before they were kept: none); ValueError when malformed."""
+    if data is None:
+        return ()
+    if not isinstance(data, list) or len(data) > MAX_PROMPT_CLASSES or any(
+            not isinstance(pair, list) or len(pair) != 2
+            or any(not isinstance(x, int) or isinstance(x, bool) or x < 1 for x in pair) for pair in data):
+        raise ValueError(f"prompts: expected at most {MAX_PROMPT_CLASSES} [max_tokens, prompt_tokens] pairs >= 1")
+    return tuple((a, b) for a, b in data)
+
+
 def decode(data: bytes) -> FitSnapshot:
     """ValueError saying what is wrong: too large, not JSON (a truncated write), another format or version."""
     if len(data) > MAX_BYTES:
@@ -120,7 +135,7 @@ def decode(data: bytes) -> FitSnapshot:
     if not isinstance(doc.get("fit"), dict):
         raise ValueError("fit: missing")
     return FitSnapshot(EngineFingerprint.parse(doc.get("engine")), doc["fit"], _load(doc.get("load")),
-                       _gap(doc.get("step_gap_s")))
+                       _gap(doc.get("step_gap_s")), _prompts(doc.get("prompts")))
 
 
 # (verdict, detail): "loaded", "mismatch" (detail: what differs) or "invalid" (detail: the ValueError)
@@ -144,6 +159,7 @@ class EngineWatch:
         self._unchecked: tuple[str, Decision] | None = None  # adopted before a step showed the device: (saved, tell)
         self.arrivals: ArrivalLoad | None = None  # the load the adopted file's agent last saw (the forecast's prior)
         self.step_gap_s: float | None = None  # the gap between steps it measured (likewise, until one is measured)
+        self.prompts: dict[int, int] = {}  # its median prompt by max_tokens (likewise, for the max_tokens not seen)
 
     def offer(self, snapshot: FitSnapshot, decided: Decision) -> None:
         """Adopt `snapshot` into the cost model once the engine is known (at once if it is), then `decided`."""
@@ -200,7 +216,7 @@ class EngineWatch:
         except ValueError as e:
             decided("invalid", str(e))
             return
-        self.arrivals, self.step_gap_s = snapshot.load, snapshot.step_gap_s
+        self.arrivals, self.step_gap_s, self.prompts = snapshot.load, snapshot.step_gap_s, dict(snapshot.prompts)
         if now.device is None and snapshot.engine.device is not None:
             self._unchecked = (snapshot.engine.device, decided)
         decided("loaded", f"{len(snapshot.fit.get('rows', ()))} steps")

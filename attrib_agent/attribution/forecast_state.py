@@ -7,11 +7,13 @@ What an observer cannot see is estimated, and said so:
 - remaining output: `max_tokens - outputs` when the `Received request` line gave max_tokens (an upper bound:
   a request may stop early at EOS), else the median completion length of recent finished requests, else
   `default_output_tokens`;
-- a waiting request's prompt before its prefill: the median prompt of recent requests, else
-  `default_prompt_tokens`;
-- expected arrivals: the arrivals of the last `load_window_s` as a rate, with their median prompt and
-  max_tokens; before this agent has seen two arrivals, the load the last agent saw on this engine (kept in the
-  saved state, agent/fit_store.py): a restarted sidecar's whale otherwise comes before any traffic it knows of.
+- a request's prompt before its prefill has shown it: the median prompt of the requests that asked for the same
+  max_tokens (`prompt_classes`: this agent's, else the last agent's on this engine, kept in the saved state),
+  else the median prompt of recent requests, else `default_prompt_tokens`;
+- expected arrivals: the arrivals of the last `load_window_s` as a rate (those after the first over the span
+  from it), with their median prompt and max_tokens; before this agent has seen two arrivals, the load the last
+  agent saw on this engine (kept in the saved state, agent/fit_store.py): a restarted sidecar's whale otherwise
+  comes before any traffic it knows of.
 """
 
 from __future__ import annotations
@@ -54,10 +56,12 @@ class StateConfig:
     load_window_s: float = 30.0  # arrivals this recent make the expected load
     min_load_span_s: float = 1.0  # a rate is never taken over less than this (one arrival is not 1000/s)
     max_requests: int = 512  # in-flight requests kept in a state (the oldest first); bounds a forecast's cost
+    max_prompt_classes: int = 16  # max_tokens values whose median prompt is kept (the most asked for first)
 
     def __post_init__(self) -> None:
-        if min(self.default_output_tokens, self.default_prompt_tokens, self.max_requests) < 1:
-            raise ValueError("default token counts and max_requests must be >= 1")
+        if min(self.default_output_tokens, self.default_prompt_tokens, self.max_requests,
+               self.max_prompt_classes) < 1:
+            raise ValueError("default token counts, max_requests and max_prompt_classes must be >= 1")
         if self.load_window_s <= 0 or self.min_load_span_s <= 0:
             raise ValueError("load_window_s and min_load_span_s must be > 0")
 
@@ -80,6 +84,7 @@ def engine_state(pipeline: PipelineParts, config: StateConfig | None = None,
     lcs = [lc for lc in (*tl.lifecycles(), *tl.received(now)) if lc.arrival_ts is not None and lc.arrival_ts <= now]
     done = [lc for lc in lcs if lc.complete]
     prompt_guess = _median([lc.prompt_tokens for lc in lcs if lc.prompt_tokens], cfg.default_prompt_tokens)
+    classes = prompt_classes(lcs, cfg.max_prompt_classes, pipeline.engine_watch.prompts)
     output_guess = _median([lc.completion_tokens for lc in done if lc.completion_tokens], cfg.default_output_tokens)
     live = sorted((lc for lc in lcs if not lc.complete and lc.end_ts is None),
                   key=lambda lc: (lc.arrival_ts or 0.0, lc.request_id))[: cfg.max_requests]
@@ -92,15 +97,16 @@ def engine_state(pipeline: PipelineParts, config: StateConfig | None = None,
             lc = replace(lc, prompt_tokens=max(int(known[lc.request_id]), 1))
         arrival = lc.arrival_ts if lc.arrival_ts is not None else now
         m = members.get(lc.request_id)
+        guess = classes.get(lc.max_tokens, prompt_guess) if lc.max_tokens is not None else prompt_guess
         if m is not None:
-            prompt = lc.prompt_tokens or max(prompt_guess, m.context_tokens + (m.phase == "prefill"))
+            prompt = lc.prompt_tokens or max(guess, m.context_tokens + (m.phase == "prefill"))
             outputs = max(m.context_tokens - prompt + 1, 0) if m.phase != "prefill" or m.context_tokens >= prompt else 0
             first = lc.first_token_ts if lc.first_token_ts is not None else (now if outputs else None)
             req = InFlight(lc.request_id, arrival, prompt, m.context_tokens, outputs,
                            _remaining(lc, outputs, output_guess), True, first)
             running.append((lc.scheduled_ts if lc.scheduled_ts is not None else arrival, req))
             continue
-        prompt = lc.prompt_tokens or prompt_guess
+        prompt = lc.prompt_tokens or guess
         req = InFlight(lc.request_id, arrival, prompt, 0, 0, _remaining(lc, 0, output_guess), False, None)
         if lc.scheduled_ts is not None:  # scheduled before, not in the last step: preempted, front of the queue
             preempted.append((lc.scheduled_ts, req))
@@ -244,9 +250,12 @@ def learnt_load(lcs: list[RequestLifecycle], now: float, cfg: StateConfig,
                 cached: Callable[[str], int] | None = None, prior: ArrivalLoad | None = None) -> ArrivalLoad | None:
     """Recent arrivals as an evenly spaced stream of their median size, and the median of the prompt tokens they
     found in the prefix cache (`cached`, by request id: a shared system prompt or document) as the stream's
-    shared prefix; None with fewer than two (one arrival says nothing of a rate). Their sizes in turn (a mix)
-    were tried: with a few arrivals seen, one whale among them is then expected every few arrivals (whale2/w2's
-    learnt forecast went from 0.9 s to 46 s against 0.69 s); the median ignores a rare whale.
+    shared prefix; None with fewer than two (one arrival says nothing of a rate). The rate is that of the
+    arrivals after the first over the span from it to now: the watch starts at the first, so n arrivals are
+    n - 1 gaps' worth (n / span, the rate until the twelfth session, read kvpair's 4 shorts 0.5 s apart as
+    2.7/s, not 2/s). Their sizes in turn (a mix) were tried: with a few arrivals seen, one whale among them is
+    then expected every few arrivals (whale2/w2's learnt forecast went from 0.9 s to 46 s against 0.69 s); the
+    median ignores a rare whale.
 
     `prior`: the load the last agent on this engine saw (its saved state). The part of the window before this
     agent's first arrival is filled with it, as `prior.rate_per_s` times that span arrivals of its sizes: a
@@ -266,13 +275,42 @@ def learnt_load(lcs: list[RequestLifecycle], now: float, cfg: StateConfig,
         prompts.append((float(prior.prompt_tokens), weight))
         outs.append((float(prior.max_tokens), weight))
         shares.append((float(prior.cached_prefix_tokens), weight))
-        rate = (len(recent) + weight) / cfg.load_window_s
+        rate = (max(len(recent) - 1, 0) + weight) / cfg.load_window_s
     else:
         first = min(lc.arrival_ts for lc in recent if lc.arrival_ts is not None)
-        rate = len(recent) / max(now - first, cfg.min_load_span_s)
+        rate = (len(recent) - 1) / max(now - first, cfg.min_load_span_s)
     return ArrivalLoad(rate, _weighted_median(prompts, cfg.default_prompt_tokens),
                        _weighted_median(outs, cfg.default_output_tokens),
                        cached_prefix_tokens=_weighted_median(shares, 0))
+
+
+def prompt_classes(lcs: Iterable[RequestLifecycle], limit: int,
+                   prior: Mapping[int, int] | None = None) -> dict[int, int]:
+    """The median prompt of the requests whose prompt is known, by the max_tokens they asked for: the guess for a
+    request vLLM has received but not yet shown the prompt of (its `Received request` line gives max_tokens, not
+    the prompt). Clients ask for max_tokens by use (a chat turn, a summary of a document), so a request asking
+    what another asked for is likely of its kind: preempt/w3 arrives behind two 3,900-token whales, one waiting,
+    one a chunk into its prefill, that the all-requests median (or default) guessed 512 and 2,049 tokens, and its
+    forecast was 0.08 s against a true 10.6 s. Where every request asks for the same max_tokens (a client's
+    default), this is the median of them all, as before. `prior`: the last agent's on this engine (saved state),
+    for the values this agent has not seen a prompt of; at most `limit` values, this agent's most asked for first."""
+    seen: dict[int, list[int]] = {}
+    for lc in lcs:
+        if lc.prompt_tokens and lc.max_tokens:
+            seen.setdefault(lc.max_tokens, []).append(lc.prompt_tokens)
+    top = sorted(seen.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:limit]
+    out = {k: int(statistics.median(v)) for k, v in top}
+    for k, v in (prior or {}).items():
+        if len(out) >= limit:
+            break
+        out.setdefault(k, v)
+    return out
+
+
+def last_prompts(pipeline: PipelineParts, config: StateConfig | None = None) -> dict[int, int]:
+    """The prompt classes to save (`prompt_classes` over the timeline's requests, the saved ones after)."""
+    cfg = config or StateConfig()
+    return prompt_classes(pipeline.timeline.lifecycles(), cfg.max_prompt_classes, pipeline.engine_watch.prompts)
 
 
 def _covered(lcs: list[RequestLifecycle], now: float, cfg: StateConfig) -> float:

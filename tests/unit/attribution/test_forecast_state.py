@@ -272,16 +272,91 @@ def test_until_it_has_watched_a_window_a_restarted_agent_fills_the_rest_with_the
     whales = [RequestLifecycle(f"w{i}", arrival_ts=100.0 + 0.05 * i, prompt_tokens=3900, max_tokens=800)
               for i in range(2)]
     alone = learnt_load(whales, 100.1, cfg)
-    assert alone is not None and alone.prompt_tokens == 3900 and alone.rate_per_s == pytest.approx(2.0)
+    # one arrival after the first within the least span a rate is taken over (the first starts the watch)
+    assert alone is not None and alone.prompt_tokens == 3900 and alone.rate_per_s == pytest.approx(1.0)
     blended = learnt_load(whales, 100.1, cfg, prior=saved)
     assert blended is not None and (blended.prompt_tokens, blended.max_tokens) == (32, 32)
-    assert blended.rate_per_s == pytest.approx((2 + 4.3 * (30 - 0.1)) / 30)
+    assert blended.rate_per_s == pytest.approx((1 + 4.3 * (30 - 0.1)) / 30)
     assert learnt_load([], 100.1, cfg, prior=saved) == ArrivalLoad(4.3, 32, 32)  # nothing of its own: the saved
     # a window of its own watched: the saved load no longer counts
     stream = [RequestLifecycle(f"s{i}", arrival_ts=100.0 + i, prompt_tokens=500, max_tokens=64) for i in range(31)]
     assert learnt_load(stream, 130.0, cfg, prior=saved) == learnt_load(stream, 130.0, cfg)
     half = learnt_load(stream[:16], 115.0, cfg, prior=saved)  # half a window: the two weigh 16 against 64.5
-    assert half is not None and half.prompt_tokens == 32 and half.rate_per_s == pytest.approx((16 + 4.3 * 15) / 30)
+    assert half is not None and half.prompt_tokens == 32 and half.rate_per_s == pytest.approx((15 + 4.3 * 15) / 30)
+
+
+def test_a_rate_counts_the_arrivals_after_the_first_over_the_span_from_it() -> None:
+    """The watch of a stream starts at its first arrival: n arrivals from there to now are n - 1 gaps' worth, the
+    rate's estimate (n - 1) / span. n / span (before) read kvpair's 4 shorts 0.5 s apart as 2.7/s, not 2/s."""
+    from attrib_agent.attribution.forecast_state import learnt_load
+    from attrib_agent.timeline.model import RequestLifecycle
+
+    stream = [RequestLifecycle(f"s{i}", arrival_ts=100.0 + 0.5 * i, prompt_tokens=32, max_tokens=32) for i in range(4)]
+    got = learnt_load(stream, 101.5, StateConfig())
+    assert got is not None and got.rate_per_s == pytest.approx(2.0)
+
+
+def test_prompt_classes_are_the_median_prompt_by_max_tokens_this_agents_first_and_bounded() -> None:
+    """A request received but not prefilled shows max_tokens only: it is guessed the median prompt of those that
+    asked for the same. This agent's classes come first, the most asked for first; the saved ones fill the rest,
+    up to the bound."""
+    from attrib_agent.attribution.forecast_state import prompt_classes
+    from attrib_agent.timeline.model import RequestLifecycle
+
+    lcs = [RequestLifecycle(f"s{i}", arrival_ts=float(i), prompt_tokens=30 + i, max_tokens=32) for i in range(5)]
+    lcs += [RequestLifecycle("w", arrival_ts=9.0, prompt_tokens=3900, max_tokens=800),
+            RequestLifecycle("u", arrival_ts=9.5, max_tokens=800)]  # no prompt known: not evidence
+    assert prompt_classes(lcs, 16) == {32: 32, 800: 3900}
+    assert prompt_classes(lcs, 16, {800: 5000, 64: 100}) == {32: 32, 800: 3900, 64: 100}
+    assert prompt_classes(lcs, 1, {64: 100}) == {32: 32}
+    many = [RequestLifecycle(f"r{i}", arrival_ts=float(i), prompt_tokens=10, max_tokens=i + 1) for i in range(100)]
+    assert len(prompt_classes(many, 16)) == 16
+    with pytest.raises(ValueError):
+        StateConfig(max_prompt_classes=0)
+
+
+def test_a_saved_file_keeps_the_prompt_classes_and_rejects_malformed_or_too_many() -> None:
+    from attrib_agent.attribution.fit_snapshot import MAX_PROMPT_CLASSES, EngineFingerprint, encode
+
+    eng = EngineFingerprint(0, "m", "cpu", 16, 100, 2048)
+    back = decode(encode(eng, StepCostModel(), prompts={32: 32, 800: 3900}))
+    assert back.prompts == ((32, 32), (800, 3900))
+    assert decode(encode(eng, StepCostModel())).prompts == ()
+    for bad in ([[32]], [[32, 0]], [[32, True]], [[i + 1, 1] for i in range(MAX_PROMPT_CLASSES + 1)], {"32": 32}):
+        doc = json.loads(encode(eng, StepCostModel()))
+        doc["prompts"] = bad
+        with pytest.raises(ValueError, match="prompts"):
+            decode(json.dumps(doc).encode())
+
+
+def test_a_restarted_agent_guesses_the_whales_in_flight_by_the_prompts_the_last_one_saw_ask_for_their_max_tokens(
+) -> None:
+    """preempt/w3 arrives 0.1 s after two 3,900-token whales (max_tokens 800): w1 a chunk into its prefill, w2
+    waiting; no prompt of this run is known yet. Guessed by the median of all (the default 512) and the chunk
+    seen (2,049), the forecast of w3's harm was 0.08 s against a true 10.6 s. The agent that replayed the run
+    before saved the prompts it saw by max_tokens: 800 asked for 3,900 tokens."""
+    runs = RECORDINGS.parent / "truth" / "preempt" / "runs"
+    with tempfile.TemporaryDirectory(prefix="attrib-fit-") as tmp:
+        core = AgentCore.from_config(AgentConfig(state_dir=Path(tmp)), live=False)
+        asyncio.run(replay_into(core, runs / "w1+w2-r1"))
+        core.shutdown()
+        saved = decode(state_file(Path(tmp), 0).read_bytes())
+    assert dict(saved.prompts) == {32: 32, 800: 3900}
+    p = AttributionPipeline()
+    p.engine_watch.offer(saved, lambda verdict, detail: None)
+    spec = spec_ids(Recording(runs / "w1+w2+w3-r1"))
+    for ev in ReplaySource(runs / "w1+w2+w3-r1").events():
+        if isinstance(ev, RequestReceived) and spec.get(ev.request_id) == "w3":
+            break
+        p.feed(ev)
+    assert p.engine_watch.prompts == {32: 32, 800: 3900}
+    state = engine_state(p)
+    assert state is not None
+    whales = {spec[r.request_id]: r for r in state.requests if spec.get(r.request_id) in ("w1", "w2")}
+    assert whales["w1"].running and not whales["w2"].running
+    assert whales["w1"].prompt_tokens == whales["w2"].prompt_tokens == 3900
+    p.engine_watch.prompts = {}  # as before: the median of all, and the chunk seen
+    assert {r.prompt_tokens for r in engine_state(p).requests if spec.get(r.request_id) in ("w1", "w2")} != {3900}
 
 
 def _at_w3(rec: str) -> AttributionPipeline:

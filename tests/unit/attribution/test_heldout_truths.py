@@ -216,10 +216,10 @@ def test_mixed_w1_r2_on_the_learnt_load_is_not_harmless_its_prefill_is_where_the
     f = forecast_at_arrival(d / "runs/w1-r2", "w1", Candidate(w["prompt_tokens"], w["output_tokens"]),
                             {"learnt": (None, cfg)}, {}, None, persisted_states(truth, d)["runs/w1-r2"])["learnt"]
     assert f.load_basis == "learnt+saved" and f.expected_load is not None and f.expected_load.first_in_s is None
-    assert f.expected_load.rate_per_s == pytest.approx(2.47, abs=0.01)
+    assert f.expected_load.rate_per_s == pytest.approx(2.36, abs=0.01)  # 2.47 before (n - 1) / span (learnt15)
     assert f.ttft_extra_sum_s < cfg.harmless_s and f.in_flight.slowed == f.expected.slowed == 0  # the runs: no harm
     assert not f.extrapolated and f.harmless(replace(cfg, harmless_arrival_chance=1.01))  # so harmless, before
-    assert f.arrival_chance == pytest.approx(0.248, abs=0.005)
+    assert f.arrival_chance == pytest.approx(0.239, abs=0.005)  # 0.248 at 2.47/s
     assert not f.harmless(cfg)
     by = {f"{c.truth}/{c.whale}": c for c in kept()}
     assert by["mixed/w1"].true_resolved_2x and by["mixed/w1"].harmless["learnt"] == [False] * 3  # was r2 True
@@ -292,7 +292,8 @@ def test_the_nine_held_out_whales_forecast_figures_as_measured() -> None:
     77 % (23 % over the resolved), against the seven before continuous-b1024 joined, 50 % (19 %): its w1 (-97 %) is
     the resolved held-out whale priced furthest below its harm (mixed/w1 -77 %). Called harmless though a short
     slowed 2x: none; truly harmless called harmless in every recording: mixed/w2 and continuous-b1024/w2, 2 of 4.
-    Learnt load, kept fit: 60 % (60 %), never harmless when a short slowed 2x."""
+    Learnt load, kept fit: 74 % (74 %), never harmless when a short slowed 2x (60 % (60 %) before the twelfth
+    session's prompt classes and (n - 1) / span rate: kvpair/w2 -55 % -> +76 %, docs/forecast.md)."""
     s = summary([*kept(), *b4096(True).values(), *b1024(True).values()], "declared")
     assert s["whales"] == 9 and s["resolved_whales"] == 5
     assert math.isclose(s["median_rel_error"], 0.77, abs_tol=0.01)
@@ -300,5 +301,5 @@ def test_the_nine_held_out_whales_forecast_figures_as_measured() -> None:
     assert s["called_harmless_but_2x"] == [] and s["called_harmless_but_resolved_2x"] == []
     assert s["truly_harmless_called_harmless"] == ["mixed/w2", "continuous-b1024/w2"]
     learnt = summary([*kept(), *b4096(True).values(), *b1024(True).values()], "learnt")
-    assert math.isclose(learnt["median_rel_error"], 0.60, abs_tol=0.01) and learnt["called_harmless_but_2x"] == []
-    assert math.isclose(learnt["median_rel_error_resolved"], 0.60, abs_tol=0.01)
+    assert math.isclose(learnt["median_rel_error"], 0.74, abs_tol=0.01) and learnt["called_harmless_but_2x"] == []
+    assert math.isclose(learnt["median_rel_error_resolved"], 0.74, abs_tol=0.01)
