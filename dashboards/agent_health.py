@@ -69,6 +69,27 @@ def _pipeline() -> Section:
     ])
 
 
+def _shedding() -> Section:
+    return Section("Shedding (attribution_budget_cores)", [
+        timeseries("Attributed share", "Share of finishing requests the agent attributes now: 1, or less while it "
+                   "sheds load to stay inside attribution_budget_cores (a hash-chosen, unbiased sample).",
+                   "percentunit",
+                   [Query(f"min by (pod) ({agent('attrib_attributed_share_ratio')})", "{{pod}}")],
+                   steps=True).min(0).max(1),
+        timeseries("Requests skipped", "Requests left unattributed per second while shedding (the API answers "
+                   "skipped), and those outside the share that finished visibly slowed: attributed all the same, "
+                   "or skipped past the bound.", "reqps",
+                   [Query(f"sum by (pod) (rate({agent('attrib_victims_skipped_total')}[{RATE}]))", "{{pod}} skipped"),
+                    Query(f"sum by (pod, outcome) (rate({agent('attrib_slowed_outside_share_total')}[{RATE}]))",
+                          "{{pod}} slowed, {{outcome}}")]),
+        timeseries("Slowed outside the share, by cause", "Slowdown per second of the visibly slowed requests "
+                   "attributed outside the shed share, by cause: the tail while the sample's series stay "
+                   "unbiased.", "s",
+                   [Query(f"sum by (cause) (rate({agent('attrib_slowed_outside_share_slowdown_seconds_total')}"
+                          f"[{RATE}]))", "{{cause}}")], stacked=True),
+    ])
+
+
 def _bounds() -> Section:
     return Section("Memory bounds", [
         timeseries("Timeline items held", "Steps, requests and samples the timeline holds: flat lines mean the "
@@ -104,5 +125,6 @@ def _cost_model() -> Section:
 
 def build() -> dict[str, Any]:
     """The dashboard's JSON model."""
-    return build_dashboard(UID, TITLE, "attrib-agent's own health: sources, dropped input, lag, memory bounds and "
-                           "the step-cost model.", [_summary(), _sources(), _pipeline(), _bounds(), _cost_model()])
+    sections = [_summary(), _sources(), _pipeline(), _shedding(), _bounds(), _cost_model()]
+    return build_dashboard(UID, TITLE, "attrib-agent's own health: sources, dropped input, lag, shedding, memory "
+                           "bounds and the step-cost model.", sections)
