@@ -529,6 +529,10 @@ class AttributionPipeline:
         """The step budget the re-simulation and the forecast run with (`EngineTimeline.token_budget`)."""
         return self.timeline.token_budget()
 
+    def token_budget_source(self) -> str:
+        """configured, announced, inferred or guessed (`EngineTimeline.token_budget_source`)."""
+        return self.timeline.token_budget_source()
+
     def gpu_samples(self, since: float | None = None) -> list[GpuSample]:
         """The GPU's own readings (NVML) the timeline holds, oldest first."""
         return self.timeline.gpu.samples(since)

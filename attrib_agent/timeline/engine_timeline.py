@@ -39,6 +39,7 @@ from attrib_agent.timeline.timeline_window import StepWindow
 from attrib_agent.vllm_ids import CHILD_PREFIX
 
 DEFAULT_TOKEN_BUDGET = 2048  # vLLM's max_num_batched_tokens on CPU; GPUs often run 8192
+BUDGET_SOURCES = ("configured", "announced", "inferred", "guessed")  # token_budget_source's answers
 MAX_EARLY_SPANS = 256
 """Spans that admitted their request before any log line (kept in case `Added` lines then name it an n>1 parent):
 the last this many. Live, such a span is at most a log poll (0.1 s) ahead of the lines."""
@@ -84,7 +85,7 @@ class EngineTimeline:
         self._version = 0
         self._ledger: tuple[int, KvBlockLedger] | None = None
         self._preempted: tuple[int, list[InferredPreemption], list[InferredPreemption]] | None = None  # all, actionable
-        self._budget: tuple[int, int] | None = None  # (version, the inferred token budget)
+        self._budget: tuple[int, int, bool] | None = None  # (version, the inferred token budget, from a cut step)
         self._exact = ExactSteps(max_steps, max_requests)  # the step plugin's facts (exact mode), when it reports
         self._overlaid: tuple[int, list[tuple[StepInput, StepOutcome]]] | None = None
         self.skipped: dict[str, int] = {}
@@ -488,8 +489,19 @@ class EngineTimeline:
             else:  # the plugin's facts rewrite records outside the window's kept lists (the lab's exact mode)
                 steps = self.steps()
                 full = max((_cut_size(a, b) for a, b in zip(steps, steps[1:], strict=False)), default=0)
-            self._budget = (self._version, full or max(self._window.largest_step(), DEFAULT_TOKEN_BUDGET))
+            self._budget = (self._version, full or max(self._window.largest_step(), DEFAULT_TOKEN_BUDGET), full > 0)
         return self._budget[1]
+
+    def token_budget_source(self) -> str:
+        """Where `token_budget` comes from: `configured` (the setting), `announced` (vLLM's start-up line),
+        `inferred` (a step that cut a prefill chunk) or `guessed` (no such step yet: the largest step, at least
+        DEFAULT_TOKEN_BUDGET), so an operator can tell a budget known from one the agent may have wrong."""
+        if self._configured_budget is not None:
+            return "configured"
+        if self._announced_budget is not None:
+            return "announced"
+        self.token_budget()
+        return "inferred" if self._budget is not None and self._budget[2] else "guessed"
 
     def membership_quality(self) -> MembershipQuality:
         if not self.exact_reported:  # kept by the window as outcomes change

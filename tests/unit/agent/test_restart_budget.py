@@ -1,0 +1,102 @@
+"""A sidecar restarted beside a running vLLM (`--log-from end`, the default) knows vLLM's step budget: the log
+follower reads the running vLLM's start-up budget line back from before the end (sources/log/tailer.py), and the
+agent says where its budget comes from (/readyz, /v1/timeline, `attrib_token_budget_origin`).
+
+Real lines only: a recorded vLLM 0.32 start-up with `--max-num-batched-tokens 4096`, then traffic and a second
+start-up from nu16's by-hand run (that vLLM's budget line never reached the file: the logging-config bug fixed
+beside this, so it stands for a vLLM restarted without the flag)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from attrib_agent.agent.live import LiveAgent
+from attrib_agent.config.load import add_run_arguments, load_config
+from attrib_agent.sources.log.tailer import startup_budget_line
+
+STARTUP = Path(__file__).parents[2] / "fixtures" / "vllm-startup"
+BUDGET_START = (STARTUP / "budget-4096.log").read_bytes()  # vLLM's stdout as it started, budget line included
+TRAFFIC = (STARTUP / "by-hand-traffic.log").read_bytes()  # 40 request and step lines after it
+RESTART = (STARTUP / "by-hand-restart.log").read_bytes()  # a later start-up with no budget line
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def _restarted_agent(log: Path) -> tuple[dict[str, object], int, str]:
+    """An agent started on `log` as a restarted sidecar is (`--log-from end`), and traffic logged after: /readyz's
+    budget, /v1/timeline's, and the /metrics text, once the pipeline has read the new steps."""
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+    args = parser.parse_args(["--vllm-url", "http://127.0.0.1:9", "--listen", "127.0.0.1:0", "--log-file", str(log),
+                              "--otlp-grpc-port", "0", "--otlp-http-port", "0", "--log-from", "end"])
+    agent = LiveAgent(load_config(args, {}))
+    got: list[tuple[dict[str, object], int, str]] = []
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        run = asyncio.create_task(agent.run(stop))
+        while agent.api_port is None:
+            await asyncio.sleep(0.02)
+        port = agent.api_port
+        await asyncio.sleep(0.3)  # the follower's first poll opens the file at its end
+        with log.open("ab") as f:
+            f.write(TRAFFIC)  # the traffic goes on after the restart
+        for _ in range(200):  # the log's first poll, then the pipeline's feed of the lines after it
+            await asyncio.sleep(0.05)
+            _, body = await asyncio.to_thread(_get, port, "/metrics")
+            if "attrib_engine_steps_total 0.0" not in body:
+                break
+        _, ready = await asyncio.to_thread(_get, port, "/readyz")
+        _, timeline = await asyncio.to_thread(_get, port, "/v1/timeline?window=1m")
+        _, metrics = await asyncio.to_thread(_get, port, "/metrics")
+        got.append((json.loads(ready)["token_budget"], json.loads(timeline)["token_budget"], metrics))
+        stop.set()
+        await run
+
+    asyncio.run(main())
+    return got[0]
+
+
+def test_restarted_beside_a_running_vllm_it_reads_the_budget_line_back(tmp_path: Path) -> None:
+    log = tmp_path / "vllm.log"
+    log.write_bytes(BUDGET_START + TRAFFIC)
+    ready, timeline, metrics = _restarted_agent(log)
+    assert ready == {"tokens": 4096, "source": "announced"}
+    assert timeline == 4096
+    assert "attrib_token_budget_tokens 4096.0" in metrics
+    assert 'attrib_token_budget_origin{origin="announced"} 1.0' in metrics
+
+
+def test_a_vllm_restarted_without_the_line_leaves_the_budget_guessed_and_says_so(tmp_path: Path) -> None:
+    log = tmp_path / "vllm.log"
+    log.write_bytes(BUDGET_START + TRAFFIC + RESTART)
+    ready, timeline, metrics = _restarted_agent(log)
+    assert ready == {"tokens": 2048, "source": "guessed"}  # no step yet: vLLM's smallest default
+    assert timeline == 2048
+    assert "attrib_token_budget_tokens 2048.0" in metrics
+    assert 'attrib_token_budget_origin{origin="guessed"} 1.0' in metrics
+
+
+@pytest.mark.parametrize("chunk", [64, 1000, 1 << 20])
+def test_the_look_back_is_the_same_whatever_its_chunk_and_bounded(chunk: int) -> None:
+    """Marks split across chunks are still found; nothing is read further back than `limit`."""
+    data = BUDGET_START + TRAFFIC
+    line = startup_budget_line(io.BytesIO(data), len(data), chunk=chunk)
+    assert line is not None and line.endswith("Chunked prefill is enabled with max_num_batched_tokens=4096.")
+    assert line.startswith("(APIServer pid=29561) INFO 2026-11-27 05:14:44.414 [scheduler.py:307] ")
+    assert startup_budget_line(io.BytesIO(data + RESTART), len(data + RESTART), chunk=chunk) is None
+    assert startup_budget_line(io.BytesIO(data), len(data), limit=len(TRAFFIC), chunk=chunk) is None
+    assert startup_budget_line(io.BytesIO(TRAFFIC), len(TRAFFIC), chunk=chunk) is None
