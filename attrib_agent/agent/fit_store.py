@@ -39,6 +39,23 @@ def state_file(directory: Path, engine: int) -> Path:
     return directory / FILE.format(engine=engine)
 
 
+def write_atomically(path: Path, data: bytes) -> OSError | None:
+    """A temporary file beside `path`, fsync, rename (a crash leaves the old file or the new one); the error if any."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return e
+    return None
+
+
 class FitStore:
     """A sink in shape (flush every half second, shutdown at exit) that saves the fit rather than results."""
 
@@ -111,17 +128,8 @@ class FitStore:
         now = (engine, cost.steps_seen, cost.window_steps, cost.coefficients, load, gap)
         if engine is None or engine.device is None or cost.window_steps == 0 or now == self._saved:
             return False  # nothing learnt, or the engine not fully known (a saved fit always names its device)
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(encode(engine, cost, load, gap))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except OSError as e:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+        e = write_atomically(self.path, encode(engine, cost, load, gap))
+        if e is not None:
             self.health.skip("write_error")
             if not self._write_failing:  # once until a write succeeds: a full disk would log every minute
                 logger.warning("step-cost fit: cannot write %s: %s", self.path, e.strerror or type(e).__name__)

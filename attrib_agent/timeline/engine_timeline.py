@@ -39,7 +39,7 @@ from attrib_agent.timeline.timeline_window import StepWindow
 from attrib_agent.vllm_ids import CHILD_PREFIX
 
 DEFAULT_TOKEN_BUDGET = 2048  # vLLM's max_num_batched_tokens on CPU; GPUs often run 8192
-BUDGET_SOURCES = ("configured", "announced", "inferred", "guessed")  # token_budget_source's answers
+BUDGET_SOURCES = ("configured", "announced", "saved", "inferred", "guessed")  # token_budget_source's answers
 MAX_EARLY_SPANS = 256
 """Spans that admitted their request before any log line (kept in case `Added` lines then name it an n>1 parent):
 the last this many. Live, such a span is at most a log poll (0.1 s) ahead of the lines."""
@@ -73,6 +73,7 @@ class EngineTimeline:
         self._fixed = Geometry(block_size, num_blocks)
         self._configured_budget = token_budget
         self._announced_budget: int | None = None  # vLLM's own start-up line (TokenBudgetLine), when read
+        self._budget_saved = False  # that budget came from a state file (restore_budget), not from a line read
         self._book = LifecycleBook(max_requests, engine)
         self._window = StepWindow(max_steps, checkpoint_every)
         self._inference = TimelineInference(self._book, self._window, self._fixed, token_budget or 0)
@@ -152,7 +153,18 @@ class EngineTimeline:
         operator's `token_budget` still wins; a restarted vLLM's line replaces the last."""
         if self._configured_budget is None:
             self._announced_budget = ev.token_budget
+            self._budget_saved = False
             self._inference.announce_budget(ev.token_budget)
+
+    def restore_budget(self, token_budget: int) -> bool:
+        """A budget vLLM announced to an earlier agent (agent/budget_store.py), taken as announced when neither the
+        setting nor a line read since gives one; False when one does."""
+        if self._configured_budget is not None or self._announced_budget is not None:
+            return False
+        self._version += 1
+        self._announced_budget, self._budget_saved = token_budget, True
+        self._inference.announce_budget(token_budget)
+        return True
 
     def _on_metrics(self, ev: MetricsSnapshot) -> None:
         if ev.engine != str(self.engine):
@@ -493,13 +505,14 @@ class EngineTimeline:
         return self._budget[1]
 
     def token_budget_source(self) -> str:
-        """Where `token_budget` comes from: `configured` (the setting), `announced` (vLLM's start-up line),
-        `inferred` (a step that cut a prefill chunk) or `guessed` (no such step yet: the largest step, at least
-        DEFAULT_TOKEN_BUDGET), so an operator can tell a budget known from one the agent may have wrong."""
+        """Where `token_budget` comes from: `configured` (the setting), `announced` (vLLM's start-up line), `saved`
+        (that line as an earlier agent read it, kept in its state_dir), `inferred` (a step that cut a prefill
+        chunk) or `guessed` (no such step yet: the largest step, at least DEFAULT_TOKEN_BUDGET), so an operator can
+        tell a budget known from one the agent may have wrong."""
         if self._configured_budget is not None:
             return "configured"
         if self._announced_budget is not None:
-            return "announced"
+            return "saved" if self._budget_saved else "announced"
         self.token_budget()
         return "inferred" if self._budget is not None and self._budget[2] else "guessed"
 

@@ -38,11 +38,15 @@ BUDGET_MARK: Final = b"Chunked prefill is enabled with max_num_batched_tokens=" 
 START_MARKS: Final = (b"vLLM server version ", b"] non-default args: ", b"\xe2\x96\x88  version ")
 
 
+Seen = Literal["budget", "restart", "none"]  # what the look-back found last: a budget line, a start-up, neither
+
+
 def startup_budget_line(f: IO[bytes], end: int, limit: int = LOOKBACK_BYTES, max_line_bytes: int = 65_536,
-                        chunk: int = 1_048_576) -> str | None:
-    """The running vLLM's budget line in `f` before `end`: the last budget line, unless a later start-up (a vLLM
-    restarted without `--max-num-batched-tokens`, which logs none) follows it. None when neither is within `limit`
-    bytes of `end`. Read backwards a chunk at a time; leaves `f`'s position anywhere."""
+                        chunk: int = 1_048_576) -> tuple[Seen, str | None]:
+    """The running vLLM's budget line in `f` before `end`: ("budget", the line) when the last start-up mark is a
+    budget line; ("restart", None) when a later start-up (a vLLM restarted without `--max-num-batched-tokens`, which
+    logs none) follows the last one; ("none", None) when neither is within `limit` bytes of `end` (the line may
+    have been rotated out). Read backwards a chunk at a time; leaves `f`'s position anywhere."""
     lowest = max(0, end - limit)
     pos, later = end, b""  # `later`: the head of the chunk read before (the next one up), for marks across chunks
     while pos > lowest:
@@ -52,11 +56,11 @@ def startup_budget_line(f: IO[bytes], end: int, limit: int = LOOKBACK_BYTES, max
         budget = buf.rfind(BUDGET_MARK)
         restart = max(buf.rfind(m) for m in START_MARKS)
         if budget >= 0 and budget > restart:
-            return _line_at(f, start + budget, end, max_line_bytes)
+            return "budget", _line_at(f, start + budget, end, max_line_bytes)
         if restart >= 0:
-            return None
+            return "restart", None
         later, pos = buf[:max(len(m) for m in (BUDGET_MARK, *START_MARKS))], start
-    return None
+    return "none", None
 
 
 def _line_at(f: IO[bytes], offset: int, end: int, max_line_bytes: int) -> str | None:
@@ -168,6 +172,8 @@ class LogFollower:
         self._closed = False
         self._read_back: list[tuple[float, str]] = []  # at most one line, handed out with the first poll
         self.startup_read_back = False  # the running vLLM's budget line was read back from before the end
+        # what the look-back at the first open found (None: not done, or the file read from its start)
+        self.startup_seen: Seen | None = None
 
     async def lines(self) -> AsyncIterator[tuple[float, str]]:
         """`(receipt_ts, line)` for every complete line, until close(); sleeps a poll interval when idle."""
@@ -259,7 +265,7 @@ class LogFollower:
         ident = (st.st_dev, st.st_ino)
         if start == "end":
             end = f.seek(0, os.SEEK_END)
-            line = startup_budget_line(f, end, max_line_bytes=self.splitter.max_line_bytes)
+            self.startup_seen, line = startup_budget_line(f, end, max_line_bytes=self.splitter.max_line_bytes)
             if line is not None:
                 self._read_back.append((self.clock(), line))
                 self.startup_read_back = True

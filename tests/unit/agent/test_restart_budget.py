@@ -12,19 +12,47 @@ import argparse
 import asyncio
 import io
 import json
+import threading
 import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from attrib_agent.agent.budget_store import FILE, decode, encode
 from attrib_agent.agent.live import LiveAgent
 from attrib_agent.config.load import add_run_arguments, load_config
+from attrib_agent.recording import METRICS, Recording
 from attrib_agent.sources.log.tailer import startup_budget_line
 
 STARTUP = Path(__file__).parents[2] / "fixtures" / "vllm-startup"
 BUDGET_START = (STARTUP / "budget-4096.log").read_bytes()  # vLLM's stdout as it started, budget line included
 TRAFFIC = (STARTUP / "by-hand-traffic.log").read_bytes()  # 40 request and step lines after it
 RESTART = (STARTUP / "by-hand-restart.log").read_bytes()  # a later start-up with no budget line
+# vLLM's /metrics as the lab's vLLM served it (model `tiny`, 96 blocks of 128 tokens): the engine to match
+SCRAPE = next(iter(Recording(STARTUP.parent / "recordings" / "preempt").records(METRICS)))["text"].encode()
+
+
+@pytest.fixture
+def vllm_url() -> Iterator[str]:
+    """A stand-in vLLM serving the recorded /metrics scrape."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(SCRAPE)))
+            self.end_headers()
+            self.wfile.write(SCRAPE)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
 
 
 def _get(port: int, path: str) -> tuple[int, str]:
@@ -35,13 +63,15 @@ def _get(port: int, path: str) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
-def _restarted_agent(log: Path) -> tuple[dict[str, object], int, str]:
+def _restarted_agent(log: Path, vllm_url: str = "http://127.0.0.1:9",
+                     state_dir: Path | None = None) -> tuple[dict[str, object], int, str]:
     """An agent started on `log` as a restarted sidecar is (`--log-from end`), and traffic logged after: /readyz's
     budget, /v1/timeline's, and the /metrics text, once the pipeline has read the new steps."""
     parser = argparse.ArgumentParser()
     add_run_arguments(parser)
-    args = parser.parse_args(["--vllm-url", "http://127.0.0.1:9", "--listen", "127.0.0.1:0", "--log-file", str(log),
-                              "--otlp-grpc-port", "0", "--otlp-http-port", "0", "--log-from", "end"])
+    args = parser.parse_args(["--vllm-url", vllm_url, "--listen", "127.0.0.1:0", "--log-file", str(log),
+                              "--otlp-grpc-port", "0", "--otlp-http-port", "0", "--log-from", "end",
+                              *(["--state-dir", str(state_dir)] if state_dir is not None else [])])
     agent = LiveAgent(load_config(args, {}))
     got: list[tuple[dict[str, object], int, str]] = []
 
@@ -57,7 +87,9 @@ def _restarted_agent(log: Path) -> tuple[dict[str, object], int, str]:
         for _ in range(200):  # the log's first poll, then the pipeline's feed of the lines after it
             await asyncio.sleep(0.05)
             _, body = await asyncio.to_thread(_get, port, "/metrics")
-            if "attrib_engine_steps_total 0.0" not in body:
+            if "attrib_engine_steps_total 0.0" not in body and 'attrib_cost_model_fitted' in body and (
+                    vllm_url.endswith(":9") or "attrib_vllm_gap_seconds 0.0" in body):
+                await asyncio.sleep(0.6)  # a sink flush (0.5 s) after the first scrape
                 break
         _, ready = await asyncio.to_thread(_get, port, "/readyz")
         _, timeline = await asyncio.to_thread(_get, port, "/v1/timeline?window=1m")
@@ -94,9 +126,42 @@ def test_a_vllm_restarted_without_the_line_leaves_the_budget_guessed_and_says_so
 def test_the_look_back_is_the_same_whatever_its_chunk_and_bounded(chunk: int) -> None:
     """Marks split across chunks are still found; nothing is read further back than `limit`."""
     data = BUDGET_START + TRAFFIC
-    line = startup_budget_line(io.BytesIO(data), len(data), chunk=chunk)
-    assert line is not None and line.endswith("Chunked prefill is enabled with max_num_batched_tokens=4096.")
+    seen, line = startup_budget_line(io.BytesIO(data), len(data), chunk=chunk)
+    assert seen == "budget" and line is not None
+    assert line.endswith("Chunked prefill is enabled with max_num_batched_tokens=4096.")
     assert line.startswith("(APIServer pid=29561) INFO 2026-11-27 05:14:44.414 [scheduler.py:307] ")
-    assert startup_budget_line(io.BytesIO(data + RESTART), len(data + RESTART), chunk=chunk) is None
-    assert startup_budget_line(io.BytesIO(data), len(data), limit=len(TRAFFIC), chunk=chunk) is None
-    assert startup_budget_line(io.BytesIO(TRAFFIC), len(TRAFFIC), chunk=chunk) is None
+    assert startup_budget_line(io.BytesIO(data + RESTART), len(data + RESTART), chunk=chunk) == ("restart", None)
+    assert startup_budget_line(io.BytesIO(data), len(data), limit=len(TRAFFIC), chunk=chunk) == ("none", None)
+    assert startup_budget_line(io.BytesIO(TRAFFIC), len(TRAFFIC), chunk=chunk) == ("none", None)
+
+
+MODEL = "tiny"  # the recorded scrape's model_name
+
+
+def test_the_budget_read_is_kept_and_a_later_agent_whose_log_lost_the_line_takes_it(
+        tmp_path: Path, vllm_url: str) -> None:
+    log, state = tmp_path / "vllm.log", tmp_path / "state"
+    log.write_bytes(BUDGET_START + TRAFFIC)
+    ready, _, _ = _restarted_agent(log, vllm_url, state)
+    assert ready == {"tokens": 4096, "source": "announced"}
+    saved = state / FILE.format(engine=0)
+    assert decode(saved.read_bytes()) == ((MODEL, 128, 96), 4096)
+    log.write_bytes(TRAFFIC)  # rotated: the start-up is no longer in the file
+    ready, timeline, metrics = _restarted_agent(log, vllm_url, state)
+    assert ready == {"tokens": 4096, "source": "saved"} and timeline == 4096
+    assert 'attrib_token_budget_origin{origin="saved"} 1.0' in metrics
+
+
+def test_a_saved_budget_yields_to_the_log_and_to_another_engine(tmp_path: Path, vllm_url: str) -> None:
+    log, state = tmp_path / "vllm.log", tmp_path / "state"
+    state.mkdir()
+    saved = state / FILE.format(engine=0)
+    saved.write_bytes(encode((MODEL, 128, 96), 4096))
+    log.write_bytes(BUDGET_START + TRAFFIC + RESTART)  # vLLM restarted without the flag: its default, not 4096
+    ready, _, _ = _restarted_agent(log, vllm_url, state)
+    assert ready == {"tokens": 2048, "source": "guessed"}
+    saved.write_bytes(encode((MODEL, 128, 192), 4096))  # another pool: another engine
+    log.write_bytes(TRAFFIC)
+    ready, _, metrics = _restarted_agent(log, vllm_url, state)
+    assert ready == {"tokens": 2048, "source": "guessed"}
+    assert 'attrib_source_skipped_total{kind="mismatch",source="budget_state"} 1.0' in metrics
