@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from attrib_agent.agent.fit_store import write_atomically
+from attrib_agent.agent.fit_store import StateWriter, read_state
 from attrib_agent.health import SourceHealth
 from attrib_agent.pipeline import AttributionPipeline
 
@@ -74,17 +74,14 @@ class BudgetStore:
         self.verdict: str | None = None  # restored, log_decides, mismatch, budget_known, invalid (None: none yet)
         self._pending: tuple[Engine, int] | None = None
         self._saved: bytes | None = None
-        self._write_failing = False
+        self._writer = StateWriter(self.path, self.health, "token budget")
         self._load()
 
     def _load(self) -> None:
-        try:
-            with open(self.path, "rb") as f:
-                data = f.read(MAX_BYTES + 1)
-        except FileNotFoundError:
-            return
-        except OSError as e:
-            self._refused("read_error", f"cannot read {self.path}: {e.strerror or type(e).__name__}")
+        data = read_state(self.path, MAX_BYTES)
+        if isinstance(data, OSError):
+            self._refused("read_error", f"cannot read {self.path}: {data.strerror or type(data).__name__}")
+        if not isinstance(data, bytes):
             return
         try:
             self._pending = decode(data)
@@ -139,13 +136,7 @@ class BudgetStore:
         data = encode(engine, self.pipeline.token_budget())
         if data == self._saved:
             return False
-        e = write_atomically(self.path, data)
-        if e is not None:
-            self.health.skip("write_error")
-            if not self._write_failing:
-                logger.warning("token budget: cannot write %s: %s", self.path, e.strerror or type(e).__name__)
-            self._write_failing = True
+        if not self._writer.write(data):
             return False
-        self._write_failing = False
         self._saved = data
         return True
