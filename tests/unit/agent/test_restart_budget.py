@@ -63,16 +63,20 @@ def _get(port: int, path: str) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
+def _live_agent(log: Path, log_from: str, vllm_url: str = "http://127.0.0.1:9", *flags: str) -> LiveAgent:
+    """`attrib-agent run` on `log` as a sidecar starts it (no OTLP ports; the API on a free port)."""
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+    return LiveAgent(load_config(parser.parse_args([
+        "--vllm-url", vllm_url, "--listen", "127.0.0.1:0", "--log-file", str(log), "--otlp-grpc-port", "0",
+        "--otlp-http-port", "0", "--log-from", log_from, *flags]), {}))
+
+
 def _restarted_agent(log: Path, vllm_url: str = "http://127.0.0.1:9",
                      state_dir: Path | None = None) -> tuple[dict[str, object], int, str]:
     """An agent started on `log` as a restarted sidecar is (`--log-from end`), and traffic logged after: /readyz's
     budget, /v1/timeline's, and the /metrics text, once the pipeline has read the new steps."""
-    parser = argparse.ArgumentParser()
-    add_run_arguments(parser)
-    args = parser.parse_args(["--vllm-url", vllm_url, "--listen", "127.0.0.1:0", "--log-file", str(log),
-                              "--otlp-grpc-port", "0", "--otlp-http-port", "0", "--log-from", "end",
-                              *(["--state-dir", str(state_dir)] if state_dir is not None else [])])
-    agent = LiveAgent(load_config(args, {}))
+    agent = _live_agent(log, "end", vllm_url, *(["--state-dir", str(state_dir)] if state_dir is not None else []))
     got: list[tuple[dict[str, object], int, str]] = []
 
     async def main() -> None:
@@ -165,3 +169,41 @@ def test_a_saved_budget_yields_to_the_log_and_to_another_engine(tmp_path: Path, 
     ready, _, metrics = _restarted_agent(log, vllm_url, state)
     assert ready == {"tokens": 2048, "source": "guessed"}
     assert 'attrib_source_skipped_total{kind="mismatch",source="budget_state"} 1.0' in metrics
+
+
+ABORTED = (STARTUP / "by-hand-abort.log").read_bytes()  # a client that hung up mid-stream, as vLLM logged it
+
+
+def _agent_answers(log: Path, journal: Path, log_from: str, request_id: str) -> tuple[int, str]:
+    """An agent on `log` with `journal`: /v1/requests/<id>/culprits once its log's first poll is read."""
+    agent = _live_agent(log, log_from, "http://127.0.0.1:9", "--journal-dir", str(journal))
+    got: list[tuple[int, str]] = []
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        run = asyncio.create_task(agent.run(stop))
+        while agent.api_port is None:
+            await asyncio.sleep(0.02)
+        for _ in range(40):  # the log's first poll, and a journal flush (every 0.5 s) after it
+            await asyncio.sleep(0.05)
+            if agent.core.pipeline.events["RequestAborted"] or log_from == "end":
+                break
+        await asyncio.sleep(0.6)
+        got.append(await asyncio.to_thread(_get, agent.api_port, f"/v1/requests/{request_id}/culprits"))
+        stop.set()
+        await run
+
+    asyncio.run(main())
+    return got[0]
+
+
+def test_a_request_aborted_before_a_restart_still_answers_aborted(tmp_path: Path) -> None:
+    """nu16's run: a client hung up mid-stream before the agent restarted; afterwards its id answered 404 unknown
+    (only results were journaled). Asked by vLLM's engine id, as the log shows it."""
+    log, journal = tmp_path / "vllm.log", tmp_path / "journal"
+    log.write_bytes(ABORTED)
+    engine_id = "cmpl-r3-abort-0-82cab0d6"
+    status, body = _agent_answers(log, journal, "start", engine_id)
+    assert (status, json.loads(body)["status"]) == (200, "aborted")
+    status, body = _agent_answers(log, journal, "end", engine_id)  # restarted: the lines are behind it now
+    assert (status, json.loads(body)) == (200, {"request_id": "cmpl-r3-abort-0", "status": "aborted"})
