@@ -74,6 +74,8 @@ class EngineTimeline:
         self._configured_budget = token_budget
         self._announced_budget: int | None = None  # vLLM's own start-up line (TokenBudgetLine), when read
         self._budget_saved = False  # that budget came from a state file (restore_budget), not from a line read
+        self._announced_at = 0  # the seq of the first step after that budget came: a vLLM restarted later drops it
+        self._last_iteration: int | None = None  # of this engine's last step (an iteration going back: a restart)
         self._book = LifecycleBook(max_requests, engine)
         self._window = StepWindow(max_steps, checkpoint_every)
         self._inference = TimelineInference(self._book, self._window, self._fixed, token_budget or 0)
@@ -141,6 +143,9 @@ class EngineTimeline:
         if ev.engine != self.engine or ev.dummy:
             self._skip("other_engine_or_dummy_step")
             return
+        if self._last_iteration is not None and ev.iteration < self._last_iteration:
+            self._vllm_restarted()
+        self._last_iteration = ev.iteration
         end = max(self._log_time(ev.log_ts, ev.ts), self._window.last_end() or float("-inf"))
         self._window.append(StepInput(self._window.next_seq, ev.engine, ev.iteration, end, ev.elapsed_ms / 1000.0,
                                       ev.context_requests, ev.context_tokens, ev.generation_requests,
@@ -154,7 +159,14 @@ class EngineTimeline:
         if self._configured_budget is None:
             self._announced_budget = ev.token_budget
             self._budget_saved = False
+            self._announced_at = self._window.next_seq
             self._inference.announce_budget(ev.token_budget)
+
+    def _vllm_restarted(self) -> None:
+        """A step whose iteration went back: a new vLLM. A budget announced before the old one's last step is the old
+        one's (a vLLM started on its default budget logs no line): forgotten, the steps' inference answers again."""
+        if self._announced_budget is not None and self._announced_at < self._window.next_seq:
+            self._announced_budget, self._budget_saved = None, False
 
     def restore_budget(self, token_budget: int) -> bool:
         """A budget vLLM announced to an earlier agent (agent/budget_store.py), taken as announced when neither the
@@ -163,6 +175,7 @@ class EngineTimeline:
             return False
         self._version += 1
         self._announced_budget, self._budget_saved = token_budget, True
+        self._announced_at = self._window.next_seq
         self._inference.announce_budget(token_budget)
         return True
 

@@ -23,8 +23,11 @@ import pytest
 from attrib_agent.agent.budget_store import FILE, decode, encode
 from attrib_agent.agent.live import LiveAgent
 from attrib_agent.config.load import add_run_arguments, load_config
+from attrib_agent.health import SourceHealth
 from attrib_agent.recording import METRICS, Recording
+from attrib_agent.sources.log.parser import LogLineParser
 from attrib_agent.sources.log.tailer import startup_budget_line
+from attrib_agent.timeline.engine_timeline import EngineTimeline
 
 STARTUP = Path(__file__).parents[2] / "fixtures" / "vllm-startup"
 BUDGET_START = (STARTUP / "budget-4096.log").read_bytes()  # vLLM's stdout as it started, budget line included
@@ -207,3 +210,22 @@ def test_a_request_aborted_before_a_restart_still_answers_aborted(tmp_path: Path
     assert (status, json.loads(body)["status"]) == (200, "aborted")
     status, body = _agent_answers(log, journal, "end", engine_id)  # restarted: the lines are behind it now
     assert (status, json.loads(body)) == (200, {"request_id": "cmpl-r3-abort-0", "status": "aborted"})
+
+
+def _timeline_on(*chunks: bytes) -> EngineTimeline:
+    """The lines through the log parser into a timeline, as the agent reads them."""
+    parser, tl = LogLineParser(SourceHealth("vllm_log")), EngineTimeline()
+    for chunk in chunks:
+        for line in chunk.decode().splitlines():
+            tl.feed_all(parser.parse_all(line, 0.0))
+    return tl
+
+
+def test_a_vllm_restarted_under_a_running_agent_without_the_line_drops_the_old_budget() -> None:
+    """The steps' iteration going back is a new vLLM: one started on its default budget logs no line, so the
+    budget the old one announced no longer holds; one that logs its line keeps it."""
+    assert (_timeline_on(BUDGET_START, TRAFFIC).token_budget_source()) == "announced"
+    restarted = _timeline_on(BUDGET_START, TRAFFIC, RESTART, TRAFFIC)  # the same steps again: iteration 0 on
+    assert restarted.token_budget_source() in ("inferred", "guessed") and restarted.token_budget() != 4096
+    again = _timeline_on(BUDGET_START, TRAFFIC, RESTART, BUDGET_START, TRAFFIC)  # this one logged its line
+    assert (again.token_budget_source(), again.token_budget()) == ("announced", 4096)
