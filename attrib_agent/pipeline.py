@@ -11,7 +11,7 @@ stream, so no counter counts a victim twice.
 from __future__ import annotations
 
 import zlib
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
@@ -23,7 +23,15 @@ from attrib_agent.attribution.slo import SloConfig, SloTally
 from attrib_agent.attribution.store import DEFAULT_MAX_BYTES, ResultStore
 from attrib_agent.attribution.tally import SlowdownTally, phase_slowdowns, slowed
 from attrib_agent.attribution.whales import KvUse, client_uses, footprints, whales
-from attrib_agent.events import EngineStep, Event, GpuSample, MetricsSnapshot, RequestSpan
+from attrib_agent.events import (
+    EngineStep,
+    Event,
+    GpuSample,
+    MetricsSnapshot,
+    RequestAborted,
+    RequestFailed,
+    RequestSpan,
+)
 from attrib_agent.parallel_sampling import ClientRequests, client_status
 from attrib_agent.timeline.engine_timeline import EngineTimeline
 from attrib_agent.timeline.model import RequestLifecycle
@@ -148,6 +156,12 @@ class AttributionPipeline:
         self._last_pass: float | None = None
         self.victims_skipped = 0
         self._skipped: OrderedDict[str, None] = OrderedDict()  # the last max_pending skipped ids, for status()
+        # Requests that ended without a result (aborted or failed in the log, skipped), as (id, status), until the
+        # journal takes them (`take_ended`), and what an earlier agent's journal said of such requests
+        # (`restore_ended`): a restarted agent answers them `aborted` or `skipped`, not unknown. The last
+        # max_pending of each.
+        self._ended: deque[tuple[str, str]] = deque(maxlen=cfg.max_pending)
+        self._restored_ended: OrderedDict[str, str] = OrderedDict()
         # While shedding, a request the share leaves out is attributed all the same when it finished visibly
         # slowed (`visible_slowdown`): the ones an operator asks about. At most `rescue_per_s` a second of event time
         # (the agent's: what its CPU budget affords; None: no such bound, the pass bound still holds), the rest
@@ -187,6 +201,8 @@ class AttributionPipeline:
             self.steps_total += 1
             self.step_seconds_total += event.elapsed_ms / 1000.0
         self.timeline.feed(event)
+        if isinstance(event, RequestAborted | RequestFailed):
+            self._ended.append((event.request_id, "aborted"))
         self.engine_watch.see(event, self.attributor.cost)
         if isinstance(event, RequestSpan) and (owner := self.timeline.span_owner(event)) is not None:
             # an n>1 request's spans all name the parent: each is its child's (the timeline's lifecycle)
@@ -445,6 +461,7 @@ class AttributionPipeline:
         for rid in rids:
             self.victims_skipped += 1
             self._skipped[rid] = None
+            self._ended.append((rid, "skipped"))
             self._spans.pop(rid, None)
         while len(self._skipped) > self.config.max_pending:
             self._skipped.popitem(last=False)
@@ -545,6 +562,10 @@ class AttributionPipeline:
         """The step budget the re-simulation and the forecast run with (`EngineTimeline.token_budget`)."""
         return self.timeline.token_budget()
 
+    def token_budget_source(self) -> str:
+        """configured, announced, inferred or guessed (`EngineTimeline.token_budget_source`)."""
+        return self.timeline.token_budget_source()
+
     def gpu_samples(self, since: float | None = None) -> list[GpuSample]:
         """The GPU's own readings (NVML) the timeline holds, oldest first."""
         return self.timeline.gpu.samples(since)
@@ -586,7 +607,21 @@ class AttributionPipeline:
             return "final" if r.final else "partial"
         if request_id in self._due:
             return "running"
-        return "skipped" if request_id in self._skipped else None
+        return "skipped" if request_id in self._skipped else self._restored_ended.get(request_id)
+
+    def take_ended(self) -> list[tuple[str, str]]:
+        """(id, `aborted` or `skipped`) of the requests that ended without a result since the last call (the
+        journal's, so that a restarted agent still answers them)."""
+        out = list(self._ended)
+        self._ended.clear()
+        return out
+
+    def restore_ended(self, request_id: str, status: str) -> None:
+        """An earlier agent's word that `request_id` ended without a result (`aborted` or `skipped`)."""
+        self._restored_ended[request_id] = status
+        self._restored_ended.move_to_end(request_id)
+        while len(self._restored_ended) > self.config.max_pending:
+            self._restored_ended.popitem(last=False)
 
     def kv_now(self) -> KvNow:
         """The KV picture at the latest step, kept per state version: it reads the ledger's last reconciliation

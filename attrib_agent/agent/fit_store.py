@@ -39,6 +39,47 @@ def state_file(directory: Path, engine: int) -> Path:
     return directory / FILE.format(engine=engine)
 
 
+def read_state(path: Path, max_bytes: int) -> bytes | OSError | None:
+    """A state file's first `max_bytes` + 1 bytes (more is not ours); None when there is none; else the error."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(max_bytes + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return e
+
+
+class StateWriter:
+    """One state file written atomically (a temporary file beside it, fsync, rename: a crash leaves the old file or
+    the new one); a failed write is counted each time and logged once until a write succeeds (a full disk would
+    log every minute)."""
+
+    def __init__(self, path: Path, health: SourceHealth, what: str) -> None:
+        self.path, self.health, self.what = path, health, what
+        self._failing = False
+
+    def write(self, data: bytes) -> bool:
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            self.health.skip("write_error")
+            if not self._failing:
+                logger.warning("%s: cannot write %s: %s", self.what, self.path, e.strerror or type(e).__name__)
+            self._failing = True
+            return False
+        self._failing = False
+        return True
+
+
 class FitStore:
     """A sink in shape (flush every half second, shutdown at exit) that saves the fit rather than results."""
 
@@ -53,20 +94,18 @@ class FitStore:
         self._clock = clock
         self._last_save = clock()
         self._saved: object = None  # what the fit was when last written (unchanged: not written again)
-        self._write_failing = False
+        self._writer = StateWriter(self.path, self.health, "step-cost fit")
         self.verdict: str | None = None  # the loaded file's fate: loaded, mismatch, invalid (None: none yet)
         self.load()
 
     def load(self) -> None:
         """Read the file and offer it to the pipeline (adopted once the engine is known and the same)."""
-        try:
-            with open(self.path, "rb") as f:
-                data = f.read(MAX_BYTES + 1)
-        except FileNotFoundError:
+        data = read_state(self.path, MAX_BYTES)
+        if data is None:
             logger.info("step-cost fit: no %s yet; the fit starts from the prior", self.path)
             return
-        except OSError as e:
-            self._refused("read_error", f"cannot read {self.path}: {e.strerror or type(e).__name__}")
+        if isinstance(data, OSError):
+            self._refused("read_error", f"cannot read {self.path}: {data.strerror or type(data).__name__}")
             return
         try:
             snapshot = decode(data)
@@ -111,23 +150,8 @@ class FitStore:
         now = (engine, cost.steps_seen, cost.window_steps, cost.coefficients, load, gap, prompts)
         if engine is None or engine.device is None or cost.window_steps == 0 or now == self._saved:
             return False  # nothing learnt, or the engine not fully known (a saved fit always names its device)
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(encode(engine, cost, load, gap, prompts))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except OSError as e:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            self.health.skip("write_error")
-            if not self._write_failing:  # once until a write succeeds: a full disk would log every minute
-                logger.warning("step-cost fit: cannot write %s: %s", self.path, e.strerror or type(e).__name__)
-            self._write_failing = True
+        if not self._writer.write(encode(engine, cost, load, gap, prompts)):
             return False
-        self._write_failing = False
         self._saved = now
         return True
 

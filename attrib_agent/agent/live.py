@@ -14,10 +14,14 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from attrib_agent.agent import budget_store
+from attrib_agent.agent.budget_store import BudgetStore
 from attrib_agent.agent.core import AgentCore, ServeOptions
 from attrib_agent.config.load import AgentConfig
 from attrib_agent.config.types import shown
 from attrib_agent.sources import registry as source_registry
+from attrib_agent.sources.log import source as log_source
+from attrib_agent.sources.log.tailer import LogFollower
 from attrib_agent.sources.metrics import source as metrics_source
 from attrib_agent.sources.otlp import source as otlp_source
 from attrib_agent.sources.source import Source, SourceContext
@@ -90,6 +94,7 @@ class LiveAgent:
             self.sources.append(source)
             core.hear_spans((source,))  # before it runs: the log parser hears every span from its first line on
             await _started(source, spawn(source.run(core.submit, stop), source.name))
+        self._keep_budget()
         spawn(self._watch_gaps(stop), "gaps")
         spawn(core.consume(stop), "pipeline")
         api_ready = asyncio.Event()
@@ -102,6 +107,16 @@ class LiveAgent:
         api = spawn(core.serve(ServeOptions(host, port, cfg.reveal_api_token()), stop, on_api), "api")
         if not await up_or_ended(api_ready, api):
             await api  # raises what stopped it
+
+    def _keep_budget(self) -> None:
+        """vLLM's budget kept in state_dir for a later agent whose log no longer holds the line (budget_store.py)."""
+        log = self._source(log_source.NAME)
+        if self.config.state_dir is None or not isinstance(log, log_source.LogSource) or not isinstance(
+                log.follower, LogFollower):
+            return
+        follower = log.follower
+        self.core.add_sink(BudgetStore(self.config.state_dir, self.core.pipeline, lambda: follower.startup_seen,
+                                       self.state.source(budget_store.NAME)))
 
     async def _watch_gaps(self, stop: asyncio.Event) -> None:
         """vLLM unreachable (scrapes failing) or restarted (counters reset) opens a gap; a success closes it."""

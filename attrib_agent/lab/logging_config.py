@@ -21,7 +21,9 @@ from attrib_agent.lab.server import vllm_logging_config
 DEFAULT_LOG_DIR: Final = "/var/log/vllm"
 MAX_BYTES: Final = 10 * 1024 * 1024
 BACKUP_COUNT: Final = 2
-FILE_LOGGERS: Final = ("vllm.entrypoints", "vllm.v1.engine.async_llm", "vllm.v1.metrics.loggers")
+# vllm.config.scheduler: the start-up line with the step budget (`max_num_batched_tokens=N`), API server only
+FILE_LOGGERS: Final = ("vllm.entrypoints", "vllm.v1.engine.async_llm", "vllm.v1.metrics.loggers",
+                       "vllm.config.scheduler")
 
 
 def by_hand_logging_config(log_dir: str = DEFAULT_LOG_DIR, level: str = "INFO") -> dict[str, Any]:

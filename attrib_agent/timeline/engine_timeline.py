@@ -40,6 +40,7 @@ from attrib_agent.timeline.timeline_window import StepWindow
 from attrib_agent.vllm_ids import CHILD_PREFIX
 
 DEFAULT_TOKEN_BUDGET = 2048  # vLLM's max_num_batched_tokens on CPU; GPUs often run 8192
+BUDGET_SOURCES = ("configured", "announced", "saved", "inferred", "guessed")  # token_budget_source's answers
 MAX_EARLY_SPANS = 256
 """Spans that admitted their request before any log line (kept in case `Added` lines then name it an n>1 parent):
 the last this many. Live, such a span is at most a log poll (0.1 s) ahead of the lines."""
@@ -73,6 +74,9 @@ class EngineTimeline:
         self._fixed = Geometry(block_size, num_blocks)
         self._configured_budget = token_budget
         self._announced_budget: int | None = None  # vLLM's own start-up line (TokenBudgetLine), when read
+        self._budget_saved = False  # that budget came from a state file (restore_budget), not from a line read
+        self._announced_at = 0  # the seq of the first step after that budget came: a vLLM restarted later drops it
+        self._last_iteration: int | None = None  # of this engine's last step (an iteration going back: a restart)
         self._book = LifecycleBook(max_requests, engine)
         self._window = StepWindow(max_steps, checkpoint_every)
         self._inference = TimelineInference(self._book, self._window, self._fixed, token_budget or 0)
@@ -85,7 +89,7 @@ class EngineTimeline:
         self._version = 0
         self._ledger: tuple[int, KvBlockLedger] | None = None
         self._preempted: tuple[int, list[InferredPreemption], list[InferredPreemption]] | None = None  # all, actionable
-        self._budget: tuple[int, int] | None = None  # (version, the inferred token budget)
+        self._budget: tuple[int, int, bool] | None = None  # (version, the inferred token budget, from a cut step)
         self._exact = ExactSteps(max_steps, max_requests)  # the step plugin's facts (exact mode), when it reports
         self._overlaid: tuple[int, list[tuple[StepInput, StepOutcome]]] | None = None
         self.skipped: dict[str, int] = {}
@@ -140,6 +144,9 @@ class EngineTimeline:
         if ev.engine != self.engine or ev.dummy:
             self._skip("other_engine_or_dummy_step")
             return
+        if self._last_iteration is not None and ev.iteration < self._last_iteration:
+            self._vllm_restarted()
+        self._last_iteration = ev.iteration
         end = max(self._log_time(ev.log_ts, ev.ts), self._window.last_end() or float("-inf"))
         self._window.append(StepInput(self._window.next_seq, ev.engine, ev.iteration, end, ev.elapsed_ms / 1000.0,
                                       ev.context_requests, ev.context_tokens, ev.generation_requests,
@@ -152,7 +159,26 @@ class EngineTimeline:
         operator's `token_budget` still wins; a restarted vLLM's line replaces the last."""
         if self._configured_budget is None:
             self._announced_budget = ev.token_budget
+            self._budget_saved = False
+            self._announced_at = self._window.next_seq
             self._inference.announce_budget(ev.token_budget)
+
+    def _vllm_restarted(self) -> None:
+        """A step whose iteration went back: a new vLLM. A budget announced before the old one's last step is the old
+        one's (a vLLM started on its default budget logs no line): forgotten, the steps' inference answers again."""
+        if self._announced_budget is not None and self._announced_at < self._window.next_seq:
+            self._announced_budget, self._budget_saved = None, False
+
+    def restore_budget(self, token_budget: int) -> bool:
+        """A budget vLLM announced to an earlier agent (agent/budget_store.py), taken as announced when neither the
+        setting nor a line read since gives one; False when one does."""
+        if self._configured_budget is not None or self._announced_budget is not None:
+            return False
+        self._version += 1
+        self._announced_budget, self._budget_saved = token_budget, True
+        self._announced_at = self._window.next_seq
+        self._inference.announce_budget(token_budget)
+        return True
 
     def _on_metrics(self, ev: MetricsSnapshot) -> None:
         if ev.engine != str(self.engine):
@@ -491,8 +517,20 @@ class EngineTimeline:
             else:  # the plugin's facts rewrite records outside the window's kept lists (the lab's exact mode)
                 steps = self.steps()
                 full = max((_cut_size(a, b) for a, b in zip(steps, steps[1:], strict=False)), default=0)
-            self._budget = (self._version, full or max(self._window.largest_step(), DEFAULT_TOKEN_BUDGET))
+            self._budget = (self._version, full or max(self._window.largest_step(), DEFAULT_TOKEN_BUDGET), full > 0)
         return self._budget[1]
+
+    def token_budget_source(self) -> str:
+        """Where `token_budget` comes from: `configured` (the setting), `announced` (vLLM's start-up line), `saved`
+        (that line as an earlier agent read it, kept in its state_dir), `inferred` (a step that cut a prefill
+        chunk) or `guessed` (no such step yet: the largest step, at least DEFAULT_TOKEN_BUDGET), so an operator can
+        tell a budget known from one the agent may have wrong."""
+        if self._configured_budget is not None:
+            return "configured"
+        if self._announced_budget is not None:
+            return "saved" if self._budget_saved else "announced"
+        self.token_budget()
+        return "inferred" if self._budget is not None and self._budget[2] else "guessed"
 
     def membership_quality(self) -> MembershipQuality:
         if not self.exact_reported:  # kept by the window as outcomes change

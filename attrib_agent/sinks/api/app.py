@@ -155,7 +155,11 @@ def api_app(state: AgentState, *, token: str | None = None, metrics_app: ASGIApp
         load = {"backlog_events": backlog.events, "backlog_s": backlog.oldest_s,
                 "attributed_share": backlog.attributed_share, "victims_skipped": backlog.victims_skipped,
                 "degraded": backlog.shedding or backlog.oldest_s > DEGRADED_BACKLOG_S}
-        body = {"ready": ready, "missing": list(readiness.reasons), "mode": state.mode()} | gap | {"pipeline": load}
+        # the step budget the re-simulation runs with, and whether it is known (docs/sources.md: `guessed` until a
+        # step cuts a prefill chunk, when the agent read no start-up line and `token_budget` is not set)
+        budget = {"tokens": state.token_budget(), "source": state.token_budget_source()}
+        body = {"ready": ready, "missing": list(readiness.reasons), "mode": state.mode()} | gap | {
+            "pipeline": load, "token_budget": budget}
         return json_response(body, 200 if ready else 503)
 
     forecast = forecast_answer(state, errs)

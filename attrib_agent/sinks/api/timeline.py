@@ -142,6 +142,7 @@ def timeline_parts(view: TimelineReads, since: float | None, until: float | None
     head = {
         "since": t0, "until": t1, "now": view.last_event_ts,
         "block_size": block_size, "pool_blocks": pool, "token_budget": view.token_budget(),
+        "token_budget_source": view.token_budget_source(),
         "victim_threshold_s": view.victim_threshold_s,
         "max_steps": max_steps, "window_s": window_s, "window_start": floor if window_s is not None else None,
         "truncated": truncated or lanes_truncated,

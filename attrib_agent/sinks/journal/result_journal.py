@@ -1,10 +1,11 @@
 """Append-only NDJSON journal of attribution results, so a restarted agent still answers for the last hour.
 
-One `result_codec.to_dict` record per line in segments `results-<seq>.ndjson`; the oldest segments are deleted
-past `max_bytes` (and `max_age_s`). `append` only buffers; `flush` writes and fsyncs, and the app calls it at
-least every second, so a restart loses at most the last second. A result is journaled each time it changes
-(partial, then final): `load` keeps the last record per request id. Each process writes a fresh segment, so a
-line torn by a kill is never glued to the next record. Only a journal that cannot be opened raises
+One `result_codec.to_dict` record per line in segments `results-<seq>.ndjson` (and for a request that ended without
+a result, aborted or skipped, `{"request_id": ..., "ended": ...}`, so a restarted agent still says so); the oldest
+segments are deleted past `max_bytes` (and `max_age_s`). `append` only buffers; `flush` writes and fsyncs, and the
+app calls it at least every second, so a restart loses at most the last second. A result is journaled each time it
+changes (partial, then final): `load` keeps the last record per request id. Each process writes a fresh segment, so
+a line torn by a kill is never glued to the next record. Only a journal that cannot be opened raises
 (`JournalError`, at start); later write failures (disk full) are counted in `errors` and retried.
 """
 
@@ -25,6 +26,7 @@ from typing import Final
 from attrib_agent.attribution.result import AttributionResult
 from attrib_agent.attribution.result_codec import to_dict
 from attrib_agent.sinks.journal.segments import (
+    Ended,
     Segment,
     highest_seq,
     read_segment,
@@ -97,12 +99,21 @@ class ResultJournal:
             except (TypeError, ValueError):  # a NaN or infinity is not JSON: count it rather than write junk
                 self.errors["encode"] += 1
                 continue
-            with self._lock:
-                self._pending.append(line)
-                self._pending_bytes += len(line)
-                while self._pending_bytes > self.max_buffer_bytes and len(self._pending) > 1:
-                    self._pending_bytes -= len(self._pending.popleft())
-                    self.errors["dropped"] += 1
+            self._buffer(line)
+
+    def append_ended(self, ended: Iterable[tuple[str, str]]) -> None:
+        """Buffer (request id, `aborted` or `skipped`) records: requests that ended without a result."""
+        for rid, status in ended:
+            self._buffer((json.dumps({"request_id": rid, "ended": status}, separators=(",", ":")) + "\n").encode())
+
+    def _buffer(self, line: bytes) -> None:
+        """One record's line for the next flush; past `max_buffer_bytes` the oldest are dropped (counted)."""
+        with self._lock:
+            self._pending.append(line)
+            self._pending_bytes += len(line)
+            while self._pending_bytes > self.max_buffer_bytes and len(self._pending) > 1:
+                self._pending_bytes -= len(self._pending.popleft())
+                self.errors["dropped"] += 1
 
     def flush(self) -> int:
         """Write and fsync what is buffered; the records written. A write error is counted, and the unwritten
@@ -187,7 +198,13 @@ class ResultJournal:
 
     # ---- reading and lifecycle ---------------------------------------------------------------------------
     def load(self, *, since_ts: float | None = None, max_results: int | None = None) -> list[AttributionResult]:
-        """Every result on disk, the last record per request id, ordered by when that record was written.
+        """Every result on disk (`load_all`'s results)."""
+        return self.load_all(since_ts=since_ts, max_results=max_results)[0]
+
+    def load_all(self, *, since_ts: float | None = None, max_results: int | None = None,
+                 max_ended: int = 1) -> tuple[list[AttributionResult], list[tuple[str, str]]]:
+        """Every result on disk, the last record per request id, ordered by when that record was written; and the
+        last `max_ended` requests that ended without a result, (id, status), oldest first.
 
         `since_ts` keeps results that finished at or after it, `max_results` the newest that many: what the
         agent's store would keep anyway, so a full journal never costs more memory than the store. Malformed
@@ -196,15 +213,22 @@ class ResultJournal:
         if max_results is not None and max_results < 1:
             raise ValueError("max_results must be >= 1 (or None)")
         found: OrderedDict[str, AttributionResult] = OrderedDict()
+        ended: OrderedDict[str, str] = OrderedDict()
         for seg in scan_segments(self.directory):
             for r in read_segment(seg.path, self.errors, max_line=self.segment_bytes + MIB):
+                if isinstance(r, Ended):
+                    ended.pop(r.request_id, None)
+                    ended[r.request_id] = r.status
+                    if len(ended) > max_ended:
+                        ended.popitem(last=False)
+                    continue
                 found.pop(r.request_id, None)
                 if since_ts is not None and r.finished_ts < since_ts:
                     continue
                 found[r.request_id] = r
                 if max_results is not None and len(found) > max_results:
                     found.popitem(last=False)
-        return list(found.values())
+        return list(found.values()), list(ended.items())
 
     @property
     def pending(self) -> int:

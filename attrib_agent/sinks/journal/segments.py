@@ -61,8 +61,19 @@ def highest_seq(directory: Path) -> int:
     return max((int(m.group(1)) for e in directory.iterdir() if (m := SEGMENT_NAME.fullmatch(e.name))), default=0)
 
 
-def read_segment(path: Path, errors: Counter[str], *, max_line: int) -> Iterator[AttributionResult]:
-    """The results in one segment, in file order; bad lines are counted and skipped.
+ENDED_STATUSES: Final = ("aborted", "skipped")
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """A request that ended without a result (`{"request_id": ..., "ended": "aborted"|"skipped"}`)."""
+
+    request_id: str
+    status: str
+
+
+def read_segment(path: Path, errors: Counter[str], *, max_line: int) -> Iterator[AttributionResult | Ended]:
+    """The results and ended records in one segment, in file order; bad lines are counted and skipped.
 
     A last line without its newline is a write torn by a kill (`truncated`), even if it happens to parse:
     the writer always ends a record with a newline, so it was not finished.
@@ -97,9 +108,12 @@ def read_segment(path: Path, errors: Counter[str], *, max_line: int) -> Iterator
                 yield result
 
 
-def _decode(line: bytes) -> AttributionResult | None:
+def _decode(line: bytes) -> AttributionResult | Ended | None:
     try:
         d = json.loads(line)
+        if isinstance(d, dict) and set(d) == {"request_id", "ended"}:
+            rid, status = d["request_id"], d["ended"]
+            return Ended(rid, status) if isinstance(rid, str) and status in ENDED_STATUSES else None
         return from_dict(d) if isinstance(d, dict) else None
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError):  # (int(Infinity))
         return None

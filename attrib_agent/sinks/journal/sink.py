@@ -35,6 +35,8 @@ class JournalSink:
         self.journal.append(results)
 
     def flush(self) -> None:
+        if self._state is not None:  # requests that ended without a result: a restarted agent still answers them
+            self.journal.append_ended(self._state.pipeline.take_ended())
         self.journal.flush()
         if self._state is not None:  # what /metrics reports of the journal
             self._state.journal_written = self.journal.written_total

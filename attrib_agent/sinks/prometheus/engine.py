@@ -12,6 +12,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from attrib_agent.read_model import AgentState
 from attrib_agent.sinks.prometheus.families import COST_TERMS, EVENT_KINDS, counter, gauge, one, snake_case
+from attrib_agent.timeline.engine_timeline import BUDGET_SOURCES
 
 
 def pipeline_families(state: AgentState) -> list[Metric]:
@@ -67,7 +68,11 @@ def kv_families(state: AgentState) -> list[Metric]:
     share.add_metric([], kv.top_share)
     ledger = gauge("attrib_kv_ledger_blocks")
     ledger.add_metric([], kv.ledger_blocks)
-    return [whales, share, _maybe("attrib_kv_pool_blocks", kv.pool_blocks), ledger,
+    budget = one(gauge("attrib_token_budget_tokens"), state.token_budget())
+    origin, now = gauge("attrib_token_budget_origin"), state.token_budget_source()
+    for name in BUDGET_SOURCES:  # a closed set, each always present: 1 for where the budget comes from now
+        origin.add_metric([name], 1.0 if name == now else 0.0)
+    return [whales, share, _maybe("attrib_kv_pool_blocks", kv.pool_blocks), budget, origin, ledger,
             _maybe("attrib_kv_vllm_blocks", kv.vllm_blocks),
             _maybe("attrib_kv_ledger_residual_blocks", kv.residual_blocks)]
 

@@ -82,6 +82,13 @@ SPECS: Final = (
     _spec("attrib_top_request_kv_share_ratio", "gauge", "ratio", "",
           "Share of the KV pool held by the largest request in flight."),
     _spec("attrib_kv_pool_blocks", "gauge", "blocks", "", "KV blocks in vLLM's pool (num_gpu_blocks)."),
+    _spec("attrib_token_budget_tokens", "gauge", "tokens", "",
+          "The step token budget (vLLM's max_num_batched_tokens) the re-simulation and the forecast run with."),
+    _spec("attrib_token_budget_origin", "gauge", "", "origin",
+          "1 for where that budget comes from, 0 for the others: configured (token_budget), announced (vLLM's "
+          "start-up line), saved (that line kept in state_dir by an earlier agent), "
+          "inferred (a step that cut a prefill chunk) or guessed (none of these yet: the largest "
+          "step, at least 2,048; the agent may re-simulate whales in the wrong chunks)."),
     _spec("attrib_kv_ledger_blocks", "gauge", "blocks", "",
           "KV blocks the agent's ledger says are held at the last step."),
     _spec("attrib_kv_vllm_blocks", "gauge", "blocks", "",

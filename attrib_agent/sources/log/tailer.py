@@ -6,6 +6,10 @@ then read the new one from its start), truncation (copytruncate: start again at 
 and holds a partial last line until its newline arrives. A line longer than `max_line_bytes` is cut: only
 its first `max_line_bytes` bytes are kept, and it is counted (`line_too_long`). Lines keep a trailing "\r"
 (vLLM's mark that the next line continues the same record; the parser relies on it).
+
+Started at the end of a file (`from_start=False`, an agent restarted beside a running vLLM), the follower first
+reads back for the running vLLM's start-up line with its step budget (`startup_budget_line`): it is written once,
+as vLLM starts, and the agent would otherwise re-simulate with a budget guessed from the steps.
 """
 
 from __future__ import annotations
@@ -26,6 +30,51 @@ logger = logging.getLogger(__name__)
 READ_CHUNK_BYTES: Final = 65_536
 MAX_BYTES_PER_POLL: Final = 1_048_576  # then yield what was read before reading on: bounds each batch
 _Start = Literal["end", "zero", "resume"]
+LOOKBACK_BYTES: Final = 16 * 2**20  # how far back from the end the start-up budget line is looked for (the
+# shipped logging config rotates vllm.log at 10 MiB: the whole current file)
+BUDGET_MARK: Final = b"Chunked prefill is enabled with max_num_batched_tokens="  # vllm/config/scheduler.py
+# Lines every vLLM API server logs as it starts, before the budget line (vllm/entrypoints/serve/utils/api_utils.py:
+# the version banner, without and with the logo, and the non-default arguments)
+START_MARKS: Final = (b"vLLM server version ", b"] non-default args: ", b"\xe2\x96\x88  version ")
+
+
+Seen = Literal["budget", "restart", "none"]  # what the look-back found last: a budget line, a start-up, neither
+
+
+def startup_budget_line(f: IO[bytes], end: int, limit: int = LOOKBACK_BYTES, max_line_bytes: int = 65_536,
+                        chunk: int = 1_048_576) -> tuple[Seen, str | None]:
+    """The running vLLM's budget line in `f` before `end`: ("budget", the line) when the last start-up mark is a
+    budget line; ("restart", None) when a later start-up (a vLLM restarted without `--max-num-batched-tokens`, which
+    logs none) follows the last one; ("none", None) when neither is within `limit` bytes of `end` (the line may
+    have been rotated out). Read backwards a chunk at a time; leaves `f`'s position anywhere."""
+    lowest = max(0, end - limit)
+    pos, later = end, b""  # `later`: the head of the chunk read before (the next one up), for marks across chunks
+    while pos > lowest:
+        start = max(lowest, pos - chunk)
+        f.seek(start)
+        buf = f.read(pos - start) + later
+        budget = buf.rfind(BUDGET_MARK)
+        restart = max(buf.rfind(m) for m in START_MARKS)
+        if budget >= 0 and budget > restart:
+            return "budget", _line_at(f, start + budget, end, max_line_bytes)
+        if restart >= 0:
+            return "restart", None
+        later, pos = buf[:max(len(m) for m in (BUDGET_MARK, *START_MARKS))], start
+    return "none", None
+
+
+def _line_at(f: IO[bytes], offset: int, end: int, max_line_bytes: int) -> str | None:
+    """The whole line holding byte `offset` (None when it is longer than `max_line_bytes`)."""
+    head_from = max(0, offset - max_line_bytes)
+    f.seek(head_from)
+    before = f.read(offset - head_from)
+    nl = before.rfind(b"\n")
+    if nl < 0 and head_from > 0:
+        return None
+    line_start = head_from + nl + 1
+    f.seek(line_start)
+    line = f.read(min(max_line_bytes, end - line_start)).split(b"\n", 1)[0]
+    return line.decode("utf-8", errors="replace").rstrip("\r")
 
 
 class LineSplitter:
@@ -121,6 +170,10 @@ class LogFollower:
         self._first_attempt = True
         self._error_kind: str | None = None  # reported once until the file is back
         self._closed = False
+        self._read_back: list[tuple[float, str]] = []  # at most one line, handed out with the first poll
+        self.startup_read_back = False  # the running vLLM's budget line was read back from before the end
+        # what the look-back at the first open found (None: not done, or the file read from its start)
+        self.startup_seen: Seen | None = None
 
     async def lines(self) -> AsyncIterator[tuple[float, str]]:
         """`(receipt_ts, line)` for every complete line, until close(); sleeps a poll interval when idle."""
@@ -143,6 +196,8 @@ class LogFollower:
             self._first_attempt = False
             if not self._open(start):
                 return out, False
+            out.extend(self._read_back)
+            self._read_back.clear()
         if self._read(out, MAX_BYTES_PER_POLL):
             return out, True
         return out, self._check_path(out)
@@ -209,7 +264,13 @@ class LogFollower:
         st = os.fstat(f.fileno())
         ident = (st.st_dev, st.st_ino)
         if start == "end":
-            self._offset = f.seek(0, os.SEEK_END)
+            end = f.seek(0, os.SEEK_END)
+            self.startup_seen, line = startup_budget_line(f, end, max_line_bytes=self.splitter.max_line_bytes)
+            if line is not None:
+                self._read_back.append((self.clock(), line))
+                self.startup_read_back = True
+                logger.info("log file %s: read vLLM's start-up budget line back from before its end", self.path)
+            self._offset = f.seek(end)
         elif start == "resume" and ident == self._ident and self._offset <= st.st_size:
             self._offset = f.seek(self._offset)
         else:

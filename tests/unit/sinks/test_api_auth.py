@@ -83,7 +83,8 @@ def test_readyz_says_what_is_missing() -> None:
     assert resp.json() == {"ready": False, "missing": ["source vllm_metrics down (refused: connection refused)"],
                            "mode": "inferred", "vllm_gaps": 0, "vllm_gap_since": None, "vllm_gap_s": 0.0,
                            "pipeline": {"backlog_events": 0, "backlog_s": 0.0, "attributed_share": 1.0,
-                                        "victims_skipped": 0, "degraded": False}}
+                                        "victims_skipped": 0, "degraded": False},
+                           "token_budget": {"tokens": 2048, "source": "inferred"}}  # a step cut a prefill chunk
     resp = call(api_app(state_of(p, replay_done=False)), "/readyz")
     assert resp.status_code == 200  # the cost model is fitted: attribution works while the replay runs on
     fresh = AttributionPipeline()
