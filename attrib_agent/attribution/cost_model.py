@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from itertools import combinations
-from math import isfinite
+from math import isfinite, isqrt
 from typing import Any, Final
 
 import numpy as np
@@ -172,6 +172,17 @@ class PriceRange:
         return tokens <= most and pairs <= self.prefill_pairs * grow * grow
 
 
+def kept_class(tokens: int, pairs: int) -> int:
+    """The class a prefill step is kept in past the window: by the size of a fresh chunk doing its attention work
+    (`prefill_pairs`: n tokens from the prompt's start make n (n + 1) / 2 pairs), or of its tokens if more. A
+    chunk deep in a long prompt is evidence of what a whale's last chunks cost; by tokens alone it shared its
+    class with a stream's prompts of the budget's size, which evicted it: continuous-b1024's kept fit had read
+    w1's 828-token last chunk over 3,072 tokens of context and forgotten it by the next run, so every forecast
+    of w1 was priced beyond the fit's evidence."""
+    fresh = isqrt(2 * pairs) if pairs > 0 else 0
+    return min(max(tokens, fresh).bit_length() // 2, SIZE_CLASSES - 1)
+
+
 def seen_range(window: Iterable[tuple[_Row, float]]) -> PriceRange:
     """The `PriceRange` of the steps a fit reads (their rows hold the ints' exact floats)."""
     tokens = pairs = beside = 0.0
@@ -244,8 +255,8 @@ class StepCostModel:
             return False
         seq = self.steps_seen
         self._rows.append((seq, row, elapsed_s))
-        if row[1] > 0:  # prefill tokens: the size class of the chunk (the row holds the int's exact float)
-            self._kept[min(int(row[1]).bit_length() // 2, SIZE_CLASSES - 1)].append((seq, row, elapsed_s))
+        if row[1] > 0:  # prefill tokens: the chunk's class (the row holds the ints' exact floats)
+            self._kept[kept_class(int(row[1]), int(row[4]))].append((seq, row, elapsed_s))
         if gap_s is not None and isfinite(gap_s) and abs(gap_s) <= self.max_step_gap_s:  # log stamps jitter
             self._gaps.append(gap_s)
         self.steps_seen += 1

@@ -97,7 +97,7 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
     win: list[Window] = [[0.0, 0.0, 0.0, 0.0] for _ in lives]  # by LiveRequest.index
     upto = math.inf if until is None else until
     sums = (win, itl_limit, keep_tokens)
-    now, steps, preemptions, empty = state.now, 0, 0, 0
+    now, steps, preemptions, empty = busy_since(state, running, waiting, price5), 0, 0, 0
     short = False  # the last stretch stopped where the blocks ran short: the next step is scheduled (it preempts)
     first_stop, first_members, first_blocked = "", frozenset[str](), None
     while steps < max_steps and awaited and (until is None or unserved or now < until):
@@ -113,7 +113,7 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
         jumped = 0
         # the first step is always scheduled: it says whether the candidate is admitted now; nor is there a stretch
         # when the queue's head fits (blocks_for its num_tokens, inlined): admission takes it in the next step
-        if steps and not short and not (waiting and len(running) < max_seqs and -(
+        if first_stop and not short and not (waiting and len(running) < max_seqs and -(
                 -(waiting[0].req.prompt_tokens + waiting[0].outputs + waiting[0].pending) // bs) <= pool.free):
             jumped, now, finished, short = _decode_stretch(running, waiting, pool, max_seqs, bs, pricer, now,
                                                     pending, max_steps - steps, until, unserved,
@@ -128,7 +128,7 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
         preempted, stop, blocked, f1, f2, f3, f4, f5 = plan_sync(running, waiting, pool, cfg, now, members)
         if until is None or now < until:  # counted within the window both runs cover
             preemptions += preempted
-        if not steps and not first_stop:
+        if not first_stop and now >= state.now:  # the first step to start from now: whom it admits
             first_stop, first_members = stop, frozenset(lv.req.request_id for lv, _ in members)
             first_blocked = blocked.req.request_id if blocked is not None else None
         if not members:
@@ -167,6 +167,25 @@ def simulate_from(state: EngineState, cost: StepCost, extra: Sequence[tuple[SimR
     return Run({lv.req.request_id: lv.first_token_ts for lv in lives},
                 {lv.req.request_id: lv.token_ts for lv in lives} if keep_tokens else {}, preemptions, first_stop,
                 first_members, first_blocked, {lv.req.request_id: win[lv.index] for lv in lives})
+
+
+def busy_since(state: EngineState, running: Sequence[LiveRequest], waiting: Sequence[LiveRequest],
+               price: Callable[[int, int, int, int, int], float]) -> float:
+    """When the run's first step starts: `state.now`, unless the engine was idle with a request waiting since
+    before it whose first step would still be under way. vLLM's engine starts a step as soon as a request
+    reaches an idle engine, so at `now` that step has run for a while (no step line has ended it yet) and
+    whoever comes now waits for the rest of it, not for all of it from now: preempt/w2 came 49 ms into w1's
+    first 2,048-token chunk (56-69 ms). A request waiting longer than its first chunk takes (priced alone:
+    `price`, the five features in) is not in such a step: the state is behind the engine (no step line read
+    yet), and the run starts from now as before."""
+    if running or not waiting:
+        return state.now
+    first = min(waiting, key=lambda lv: lv.req.arrival_ts)
+    began = first.req.arrival_ts
+    if began >= state.now:
+        return state.now
+    n = min(state.sched.token_budget, max(first.req.prompt_tokens, 1))
+    return began if began + price(n, 0, 0, n * (n + 1) // 2, 1) > state.now else state.now
 
 
 def _arrival(extra: tuple[SimRequest, int]) -> float:

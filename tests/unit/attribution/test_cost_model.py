@@ -9,7 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attrib_agent.attribution import cost_model
-from attrib_agent.attribution.cost_model import StepCostModel, StepCostPrior, StepFeatures, prefill_pairs
+from attrib_agent.attribution.cost_model import (
+    StepCostModel,
+    StepCostPrior,
+    StepFeatures,
+    kept_class,
+    prefill_pairs,
+)
 from attrib_agent.attribution.sim_trace import Member, Pricer, StepPrices
 from attrib_agent.attribution.sim_types import PrefillAwareStepCost, StepCost
 from attrib_agent.timeline.model import StepMember, StepRecord
@@ -187,28 +193,54 @@ def test_a_window_of_short_prefills_does_not_extrapolate_wildly_to_a_whale_chunk
     assert 0.5 < predicted / true_seconds(whale_chunk) < 2.0
 
 
+SLOW = StepCostPrior(intercept_s=0.01, per_prefill_token_s=3e-4, per_decode_request_s=5e-4,
+                     per_decode_context_token_s=4e-7, per_prefill_pair_s=1e-7, step_gap_s=0.001)
+
+
+def slow_seconds(f: StepFeatures) -> float:
+    """A step's time on a slow machine (`SLOW`'s prices, no gap): what the kept-chunk tests feed the fit."""
+    return sum(c * v for c, v in zip(SLOW.as_tuple(), f.row(), strict=True))
+
+
 def test_a_whales_chunks_are_remembered_past_the_window() -> None:
     # A whale's three long chunks, then a thousand decode steps: the window of recent steps no longer holds
     # them, yet they are what priced a long chunk. Kept per chunk size, they still do (and memory stays bounded).
-    slow = StepCostPrior(intercept_s=0.01, per_prefill_token_s=3e-4, per_decode_request_s=5e-4,
-                         per_decode_context_token_s=4e-7, per_prefill_pair_s=1e-7, step_gap_s=0.001)
-
-    def seconds(f: StepFeatures) -> float:
-        return sum(c * v for c, v in zip(slow.as_tuple(), f.row(), strict=True))
-
     model = StepCostModel(min_steps=64, refit_every=64, max_window=256)
     rng = random.Random(3)
     for done in (0, 2048, 4096):
         chunk = StepFeatures(2047, 1, 40, prefill_pairs(done, 2047))
-        model.observe_features(chunk, seconds(chunk))
+        model.observe_features(chunk, slow_seconds(chunk))
     for i in range(1000):
         f = StepFeatures(32, 1, 60, prefill_pairs(0, 32)) if i % 20 == 0 else StepFeatures(0, 2, rng.randint(80, 400))
-        model.observe_features(f, seconds(f) + rng.gauss(0, 0.0003))
+        model.observe_features(f, slow_seconds(f) + rng.gauss(0, 0.0003))
     model.refit()
     chunk = StepFeatures(2048, 0, 0, prefill_pairs(2048, 2048))
     predicted = model.step_seconds_with_prefill(2048, 0, 0, chunk.prefill_pairs) - model.coefficients.step_gap_s
-    assert predicted == pytest.approx(seconds(chunk), rel=0.1)
+    assert predicted == pytest.approx(slow_seconds(chunk), rel=0.1)
     assert model.window_steps == 256 and sum(len(k) for k in model._kept) <= 7 * 32
+
+
+def test_a_whales_deep_chunks_are_kept_apart_from_a_streams_fresh_chunks_of_the_same_size() -> None:
+    # A 1,024-token budget: a 3,900-token whale's four chunks, then a stream whose prompts are a full chunk each
+    # (40 of them, more than a class keeps) and decode steps past the window. The whale's later chunks attend over
+    # 1,024-3,072 tokens of context: kept by their tokens alone they shared a class with the stream's fresh
+    # chunks, which evicted them, and the fit no longer covered a chunk that deep (continuous-b1024's kept fits).
+    model = StepCostModel(min_steps=64, refit_every=64, max_window=256)
+    rng = random.Random(4)
+    deepest = prefill_pairs(3072, 828)
+    for done, n in ((0, 1024), (1024, 1024), (2048, 1024), (3072, 828)):
+        chunk = StepFeatures(n, 0, 0, prefill_pairs(done, n), 1)
+        model.observe_features(chunk, slow_seconds(chunk))
+    for i in range(1200):
+        f = StepFeatures(1024, 1, 60, prefill_pairs(0, 1024), 1) if i % 30 == 0 else StepFeatures(
+            0, 2, rng.randint(80, 400))
+        model.observe_features(f, slow_seconds(f) + rng.gauss(0, 0.0003))
+    model.refit()
+    assert model.price_range.prefill_pairs == deepest  # by tokens alone: prefill_pairs(0, 1024), the stream's
+    assert model.price_range.covers(828, deepest)
+    assert kept_class(1024, prefill_pairs(0, 1024)) == kept_class(1024, 0) == 5  # a fresh chunk: by its size
+    assert kept_class(828, deepest) == 6 and kept_class(32, prefill_pairs(6000, 32)) == 5
+    assert sum(len(k) for k in model._kept) <= 7 * 32
 
 
 def test_deferred_fits_once_on_the_window_of_the_last_refit_due() -> None:

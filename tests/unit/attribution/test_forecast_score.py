@@ -41,7 +41,9 @@ def test_declared_load_figures_hold() -> None:
     # rides w2's first chunk when w1 keeps the engine busy (0.160 +/- 0.016 s, forecast 0.054 / 0.085 / 0.043 s:
     # -62 %). With two of the five whales truly harmless the median is preempt/w2's +2,884 %; the resolved median
     # (3 whales) is whale2/w2's 62 %.
-    assert math.isclose(s["median_rel_error"], 28.84, abs_tol=0.01)  # truth13; 0.57 on whale2's first recording
+    # 28.84 until decl15: preempt/w2's r0 state is read after w1 reached an idle engine, whose first chunk was
+    # then under way (`forecast_sim.busy_since`): its forecast 0.99 -> 0.98 s
+    assert math.isclose(s["median_rel_error"], 28.43, abs_tol=0.01)  # truth13; 0.57 on whale2's first recording
     assert math.isclose(s["median_rel_error_resolved"], 0.62, abs_tol=0.01)  # truth13
     by = {f"{c.truth}/{c.whale}": c for c in cases()}
     assert by["whale2/w2"].forecast_s["declared"][:2] == pytest.approx([0.054, 0.085], abs=0.005)  # 0.701, 1.540

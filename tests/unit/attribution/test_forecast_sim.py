@@ -191,3 +191,26 @@ def test_a_stretch_stops_at_the_step_an_arrival_falls_in(first: float, slope: fl
     expect = next((j + 1 for j, e in enumerate(end) if e >= arrival), m)
     assert steps == kept == expect
     assert last == end[steps - 1]
+
+
+def test_an_idle_engines_step_for_a_request_waiting_since_before_now_is_under_way() -> None:
+    """vLLM starts a step as soon as a request reaches an idle engine: at `now` that step has run since the
+    request came (no step line has ended it yet), so the run starts it then, and a newcomer joins the step after
+    it (the first to start from now, whose members say who is admitted now). A request that has waited longer
+    than its first chunk takes is not in such a step (the state is behind the engine): the run starts at now."""
+    sched = SchedulerConfig(block_size=16, num_blocks=1000, token_budget=2048, max_num_seqs=8)
+    cost = COSTS[1]  # 4 ms a step and 20 us a prefill token: a 2,048-token chunk takes ~45 ms
+    price = Pricer(cost).price5
+    chunk = price(2048, 0, 0, 2048 * 2049 // 2, 1)
+    newcomer = [(SimRequest("c", NOW, 512, 5), 0)]
+    for waited, began in ((0.02, NOW - 0.02), (chunk - 1e-6, NOW - chunk + 1e-6), (0.5, NOW)):
+        state = EngineState(NOW, sched, (InFlight("w1", NOW - waited, 2048, 0, 0, 10, False),))
+        run = simulate_from(state, cost, newcomer, {"w1", "c"}, 100)
+        assert run.first_token["w1"] == pytest.approx(began + chunk)
+        # the first step to start from now: w1's first decode beside c's prefill; from now, w1's chunk (full budget)
+        assert run.first_members == ({"w1", "c"} if began < NOW else {"w1"})
+        assert run.first_token["c"] == pytest.approx(began + chunk + price(512, 1, 2049, 512 * 513 // 2, 1))
+    running = EngineState(NOW, sched, (InFlight("r", NOW - 1, 100, 100, 1, 10, True, NOW - 0.5),
+                                       InFlight("w1", NOW - 0.02, 1024, 0, 0, 10, False)))
+    run = simulate_from(running, cost, [], {"w1"}, 100)  # a busy engine: its steps go on from now
+    assert run.first_token["w1"] == pytest.approx(NOW + price(1024, 1, 101, 1024 * 1025 // 2, 1))

@@ -271,18 +271,22 @@ def test_continuous_b1024_is_attributed_as_measured_nobody_blamed() -> None:
 
 
 def test_continuous_b1024s_forecast_as_measured() -> None:
-    """w1 (3,900 tokens at 15 s): true harm 0.035 s, resolved (>= 2 standard errors) but no short slowed 2x. Declared
-    kept forecasts 2.3 / 0.3 / 0.8 ms (-97 %), every one priced beyond the fit's evidence, so never harmless; learnt
-    kept 11 / 7 / 13 ms, never harmless. w2 (2,500 tokens at 27 s): truly harmless, called harmless by the declared
-    load in every recording, kept and cold (0 / 0 / 7.5 ms), never by the learnt load (4-8 ms)."""
+    """w1 (3,900 tokens at 15 s): true harm 0.035 s, resolved (>= 2 standard errors) but no short slowed 2x, under
+    `harmless_s` (50 ms). Declared kept forecasts 2.3 / 1.7 / 1.5 ms (-95 %); learnt kept 11 / 6 / 13 ms, never
+    harmless. Until decl15 every one was priced beyond the fit's evidence (2.3 / 0.3 / 0.8 ms), so never harmless:
+    the kept fits had read w1's last chunk (828 tokens over 3,072 of context) in the run before and forgotten it,
+    evicted by the stream's 1,024-token prompts kept in the same class (`cost_model.kept_class`). Now r1 and r2 rest
+    on it and the declared load calls them harmless; r0's fit never saw a whale (cold before it), still flagged.
+    w2 (2,500 tokens at 27 s): truly harmless, called harmless by the declared load in every recording, kept and
+    cold (0 / 0 / 8.3 ms), never by the learnt load (3-9 ms)."""
     kept_, cold = b1024(True), b1024(False)
     w1, w2 = kept_["w1"], kept_["w2"]
     assert math.isclose(w1.true_harm_s, 0.035, abs_tol=0.001) and w1.resolved and not w1.true_slowed_2x
     assert w2.true_harm_s == 0.0 and w2.truly_harmless
-    for case, want in ((w1, (0.0023, 0.0003, 0.0008)), (w2, (0.0, 0.0, 0.0075))):
+    for case, want in ((w1, (0.0023, 0.0017, 0.0015)), (w2, (0.0, 0.0, 0.0083))):
         assert all(math.isclose(a, b, abs_tol=0.0005) for a, b in zip(case.forecast_s["declared"], want, strict=True))
-    assert w1.harmless == {"learnt": [False] * 3, "declared": [False] * 3}
-    assert all(w1.extrapolated["declared"]) and all(cold["w1"].extrapolated["declared"])
+    assert w1.harmless == {"learnt": [False] * 3, "declared": [False, True, True]}
+    assert w1.extrapolated["declared"] == [True, False, False] and all(cold["w1"].extrapolated["declared"])
     assert w2.harmless == {"learnt": [False] * 3, "declared": [True] * 3}
     assert cold["w2"].harmless == {"learnt": [False] * 3, "declared": [True] * 3}
 

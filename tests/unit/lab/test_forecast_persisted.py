@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from attrib_agent.lab.forecast_score import format_side_by_side, score_dirs
 
 TRUTH = Path(__file__).resolve().parents[2] / "fixtures" / "truth" / "preempt-midstream"
@@ -24,9 +26,16 @@ def test_each_recording_starts_from_the_previous_agents_saved_fit_and_forecasts_
         err_kept = abs(k.mean("declared") - k.true_harm_s)  # type: ignore[operator]
         assert err_kept < err_cold, (k.whale, c.mean("declared"), k.mean("declared"), k.true_harm_s)
         assert k.true_slowed_2x and not any(c.harmless["learnt"]) and not any(k.harmless["learnt"])
-        assert c.mean("learnt") == c.forecast_s["learnt"][0] > 0.05  # cold: the probe, the same in every recording
+        # cold: the probe, the same in every recording but for the time w1 has waited on an idle engine at w2's
+        # arrival in one of them, its chunk then under way (decl15's `forecast_sim.busy_since`: under 1 us)
+        assert c.mean("learnt") == pytest.approx(c.forecast_s["learnt"][0], rel=1e-5)
+        assert c.forecast_s["learnt"][0] > 0.05
         assert all(x >= 0.05 for x in k.forecast_s["learnt"])  # harmful in every recording: never "harmless"
-        assert abs(k.mean("learnt") - k.true_harm_s) < k.true_harm_s  # what it forecasts is harm, not noise
+        # what it forecasts is harm, not noise: since learnt15 the whales in flight are priced at their real
+        # prompts (the saved prompt classes), and w2's harm is then over by the stream the learnt load expects for
+        # the whole 10 s horizon, where the truth's ends after 2-4 s (w2: 166 s against 77 s; within 2x before, a
+        # wrong 512-token guess cancelling that)
+        assert k.true_harm_s / 2 < k.mean("learnt") < 3 * k.true_harm_s  # type: ignore[operator]
     text = format_side_by_side(cold, kept)
     assert "declared kept s" in text and "loaded" in text
 
