@@ -37,7 +37,7 @@ from attrib_agent.attribution.forecast import ArrivalLoad, Candidate, Forecast, 
 from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
 from attrib_agent.config.load import AgentConfig
 from attrib_agent.events import RequestReceived
-from attrib_agent.lab.score import SLOWED_RATIO, spec_ids
+from attrib_agent.lab.score import RESOLVED_SE, SLOWED_RATIO, spec_ids
 from attrib_agent.lab.server import LabError
 from attrib_agent.lab.workload import LILO, LISO, RAG, RAG_PREFIXES, SILO, SISO
 from attrib_agent.pipeline import AttributionPipeline
@@ -45,7 +45,6 @@ from attrib_agent.recording import Recording
 from attrib_agent.sources.replay import ReplaySource
 
 LOADS = ("learnt", "declared")
-RESOLVED_SE = 2.0  # a true harm is resolved when it is at least this many of its standard errors from zero
 CLASSES = {c.name: c for c in (SISO, SILO, LISO, LILO, RAG)}  # the class names truth.json gives its shorts
 # Prompt tokens a class shares with the others of its stream (RAG: the system prompt and one of the documents),
 # in vLLM's prefix cache once the stream is under way: what a router that knows its traffic declares.

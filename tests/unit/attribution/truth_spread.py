@@ -13,44 +13,19 @@ import math
 from pathlib import Path
 from typing import Any
 
-from attrib_agent.attribution.shapley import all_subsets, shapley_values
-from attrib_agent.lab.score import SLOWED_RATIO
-from attrib_agent.lab.truth import condition_label
+from attrib_agent.lab.score import SLOWED_RATIO, short_shapley_se, whale_truths
+
+__all__ = ["ambiguous_top1", "load", "short_shapley_se", "whale_totals"]
 
 
 def load(truth_dir: Path) -> dict[str, Any]:
     return dict(json.loads((truth_dir / "truth.json").read_text()))
 
 
-def _weights(whales: list[str]) -> dict[str, dict[str, float]]:
-    """weights[label][whale]: the coefficient of that condition's mean in the whale's Shapley value."""
-    return {condition_label(s): shapley_values(whales, lambda x, _s=s: float(x == _s)) for s in all_subsets(whales)}
-
-
-def short_shapley_se(truth: dict[str, Any], spec: str) -> dict[str, float]:
-    whales = sorted(truth["whales"])
-    cond = truth["shorts"][spec]["conditions"]
-    var = dict.fromkeys(whales, 0.0)
-    for label, per_whale in _weights(whales).items():
-        t = cond[label]["ttft_s"]
-        for w in whales:
-            var[w] += per_whale[w] ** 2 * t["std"] ** 2 / t["n"]
-    return {w: math.sqrt(v) for w, v in var.items()}
-
-
 def whale_totals(truth: dict[str, Any]) -> dict[str, tuple[float, float]]:
-    """whale -> (summed Shapley TTFT share over shorts, its standard error), as lab/score.py sums it."""
-    whales = sorted(truth["whales"])
-    total, var = dict.fromkeys(whales, 0.0), dict.fromkeys(whales, 0.0)
-    for spec, entry in truth["shorts"].items():
-        shap = entry["shapley"].get("ttft_s")
-        if not shap:
-            continue
-        se = short_shapley_se(truth, spec)
-        for w in whales:
-            total[w] += max(0.0, shap[w])
-            var[w] += se[w] ** 2
-    return {w: (total[w], math.sqrt(var[w])) for w in whales}
+    """whale -> (summed Shapley TTFT share over shorts, each clipped at 0, and its standard error), as lab/score.py
+    sums them (`whale_truths`, which also gives the net sum, the blame and whether the share is resolved)."""
+    return {w: (t.true_s, t.se_s) for w, t in whale_truths(truth, "ttft_s", {}, 1, truth["shorts"]).items()}
 
 
 def ambiguous_top1(truth: dict[str, Any]) -> int:
