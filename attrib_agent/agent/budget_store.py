@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Final
 
 from attrib_agent.agent.fit_store import StateWriter, read_state
+from attrib_agent.attribution.fit_snapshot import state_document
 from attrib_agent.health import SourceHealth
 from attrib_agent.pipeline import AttributionPipeline
 
@@ -44,14 +45,7 @@ def encode(engine: Engine, token_budget: int) -> bytes:
 
 def decode(data: bytes) -> tuple[Engine, int]:
     """(engine, budget); ValueError saying what is wrong."""
-    if len(data) > MAX_BYTES:
-        raise ValueError(f"{len(data)} bytes, more than a saved budget takes")
-    try:
-        doc = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise ValueError(f"not JSON ({type(e).__name__})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != 1:
-        raise ValueError(f"not a {FORMAT} file of version 1")
+    doc = state_document(data, FORMAT, 1, MAX_BYTES)
     model, block, pool, budget = (doc.get(k) for k in ("model", "block_size", "num_blocks", "token_budget"))
     if not isinstance(model, str) or not all(v is None or type(v) is int for v in (block, pool)) or not (
             type(budget) is int and 1 <= budget < 2**31):

@@ -120,18 +120,26 @@ def _prompts(data: object) -> tuple[tuple[int, int], ...]:
     return tuple((a, b) for a, b in data)
 
 
-def decode(data: bytes) -> FitSnapshot:
-    """ValueError saying what is wrong: too large, not JSON (a truncated write), another format or version."""
-    if len(data) > MAX_BYTES:
-        raise ValueError(f"{len(data)} bytes, more than the {MAX_BYTES} a fit takes")
+def state_document(data: bytes, fmt: str, version: int, max_bytes: int) -> dict[str, Any]:
+    """A state file's JSON object, checked for size, format and version (what every state file of the agent's
+    starts with); ValueError saying what is wrong: too large, not JSON (a truncated write), another format or
+    version."""
+    if len(data) > max_bytes:
+        raise ValueError(f"{len(data)} bytes, more than the {max_bytes} a {fmt} file takes")
     try:
         doc = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ValueError(f"not JSON ({type(e).__name__}): truncated or not a state file") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ValueError(f"not a {FORMAT} file")
-    if doc.get("version") != VERSION:
-        raise ValueError(f"version {str(doc.get('version'))[:20]}, this agent reads version {VERSION}")
+    if not isinstance(doc, dict) or doc.get("format") != fmt:
+        raise ValueError(f"not a {fmt} file")
+    if doc.get("version") != version:
+        raise ValueError(f"version {str(doc.get('version'))[:20]}, this agent reads version {version}")
+    return doc
+
+
+def decode(data: bytes) -> FitSnapshot:
+    """ValueError saying what is wrong (`state_document`'s checks, then the fit's)."""
+    doc = state_document(data, FORMAT, VERSION, MAX_BYTES)
     if not isinstance(doc.get("fit"), dict):
         raise ValueError("fit: missing")
     return FitSnapshot(EngineFingerprint.parse(doc.get("engine")), doc["fit"], _load(doc.get("load")),
