@@ -212,17 +212,12 @@ def shapley_weights(whales: tuple[str, ...]) -> dict[str, dict[str, float]]:
 def _recorded_values(truth_dir: Path) -> dict[str, dict[str, dict[str, float]]]:
     """By recording (as truth.json names it): each short's figures in that run (spec -> metric -> value), from the
     lab client's records, as `lab truth` measured them. Numbers only: no prompt text is kept. Once per truth dir."""
-    from attrib_agent.lab.summary import shorts
-    from attrib_agent.lab.truth import METRICS
+    from attrib_agent.lab.truth import run_figures
 
     truth = json.loads((truth_dir / "truth.json").read_text())
-    out: dict[str, dict[str, dict[str, float]]] = {}
-    for run in truth["runs"]:
-        if run.get("accepted") and run.get("recording") and (truth_dir / run["recording"]).is_dir():
-            per = out[run["recording"]] = {}
-            for r in shorts(Recording(truth_dir / run["recording"]).records(CLIENT)):
-                per[r["spec_id"]] = {m: v for m, fn in METRICS.items() if (v := fn(r)) is not None}
-    return out
+    return {run["recording"]: run_figures(Recording(truth_dir / run["recording"]).records(CLIENT))
+            for run in truth["runs"]
+            if run.get("accepted") and run.get("recording") and (truth_dir / run["recording"]).is_dir()}
 
 
 def with_run_values(truth: Mapping[str, Any], truth_dir: Path) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -20,6 +20,7 @@ from attrib_agent.lab.score import (
     score_truth,
     short_shapley_se,
     whale_truths,
+    with_run_values,
 )
 
 from .truth_spread import truth_of_runs
@@ -162,3 +163,32 @@ def test_the_scorers_resolved_flags_differ_only_where_they_judge_different_effec
                 differ.append(f"{d.name}/{c.whale}")
     assert differ == ["continuous/w1", "kvpair/w1", "preempt/w1", "preempt/w2", "prefix/w1", "whale2/w1",
                       "whale2-b4096/w1"]
+
+
+def test_a_new_truth_keeps_each_runs_figures_so_its_standard_error_needs_no_recording(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`lab truth` (record_run faked: a short's TTFT is 0.1 s plus 0.02 s per rep, plus 0.3 s with the whale) writes
+    each run's figures into truth.json; `effect_se` reads them with no recording kept: the runs' sums of two shorts
+    moving together, 2 x 0.02 per rep, SE sqrt(2 x 0.04**2 / 3) over the two conditions."""
+    from attrib_agent.lab import truth as truth_mod
+    from attrib_agent.lab.record import RunResult
+    from attrib_agent.lab.server import LabEndpoints
+    from attrib_agent.lab.workload import SISO, RequestSpec, Scenario, whale
+
+    scenario = Scenario("t", "two shorts, one whale", (RequestSpec("w1", whale(1000, 10), 0.0),
+                                                      RequestSpec("a", SISO, 0.5), RequestSpec("b", SISO, 0.6)))
+
+    def fake_record(lab: Any, variant: Scenario, rec_dir: Path, **kw: Any) -> RunResult:
+        rep, slow = kw["extra_meta"]["truth_rep"], 0.3 * any(r.is_whale for r in variant.requests)
+        results = [{"spec_id": r.spec_id, "status": "ok", "intended_send_ts": 0.0,
+                    "first_token_ts": 0.1 + 0.02 * rep + slow, "token_ts": []} for r in variant.shorts]
+        return RunResult(rec_dir, {"run_tag": "x", "client_lateness": {"lateness_s": 0.0}, "preemptions": 0.0},
+                         results)
+
+    monkeypatch.setattr(truth_mod, "record_run", fake_record)
+    truth_mod.run_truth(cast(LabEndpoints, None), scenario, 3, tmp_path)  # the lab is record_run's alone
+    truth = with_run_values(json.loads((tmp_path / "truth.json").read_text()), tmp_path)
+    assert all(r["recording"] is None and set(r["values"]) == {"a", "b"} for r in truth["runs"])
+    assert truth["shorts"]["a"]["conditions"]["w1"]["ttft_s"]["mean"] == pytest.approx(0.42)
+    share = whale_truths(truth, "ttft_s", {}, 1, truth["shorts"])["w1"]
+    assert share.net_s == pytest.approx(0.6) and share.se_s == pytest.approx(math.sqrt(2 * 0.04**2 / 3))
