@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import math
 import statistics
 import tempfile
 from collections import Counter
@@ -37,7 +36,7 @@ from attrib_agent.attribution.forecast import ArrivalLoad, Candidate, Forecast, 
 from attrib_agent.attribution.forecast_state import engine_state, forecast_cost
 from attrib_agent.config.load import AgentConfig
 from attrib_agent.events import RequestReceived
-from attrib_agent.lab.score import RESOLVED_SE, SLOWED_RATIO, spec_ids
+from attrib_agent.lab.score import RESOLVED_SE, SLOWED_RATIO, effect_se, is_resolved, spec_ids, with_run_values
 from attrib_agent.lab.server import LabError
 from attrib_agent.lab.workload import LILO, LISO, RAG, RAG_PREFIXES, SILO, SISO
 from attrib_agent.pipeline import AttributionPipeline
@@ -58,15 +57,17 @@ class WhaleCase:
     context: tuple[str, ...]  # whales present before it
     true_harm_s: float
     true_slowed_2x: bool  # some short's TTFT at least doubled
-    true_resolved_2x: bool = False  # ... and that short's with-minus-without is >= RESOLVED_SE standard errors
+    true_resolved_2x: bool = False  # ... and that short's with-minus-without is resolved (`is_resolved`)
     done_before: int = 0  # shorts left out: their first token came before the whale was sent, in every rep
     done_before_s: float = 0.0  # ... and what the truth's with/without difference gave them (run-to-run noise)
-    true_se_s: float = 0.0  # standard error of true_harm_s: reps and shorts independent, as tests' truth_spread
+    true_se_s: float = 0.0  # standard error of the net harm: from the runs' sums over the same shorts (`effect_se`)
     forecast_s: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in LOADS})
     harmless: dict[str, list[bool]] = field(default_factory=lambda: {k: [] for k in LOADS})  # the verdicts
     # ... and whether the whale's prefill was priced beyond what the fit had seen (`Forecast.extrapolated`)
     extrapolated: dict[str, list[bool]] = field(default_factory=lambda: {k: [] for k in LOADS})
     fits: Counter[str] = field(default_factory=Counter)  # persisted: what became of each recording's saved fit
+    true_net_s: float = 0.0  # true_harm_s unclipped: the with-minus-without summed as it is, what `resolved` judges
+    victims: tuple[str, ...] = ()  # the shorts summed: those still without a first token when the whale was sent
 
     @property
     def truly_harmless(self) -> bool:
@@ -75,9 +76,9 @@ class WhaleCase:
 
     @property
     def resolved(self) -> bool:
-        """Whether the truth tells this harm from none (>= RESOLVED_SE standard errors): a relative error against
-        an unresolved harm scores the truth's run-to-run noise as much as the forecast."""
-        return self.true_harm_s >= RESOLVED_SE * self.true_se_s
+        """Whether the truth tells this harm from none (`is_resolved`, the net harm, as `lab score` judges a share):
+        a relative error against an unresolved harm scores the truth's run-to-run noise as much as the forecast."""
+        return is_resolved(self.true_net_s, self.true_se_s)
 
     def mean(self, load: str) -> float | None:
         xs = self.forecast_s[load]
@@ -98,7 +99,7 @@ def whale_cases(truth_dir: Path) -> tuple[dict[str, Any], list[WhaleCase]]:
     path = truth_dir / "truth.json"
     if not path.is_file():
         raise LabError(f"{truth_dir}: no truth.json")
-    truth = json.loads(path.read_text())
+    truth = with_run_values(json.loads(path.read_text()), truth_dir)
     whales: Mapping[str, Any] = truth["whales"]
     order = sorted(whales, key=lambda w: (whales[w]["offset_s"], w))
     cases = []
@@ -106,8 +107,9 @@ def whale_cases(truth_dir: Path) -> tuple[dict[str, Any], list[WhaleCase]]:
         prev = tuple(order[:i])
         with_, without = _label((*prev, w)), _label(prev)
         case = WhaleCase(truth_dir.name, w, prev, 0.0, False)
-        var = 0.0
-        for entry in truth["shorts"].values():
+        weights = {with_: 1.0, without: -1.0}
+        victims = []
+        for spec, entry in truth["shorts"].items():
             cond = entry["conditions"]
             if "ttft_s" not in cond.get(with_, {}) or "ttft_s" not in cond.get(without, {}):
                 continue
@@ -116,12 +118,14 @@ def whale_cases(truth_dir: Path) -> tuple[dict[str, Any], list[WhaleCase]]:
                 case.done_before += 1  # its first token preceded the whale in every rep: not the whale's doing
                 case.done_before_s += max(a - b, 0.0)
                 continue
+            victims.append(spec)
             case.true_harm_s += max(a - b, 0.0)
+            case.true_net_s += a - b
             case.true_slowed_2x |= a >= SLOWED_RATIO * b
-            v = sum(c["ttft_s"]["std"] ** 2 / c["ttft_s"]["n"] for c in (cond[with_], cond[without]))
-            case.true_resolved_2x |= a >= SLOWED_RATIO * b and a - b >= RESOLVED_SE * math.sqrt(v)
-            var += v
-        case.true_se_s = math.sqrt(var)
+            case.true_resolved_2x |= a >= SLOWED_RATIO * b and is_resolved(
+                a - b, effect_se(truth, weights, [spec], "ttft_s"))
+        case.true_se_s = effect_se(truth, weights, victims, "ttft_s")
+        case.victims = tuple(victims)
         cases.append(case)
     return truth, cases
 
@@ -320,7 +324,7 @@ def _summary_line(cases: list[WhaleCase], load: str, label: str) -> str:
     by = {f"{c.truth}/{c.whale}": c.harmless[load] for c in cases}
     missed = ", ".join(f"{k} ({sum(by[k])} of {len(by[k])} recordings)" for k in s["called_harmless_but_2x"]) or "none"
     return (f"{label}: median |error| {err} ({res} over the {s['resolved_whales']} whose truth is resolved, "
-            f"harm >= {RESOLVED_SE:g} standard errors), rank correlation {rho} over {s['whales']} whales; "
+            f"net harm >= {RESOLVED_SE:g} standard errors), rank correlation {rho} over {s['whales']} whales; "
             f"called harmless though a short slowed >= 2x: {missed} (resolved 2x: "
             f"{', '.join(s['called_harmless_but_resolved_2x']) or 'none'}); truly harmless called harmless: "
             f"{len(s['truly_harmless_called_harmless'])} of {len(s['truly_harmless'])} "
@@ -368,7 +372,8 @@ def report_command(truth_dirs: list[Path], *, warm: bool, as_json: bool, self_fi
     if kept is not None:
         doc["persisted_summaries"] = [summary(kept, k) for k in LOADS]
     doc["whales"] = [{"truth": c.truth, "whale": c.whale, "context": list(c.context),
-                      "true_harm_s": c.true_harm_s, "true_se_s": c.true_se_s, "resolved": c.resolved,
+                      "true_harm_s": c.true_harm_s, "true_net_s": c.true_net_s, "true_se_s": c.true_se_s,
+                      "resolved": c.resolved,
                       "true_slowed_2x": c.true_slowed_2x, "true_resolved_2x": c.true_resolved_2x,
                       "forecast_s": c.forecast_s, "harmless": c.harmless, "extrapolated": c.extrapolated}
                      | ({"persisted_forecast_s": kept[i].forecast_s, "persisted_harmless": kept[i].harmless,

@@ -29,6 +29,13 @@ NULL_BLAME_S = 0.050  # in a null run, blaming more than this on anyone is a fal
 RESOLVED_SE = 2.0  # a true share is resolved when it is at least this many of its standard errors from zero
 
 
+def is_resolved(net_s: float, se_s: float) -> bool:
+    """The one rule both scorers judge a truth by: it tells a whale's harm from none when the net (unclipped) effect
+    is above 0 and at least RESOLVED_SE of its standard errors (`effect_se`). Clipping each short at 0 before summing
+    is a bias: pure noise sums to a positive harm."""
+    return net_s > 0 and net_s >= RESOLVED_SE * se_s
+
+
 @dataclass(frozen=True)
 class WhaleTruth:
     """One whale's summed true Shapley share, its standard error and the agent's summed blame (seconds).
@@ -45,8 +52,8 @@ class WhaleTruth:
 
     @property
     def resolved(self) -> bool:
-        """Whether the truth tells a harm from none: its net share at least RESOLVED_SE standard errors above 0."""
-        return self.net_s >= RESOLVED_SE * self.se_s
+        """Whether the truth tells a harm from none (`is_resolved` on the net share)."""
+        return is_resolved(self.net_s, self.se_s)
 
     @property
     def within_noise(self) -> bool:
@@ -142,7 +149,7 @@ def score_truth(truth_dir: Path, name: str, blamer: Blamer, itl_blamer: Blamer |
     truth_path = truth_dir / "truth.json"
     if not truth_path.is_file():
         raise LabError(f"{truth_dir}: no truth.json")
-    truth = json.loads(truth_path.read_text())
+    truth = with_run_values(json.loads(truth_path.read_text()), truth_dir)
     runs = [r for r in truth["runs"] if r.get("accepted") and r.get("recording")]
     if not runs:
         raise LabError(f"{truth_dir}: truth has no kept recordings; make it with `lab truth --keep-recordings`")
@@ -201,37 +208,78 @@ def shapley_weights(whales: tuple[str, ...]) -> dict[str, dict[str, float]]:
     return {condition_label(s): shapley_values(whales, only(s)) for s in all_subsets(whales)}
 
 
+@functools.lru_cache(maxsize=32)
+def _recorded_values(truth_dir: Path) -> dict[str, dict[str, dict[str, float]]]:
+    """By recording (as truth.json names it): each short's figures in that run (spec -> metric -> value), from the
+    lab client's records, as `lab truth` measured them. Numbers only: no prompt text is kept. Once per truth dir."""
+    from attrib_agent.lab.truth import run_figures
+
+    truth = json.loads((truth_dir / "truth.json").read_text())
+    return {run["recording"]: run_figures(Recording(truth_dir / run["recording"]).records(CLIENT))
+            for run in truth["runs"]
+            if run.get("accepted") and run.get("recording") and (truth_dir / run["recording"]).is_dir()}
+
+
+def with_run_values(truth: Mapping[str, Any], truth_dir: Path) -> dict[str, Any]:
+    """The truth with each accepted run's per-short figures ("values": spec -> metric -> value), read from its kept
+    recording where truth.json does not give them: what `effect_se` needs to see how the shorts of a run move."""
+    recorded = _recorded_values(truth_dir.resolve())
+    runs = [r if "values" in r or r.get("recording") not in recorded else r | {"values": recorded[r["recording"]]}
+            for r in truth["runs"]]
+    return dict(truth) | {"runs": runs}
+
+
+def effect_se(truth: Mapping[str, Any], weights: Mapping[str, float], specs: Iterable[str], metric: str) -> float:
+    """The standard error of an effect summed over `specs`: sum over conditions of weights[label] x the summed
+    condition means (a Shapley share, or with minus without). Each run's sum over the shorts is one sample: its
+    variance across the condition's reps (shorts of one run move together, a loaded host slows them all, so their
+    covariance counts) over the reps, times the weight squared, summed over the conditions (runs independent). A
+    short without the figure in a run counts at its condition mean. Needs per-run values (`with_run_values`)."""
+    specs = list(specs)
+    var = 0.0
+    for label, weight in weights.items():
+        runs = [r for r in truth["runs"] if r.get("accepted") and r["condition"] == label]
+        if weight == 0 or not specs or not runs:
+            continue
+        means = {s: truth["shorts"][s]["conditions"][label][metric]["mean"] for s in specs}
+        sums = []
+        for run in runs:
+            if "values" not in run:
+                raise LabError(f"run {label} rep {run.get('rep')}: no per-short values and no kept recording; "
+                               "the truth's standard error needs them")
+            sums.append(sum(run["values"].get(s, {}).get(metric, means[s]) for s in specs))
+        if len(sums) > 1:
+            var += weight**2 * statistics.variance(sums) / len(sums)
+    return math.sqrt(var)
+
+
 def short_shapley_se(truth: Mapping[str, Any], spec: str, metric: str = "ttft_s") -> dict[str, float]:
-    """Per whale, the standard error of its Shapley share of one short's `metric`: each condition's variance of the
-    mean (std**2 / n, reps independent) times the square of that condition's weight, summed."""
-    whales = tuple(sorted(truth["whales"]))
-    cond = truth["shorts"][spec]["conditions"]
-    var = dict.fromkeys(whales, 0.0)
-    for label, per_whale in shapley_weights(whales).items():
-        t = cond[label][metric]
-        for w in whales:
-            var[w] += per_whale[w] ** 2 * t["std"] ** 2 / t["n"]
-    return {w: math.sqrt(v) for w, v in var.items()}
+    """Per whale, the standard error of its Shapley share of one short's `metric` (`effect_se` of that short)."""
+    weights = shapley_weights(tuple(sorted(truth["whales"])))
+    return {w: effect_se(truth, {c: per[w] for c, per in weights.items()}, [spec], metric) for w in truth["whales"]}
 
 
 def whale_truths(truth: Mapping[str, Any], metric: str, blamed: Mapping[str, Mapping[str, float]], reps: int,
                  specs: Iterable[str]) -> dict[str, WhaleTruth]:
     """Per whale, its true Shapley share of `metric` summed over `specs`, clipped and net (`WhaleTruth`), the net
-    sum's standard error (shorts independent) and the blame summed over the same shorts (blamed[short][whale],
-    summed over `reps` runs). For ITL, a mid-stream stall (a preemption) or decoding beside a prefill shows."""
+    sum's standard error (`effect_se`: from the runs' sums, shorts of a run correlated) and the blame summed over
+    the same shorts (blamed[short][whale], summed over `reps` runs). For ITL, a mid-stream stall (a preemption) or
+    decoding beside a prefill shows."""
     whales = sorted(truth["whales"])
-    true, net, var, got = (dict.fromkeys(whales, 0.0) for _ in range(4))
+    weights = shapley_weights(tuple(whales))
+    true, net, got = (dict.fromkeys(whales, 0.0) for _ in range(3))
+    kept = []
     for spec in specs:
         shap: Mapping[str, float] = truth["shorts"][spec]["shapley"].get(metric, {})
         if not shap:
             continue
-        se = short_shapley_se(truth, spec, metric)
+        kept.append(spec)
         for w in whales:
             true[w] += max(0.0, shap.get(w, 0.0))
             net[w] += shap.get(w, 0.0)
-            var[w] += se[w] ** 2
             got[w] += blamed.get(spec, {}).get(w, 0.0) / reps
-    return {w: WhaleTruth(true[w], net[w], math.sqrt(var[w]), got[w]) for w in whales}
+    return {w: WhaleTruth(true[w], net[w], effect_se(truth, {c: per[w] for c, per in weights.items()}, kept, metric),
+                          got[w]) for w in whales}
 
 
 def _rel_errors(whales: Mapping[str, WhaleTruth]) -> dict[str, float]:

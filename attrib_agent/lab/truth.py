@@ -11,7 +11,7 @@ import json
 import shutil
 import statistics
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -24,6 +24,12 @@ from attrib_agent.lab.workload import Scenario
 TRUTH_FORMAT: Final = "attrib-truth"
 TRUTH_VERSION: Final = 1
 METRICS: Final[dict[str, Callable[[Mapping[str, Any]], float | None]]] = {"ttft_s": ttft_s, "mean_itl_s": mean_itl_s}
+
+
+def run_figures(results: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each short's figures in one run (spec id -> metric -> value; numbers only, no prompt text): a summed effect's
+    standard error needs the runs' sums, whose shorts move together (lab/score.py `effect_se`)."""
+    return {r["spec_id"]: {m: v for m, fn in METRICS.items() if (v := fn(r)) is not None} for r in shorts(results)}
 
 
 def condition_label(subset: frozenset[str]) -> str:
@@ -112,11 +118,12 @@ def run_truth(
                     runs.append({"condition": label, "rep": rep, "accepted": False, "reason": str(e)})
                     continue
                 g = group_latency(shorts(res.results))
+                values = run_figures(res.results)
                 runs.append({
                     "condition": label, "rep": rep, "accepted": True, "run_tag": res.meta["run_tag"],
                     "lateness_s": res.meta["client_lateness"]["lateness_s"], "preemptions": res.meta["preemptions"],
                     "shorts_ttft_p50_s": g.ttft_p50_s, "shorts_itl_mean_s": g.itl_mean_s,
-                    "recording": str(rec_dir.relative_to(out)) if keep_recordings else None,
+                    "recording": str(rec_dir.relative_to(out)) if keep_recordings else None, "values": values,
                 })
                 for r in shorts(res.results):
                     for metric, fn in METRICS.items():

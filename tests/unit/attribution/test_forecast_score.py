@@ -1,9 +1,10 @@
-"""The forecast against the committed counterfactual truths (`attrib-agent lab forecast-score`): today's figures
-held. The forecast is deterministic, so the margins are for changes to the model, sized by the truth's own
-resolution: the standard error of a whale's summed true harm (over the shorts, 3 reps per condition) is 37 % of it
-for preempt/w2, 10 % for whale2/w2, 3 % for preempt/w3, and 97 % and 198 % for whale2/w1 and preempt/w1, which are
-truly harmless (preempt re-recorded with the mended capture, truth11; whale2 with the ordered client on a quiet
-host, truth13; before: 30-37 % for whale2's two and preempt/w2)."""
+"""The forecast against the committed counterfactual truths (`attrib-agent lab forecast-score`): today's figures held.
+The forecast is deterministic, so the margins are for changes to the model, sized by the truth's own resolution: the
+standard error of a whale's summed true harm (over the shorts, 3 reps per condition; since truthse17 from the spread of
+the runs' sums, which counts the shorts of a run moving together) is 62 % of it for preempt/w2, 12 % for whale2/w2, 10 %
+for preempt/w3, and 140 % and 500 % for whale2/w1 and preempt/w1, which are truly harmless (37 %, 10 %, 3 %, 97 % and
+198 % with the shorts taken as independent) (preempt re-recorded with the mended capture, truth11; whale2 with the
+ordered client on a quiet host, truth13; before: 30-37 % for whale2's two and preempt/w2)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,9 @@ def test_declared_load_figures_hold() -> None:
     # 28.84 until decl15: preempt/w2's r0 state is read after w1 reached an idle engine, whose first chunk was
     # then under way (`forecast_sim.busy_since`): its forecast 0.99 -> 0.98 s
     assert math.isclose(s["median_rel_error"], 28.43, abs_tol=0.01)  # truth13; 0.57 on whale2's first recording
-    assert math.isclose(s["median_rel_error_resolved"], 0.62, abs_tol=0.01)  # truth13
+    # truthse17: the SE from the runs' sums (shorts of a run move together) leaves preempt/w2 unresolved (net 0.023
+    # +/- 0.021 s): the median of preempt/w3's 27 % and whale2/w2's 62 %
+    assert math.isclose(s["median_rel_error_resolved"], 0.45, abs_tol=0.01)  # truthse17; 0.62 (truth13)
     by = {f"{c.truth}/{c.whale}": c for c in cases()}
     assert by["whale2/w2"].forecast_s["declared"][:2] == pytest.approx([0.054, 0.085], abs=0.005)  # 0.701, 1.540
     # measured 0.40 (5 whales: steps of 0.1): whale2/w2, second by true harm, is forecast last; 0.70 before truth13
@@ -72,22 +75,25 @@ def test_the_big_whale_is_ranked_first_and_the_report_prints_every_whale() -> No
 
 
 def test_the_median_over_resolved_truths_leaves_out_harms_the_truth_cannot_tell_from_none() -> None:
-    """A true harm is resolved when it is at least two of its standard errors (shorts and reps independent, the
-    spread of each condition's 3 reps) from zero: preempt/w1 (0.006 +/- 0.012 s) is not; a relative error against
-    it scores the truth's run-to-run noise as much as the forecast. preempt/w2 (0.033 +/- 0.012 s: s000, sent 0.25 s
-    after it, waits behind w1's and w2's prefills, 8.6 -> 30.4 ms) is, since truth11 re-recorded preempt with the
-    mended capture; before, both were unresolved (0.24 +/- 0.16 and 0.13 +/- 0.19 s of frozen-log-pipe waits)."""
+    """A true harm is resolved when its net (unclipped) sum is at least two of its standard errors from zero
+    (`score.is_resolved`, `lab score`'s rule), the standard error from the spread of the runs' sums over the same
+    shorts (the shorts of one run move together; truthse17): preempt/w1 (net -0.031 +/- 0.029 s) is not; a relative
+    error against it scores the truth's run-to-run noise as much as the forecast. preempt/w2 (net 0.023 +/- 0.021 s,
+    clipped 0.033: s000, sent 0.25 s after it, waits behind w1's and w2's prefills, 8.6 -> 30.4 ms, the rest is
+    noise) is not either since truthse17 (0.033 +/- 0.012 s with the shorts independent and clipped: resolved); its
+    s000 2x still is (`true_resolved_2x`)."""
     by = {f"{c.truth}/{c.whale}": c for c in cases()}
-    assert by["preempt/w3"].true_se_s == pytest.approx(0.34, abs=0.01) and by["preempt/w3"].resolved  # 0.69 before
-    assert by["preempt/w2"].true_se_s == pytest.approx(0.012, abs=0.001) and by["preempt/w2"].resolved  # 0.19, no
-    # whale2 re-recorded (truth13): w1 0.010 +/- 0.010 s is no longer resolved (0.52 +/- 0.19 s before), w2 is
-    # (0.160 +/- 0.016 s, 0.69 +/- 0.20 s before)
+    assert by["preempt/w3"].true_se_s == pytest.approx(1.06, abs=0.01) and by["preempt/w3"].resolved  # 0.34 indep.
+    assert by["preempt/w2"].true_se_s == pytest.approx(0.021, abs=0.001) and not by["preempt/w2"].resolved  # 0.012
+    assert by["preempt/w2"].true_net_s == pytest.approx(0.023, abs=0.001) and by["preempt/w2"].true_resolved_2x
+    # whale2 re-recorded (truth13): w1 -0.008 +/- 0.014 s net is not resolved (0.52 +/- 0.19 s before), w2 is
+    # (0.160 +/- 0.019 s; 0.016 with the shorts independent)
     assert not by["preempt/w1"].resolved and not by["whale2/w1"].resolved and by["whale2/w2"].resolved
-    assert by["whale2/w2"].true_se_s == pytest.approx(0.016, abs=0.001)
+    assert by["whale2/w2"].true_se_s == pytest.approx(0.019, abs=0.001)
     s = summary(cases(), "declared")
     resolved = sorted(abs(c.mean("declared") - c.true_harm_s) / c.true_harm_s  # type: ignore[operator]
                       for c in cases() if c.resolved)
-    assert s["resolved_whales"] == 3 and s["median_rel_error_resolved"] == resolved[1]
+    assert s["resolved_whales"] == 2 and s["median_rel_error_resolved"] == pytest.approx(sum(resolved) / 2)
     assert "whose truth is resolved" in format_report(cases())
 
 
@@ -105,9 +111,9 @@ def test_a_2x_is_resolved_only_when_that_shorts_difference_is_and_specificity_co
     # whale2 re-recorded (truth13): w1 slows no short 2x (truly harmless), w2 beside w1 slows s002 (15 -> 99 ms, mean
     # of 3 reps)
     assert by["whale2/w1"].truly_harmless and by["whale2/w2"].true_resolved_2x
-    quiet = WhaleCase("t", "q", (), 0.01, False, true_se_s=0.02)  # no short 2x, harm within its noise
-    stall = WhaleCase("t", "s", (), 0.3, True, true_se_s=0.2)  # 2x, but not resolved
-    sure = WhaleCase("t", "w", (), 5.0, True, True, true_se_s=0.5)  # 2x, resolved
+    quiet = WhaleCase("t", "q", (), 0.01, False, true_se_s=0.02, true_net_s=0.01)  # no short 2x, within its noise
+    stall = WhaleCase("t", "s", (), 0.3, True, true_se_s=0.2, true_net_s=0.3)  # 2x, but not resolved
+    sure = WhaleCase("t", "w", (), 5.0, True, True, true_se_s=0.5, true_net_s=5.0)  # 2x, resolved
     for c, verdicts in ((quiet, [True, True]), (stall, [True, False]), (sure, [False, True])):
         c.forecast_s["declared"], c.harmless["declared"] = [0.01, 0.02], verdicts
     s = summary([quiet, stall, sure], "declared")

@@ -117,8 +117,9 @@ def test_a_fit_kept_from_a_run_without_long_prompts_prices_the_held_out_whales_p
 
 
 def test_the_held_out_forecast_figures_as_measured() -> None:
-    """Declared load, kept fit, over the five held-out whales (three resolved: whale1/w1, mixed/w1, kvpair/w2):
-    median error 50 % over the four with a true harm (23 % over the resolved; the tuned truths' 28 % / 23 %);
+    """Declared load, kept fit, over the five held-out whales (two resolved: whale1/w1, kvpair/w2; mixed/w1 too
+    until truthse17 judged the net harm by the runs' spread, 0.143 +/- 0.126 s): median error 50 % over the four with
+    a true harm (18 % over the resolved, 23 % with mixed/w1; the tuned truths' 28 % / 23 %);
     before price11's prior shape 82 % (82 %): whale1/w1 212 % -> 11 %, mixed/w1 82 % -> 77 %.
     mixed/w1 is called harmless in 1 of 3 recordings (r0: its 2 chunks priced 79 ms against the 152 ms they took, by
     a fit kept from a run whose longest chunk was 1,024 tokens, so the prefill ends before the first short arrives)
@@ -129,9 +130,9 @@ def test_the_held_out_forecast_figures_as_measured() -> None:
     (true harm 0), so the 2 of 3 recordings that call it harmless are right, though not every one: mixed/w2, also
     truly harmless, is called harmless in every recording, kvpair/w1 not in r0 (priced beyond the evidence)."""
     s = summary(kept(), "declared")
-    assert s["whales"] == 5 and s["resolved_whales"] == 3
+    assert s["whales"] == 5 and s["resolved_whales"] == 2  # truthse17; 3 before
     assert math.isclose(s["median_rel_error"], 0.50, abs_tol=0.01)  # price11; truth10 0.82, truth8's kvpair 0.81
-    assert math.isclose(s["median_rel_error_resolved"], 0.23, abs_tol=0.01)  # price11; was 0.82
+    assert math.isclose(s["median_rel_error_resolved"], 0.18, abs_tol=0.01)  # truthse17; 0.23 (price11), 0.82 before
     assert s["called_harmless_but_resolved_2x"] == []  # fit9; was ["mixed/w1"]
     assert s["called_harmless_but_2x"] == []  # truth10; was ["kvpair/w1"] (a frozen log pipe), before fit9 mixed/w1 too
     assert s["truly_harmless"] == ["mixed/w2", "kvpair/w1"]  # truth10: kvpair/w1 was 0.40 s of frontend waits
@@ -188,15 +189,15 @@ def test_whale2_b4096s_forecast_as_measured_and_no_call_of_harmless() -> None:
 
 
 def test_the_seven_held_out_whales_forecast_figures_as_measured() -> None:
-    """Declared load, kept fit, over the seven held-out whales (whale1, mixed, kvpair, whale2-b4096; six with a
-    true harm, four resolved): median error 50 % (19 % over the resolved; the twelve tuned whales' 34 % / 28 %);
-    before truth13 re-recorded whale2-b4096 63 % (36 %), before fcast12 75 % (48 %). Called harmless though a short
-    slowed 2x: none (whale2-b4096/w1 in 1 of 3 recordings before truth13; now truly harmless, never called
-    harmless)."""
+    """Declared load, kept fit, over the seven held-out whales (whale1, mixed, kvpair, whale2-b4096; six with a true
+    harm, three resolved since truthse17, four before): median error 50 % (16 % over the resolved, 19 % before; the
+    twelve tuned whales' 34 % / 28 %); before truth13 re-recorded whale2-b4096 63 % (36 %), before fcast12 75 % (48 %).
+    Called harmless though a short slowed 2x: none (whale2-b4096/w1 in 1 of 3 recordings before truth13; now truly
+    harmless, never called harmless)."""
     s = summary([*kept(), *b4096(True).values()], "declared")
-    assert s["whales"] == 7 and s["resolved_whales"] == 4
+    assert s["whales"] == 7 and s["resolved_whales"] == 3  # truthse17 (mixed/w1 unresolved); 4 before
     assert math.isclose(s["median_rel_error"], 0.50, abs_tol=0.01)  # truth13; 0.63 (fcast12), 0.75 before
-    assert math.isclose(s["median_rel_error_resolved"], 0.19, abs_tol=0.01)  # truth13; 0.36 (fcast12), 0.48 before
+    assert math.isclose(s["median_rel_error_resolved"], 0.16, abs_tol=0.01)  # truthse17; 0.19 (truth13), 0.36, 0.48
     assert s["called_harmless_but_2x"] == []  # truth13; ["whale2-b4096/w1"] before
     assert s["called_harmless_but_resolved_2x"] == []
     assert s["truly_harmless"] == ["mixed/w2", "kvpair/w1", "whale2-b4096/w1"]  # truth13
@@ -271,7 +272,8 @@ def test_continuous_b1024_is_attributed_as_measured_nobody_blamed() -> None:
 
 
 def test_continuous_b1024s_forecast_as_measured() -> None:
-    """w1 (3,900 tokens at 15 s): true harm 0.035 s, resolved (>= 2 standard errors) but no short slowed 2x, under
+    """w1 (3,900 tokens at 15 s): true harm 0.035 s clipped, net 0.027 +/- 0.023 s: unresolved since truthse17 (the
+    clipped harm was >= 2 standard errors with the shorts independent), so truly harmless; no short slowed 2x, under
     `harmless_s` (50 ms). Declared kept forecasts 2.3 / 1.7 / 1.5 ms (-95 %); learnt kept 11 / 6 / 13 ms, never
     harmless. Until decl15 every one was priced beyond the fit's evidence (2.3 / 0.3 / 0.8 ms), so never harmless:
     the kept fits had read w1's last chunk (828 tokens over 3,072 of context) in the run before and forgotten it,
@@ -281,7 +283,8 @@ def test_continuous_b1024s_forecast_as_measured() -> None:
     cold (0 / 0 / 8.3 ms), never by the learnt load (3-9 ms)."""
     kept_, cold = b1024(True), b1024(False)
     w1, w2 = kept_["w1"], kept_["w2"]
-    assert math.isclose(w1.true_harm_s, 0.035, abs_tol=0.001) and w1.resolved and not w1.true_slowed_2x
+    assert math.isclose(w1.true_harm_s, 0.035, abs_tol=0.001) and not w1.resolved and not w1.true_slowed_2x
+    assert w1.truly_harmless  # truthse17
     assert w2.true_harm_s == 0.0 and w2.truly_harmless
     for case, want in ((w1, (0.0023, 0.0017, 0.0015)), (w2, (0.0, 0.0, 0.0083))):
         assert all(math.isclose(a, b, abs_tol=0.0005) for a, b in zip(case.forecast_s["declared"], want, strict=True))
@@ -292,18 +295,20 @@ def test_continuous_b1024s_forecast_as_measured() -> None:
 
 
 def test_the_nine_held_out_whales_forecast_figures_as_measured() -> None:
-    """Declared load, kept fit, over the nine held-out whales (seven with a true harm, five resolved): median error
-    77 % (23 % over the resolved), against the seven before continuous-b1024 joined, 50 % (19 %): its w1 (-97 %) is
-    the resolved held-out whale priced furthest below its harm (mixed/w1 -77 %). Called harmless though a short
-    slowed 2x: none; truly harmless called harmless in every recording: mixed/w2 and continuous-b1024/w2, 2 of 4.
-    Learnt load, kept fit: 74 % (74 %), never harmless when a short slowed 2x (60 % (60 %) before the twelfth
-    session's prompt classes and (n - 1) / span rate: kvpair/w2 -55 % -> +76 %, docs/forecast.md)."""
+    """Declared load, kept fit, over the nine held-out whales (seven with a true harm, three resolved since truthse17,
+    five before): median error 77 % (16 % over the resolved; 23 % before), against the seven before continuous-b1024
+    joined, 50 % (19 %): its w1 (-97 %) is the resolved held-out whale priced furthest below its harm (mixed/w1 -77 %).
+    Called harmless though a short slowed 2x: none; truly harmless called harmless in every recording: mixed/w2 and
+    continuous-b1024/w2, 2 of 5 (continuous-b1024/w1 joined them with truthse17: called harmless in 2 of 3). Learnt
+    load, kept fit: 74 % (58 % over the resolved, 74 % before truthse17), never harmless when a short slowed 2x (60 %
+    (60 %) before the twelfth session's prompt classes and (n - 1) / span rate: kvpair/w2 -55 % -> +76 %,
+    docs/forecast.md)."""
     s = summary([*kept(), *b4096(True).values(), *b1024(True).values()], "declared")
-    assert s["whales"] == 9 and s["resolved_whales"] == 5
+    assert s["whales"] == 9 and s["resolved_whales"] == 3  # truthse17; 5 before
     assert math.isclose(s["median_rel_error"], 0.77, abs_tol=0.01)
-    assert math.isclose(s["median_rel_error_resolved"], 0.23, abs_tol=0.01)
+    assert math.isclose(s["median_rel_error_resolved"], 0.16, abs_tol=0.01)  # truthse17; 0.23 before
     assert s["called_harmless_but_2x"] == [] and s["called_harmless_but_resolved_2x"] == []
     assert s["truly_harmless_called_harmless"] == ["mixed/w2", "continuous-b1024/w2"]
     learnt = summary([*kept(), *b4096(True).values(), *b1024(True).values()], "learnt")
     assert math.isclose(learnt["median_rel_error"], 0.74, abs_tol=0.01) and learnt["called_harmless_but_2x"] == []
-    assert math.isclose(learnt["median_rel_error_resolved"], 0.74, abs_tol=0.01)
+    assert math.isclose(learnt["median_rel_error_resolved"], 0.58, abs_tol=0.01)  # truthse17; 0.74 before

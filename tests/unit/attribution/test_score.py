@@ -145,8 +145,9 @@ def test_a_three_way_interaction_is_split_within_the_goal(fixtures_dir):
     the mended capture (1 MiB log pipe): the first recording measured 19 % (37 % before the factual world was
     observed rather than re-simulated), because 32 of its 480 shorts waited 0.1-1.06 s before vLLM received them,
     behind vLLM's full 64 KiB log pipe, a delay counted as harm by the truth but invisible to the engine. Today's
-    0.4 % plus the truth's margin (one standard error, 3.3 % of each whale's total from the spread of its 3 reps,
-    ~3 % carried into the error) is the bound, stricter than the goal. Better than the naive overlap split, with no
+    0.4 % plus the truth's margin (one standard error, 10 % of each whale's total from the spread of its 3 reps'
+    sums over the shorts, which move together; 3.3 % with the shorts taken as independent) is the bound, stricter
+    than the goal. Better than the naive overlap split, with no
     false alarm in null runs. Top-1 is not scored: the three whales are identical and on every one of the 11
     slowed shorts (17 in the first recording) the true top two are within two standard errors."""
     truth_dir = fixtures_dir / "truth" / "preempt"
@@ -155,7 +156,7 @@ def test_a_three_way_interaction_is_split_within_the_goal(fixtures_dir):
     assert set(engine.whale_rel_errors) == {"w1", "w2", "w3"} and engine.top1_total == 11
     assert engine.median_whale_error is not None and naive.median_whale_error is not None
     margin = error_margin(engine, truth_dir)
-    assert 0.02 <= margin <= 0.05  # the truth's spread itself: if it changes, so must this test's reasoning
+    assert 0.08 <= margin <= 0.12  # the truth's spread itself: if it changes, so must this test's reasoning
     assert engine.median_whale_error <= error_bound(0.004, margin) < GOAL_WHALE_ERROR
     assert engine.median_whale_error < naive.median_whale_error
     assert truth_spread.ambiguous_top1(truth_spread.load(truth_dir)) == engine.top1_total
@@ -192,7 +193,8 @@ def test_a_decoy_gets_none_of_the_whales_blame(fixtures_dir):
     truth = truth_spread.load(truth_dir)
     assert set(truth["whales"]) == {"w1", "d1"} and engine.top1_total == 20
     totals = truth_spread.whale_totals(truth)
-    assert totals["d1"][0] <= totals["d1"][1] < 0.1 * totals["w1"][0]  # the decoy's truth: within its noise of 0
+    # The decoy's truth: within its noise of 0 (one SE, 15.7 s from the runs' sums), the whale's 3.1 SE from it.
+    assert totals["d1"][0] <= totals["d1"][1] < 0.35 * totals["w1"][0]
     all_runs = [r for r in truth["runs"] if r["accepted"] and r["condition"] == truth["conditions"][-1]]
     blamed = {"w1": 0.0, "d1": 0.0}
     for run in all_runs:

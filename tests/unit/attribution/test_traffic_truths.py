@@ -44,7 +44,8 @@ def test_shared_prefix_truth_meets_the_goals(fixtures_dir: Path) -> None:
     assert engine.top1_total >= 15 and set(engine.whale_rel_errors) == {"w1"}
     assert engine.median_whale_error is not None and naive.median_whale_error is not None
     margin = error_margin(engine, truth_dir)
-    assert 0.08 <= margin <= 0.2  # the truth's own spread: if it changes, so must this test's reasoning
+    assert 0.4 <= margin <= 0.6  # the truth's own spread (the runs' sums; 0.14 shorts independent): if it changes,
+    # so must this test's reasoning
     assert engine.median_whale_error <= error_bound(0.04, margin)
     assert engine.median_whale_error < naive.median_whale_error
     assert engine.top1 is not None and engine.top1 >= GOAL_TOP1  # one whale: is it named first, before the crowd
@@ -57,7 +58,8 @@ def test_continuous_truth_holds_todays_figures_within_the_truths_spread(fixtures
     """`continuous`: 40 Poisson requests of seed 002's shapes at 1 req/s (~47 s, never idle) beside a 3,900/300 whale
     at 15 s and a 2,500/300 one at 27 s; 4 conditions x 3 reps while the machine's load average was 11-16. The
     goals are missed (docs/attribution.md): the whales' effect is small beside the truth's own noise. w1's true total
-    is 7.2 s with one standard error of 1.3 s (18 %), w2's 1.6 s with 1.3 s (81 %: noise), and 3 of the 6 shorts
+    is 7.2 s with one standard error of 3.0 s (41 %, from the runs' sums; 1.3 s with the shorts taken as independent),
+    w2's 1.6 s with 3.0 s (noise), and 3 of the 6 shorts
     slowed >= 2x have their true top two within two standard errors. Measured: w1 43 %, w2 99 % (blamed ~0),
     median 71 % (naive 88 %); top-1 4 of 6 (naive 3); null false alarms 2 of 120 (naive 36); the crowd 0.02 s per
     run beside the whales' 4.1 s. Bounds: today's figures plus the truth's margin, better than naive."""
@@ -66,7 +68,8 @@ def test_continuous_truth_holds_todays_figures_within_the_truths_spread(fixtures
     assert set(engine.whale_rel_errors) == {"w1", "w2"} and engine.top1_total == 6
     assert engine.median_whale_error is not None and naive.median_whale_error is not None
     w1_t, w1_se = truth_spread.whale_totals(truth_spread.load(truth_dir))["w1"]
-    assert 0.1 <= w1_se / w1_t <= 0.3  # the truth's own spread: if it changes, so must this test's reasoning
+    assert 0.35 <= w1_se / w1_t <= 0.45  # the truth's own spread (the runs' sums; 0.18 shorts independent): if it
+    # changes, so must this test's reasoning
     assert engine.whale_rel_errors["w1"] <= 0.43 + (1 + 0.43) * w1_se / w1_t
     assert engine.median_whale_error < naive.median_whale_error
     ambiguous = truth_spread.ambiguous_top1(truth_spread.load(truth_dir))
