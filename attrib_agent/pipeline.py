@@ -652,7 +652,9 @@ class AttributionPipeline:
     def _kv_uses(self) -> list[KvUse]:
         """The held requests' token counts in arrival order (unknown arrivals last), for the whale rule."""
         lcs = sorted(self.timeline.lifecycles(), key=lambda lc: (lc.arrival_ts is None, lc.arrival_ts or 0.0))
-        return [_kv_use(lc, self.timeline.cached_tokens(lc.request_id)) for lc in lcs]
+        tl = self.timeline
+        return [_kv_use(lc, tl.cached_tokens(lc.request_id),
+                        tl.prefilled_tokens(lc.request_id) if lc.prompt_tokens is None else 0) for lc in lcs]
 
     def span_of(self, request_id: str) -> tuple[str, str] | None:
         """(trace id, span id) of the request's `llm_request` span, if it landed: from its stored result, or
@@ -665,6 +667,9 @@ class AttributionPipeline:
         return ids
 
 
-def _kv_use(lc: RequestLifecycle, cached: int) -> KvUse:
+def _kv_use(lc: RequestLifecycle, cached: int, prefilled: int = 0) -> KvUse:
+    """`prefilled`: what vLLM computed so far of a prompt the steps have not seen end (its prefix hits are `cached`),
+    so a whale still prefilling weighs what it already holds (nu17: 32 of 88 blocks called no whale)."""
     out = lc.completion_tokens if lc.completion_tokens is not None else (lc.max_tokens or 0)
-    return KvUse(lc.request_id, lc.prompt_tokens or 0, out, cached)
+    prompt = lc.prompt_tokens if lc.prompt_tokens is not None else cached + prefilled
+    return KvUse(lc.request_id, prompt, out, cached)

@@ -13,14 +13,16 @@ head waited. Each culprit's truth label per step, in vLLM's terms (docs/attribut
 A culprit's blamed seconds in a phase (TTFT; ITL over the victim's gaps) agree as far as its causes' split overlaps
 the split of its truth labels (and, more leniently, all of them when the main cause of each side is the same).
 Preemption naming: a result names `preemption` when the victim stalled (`preempted_s`) or a culprit's seconds
-carry the cause; the truth is who the plugin saw preempted.
+carry the cause; the truth is who the plugin saw preempted. Both ways for `preemption` and `kv_pressure` (NAMED):
+per victim (a culprit's seconds carry the cause / some step labels it) and per (victim, culprit, phase) pair, so a
+victim blamed on KV pressure counts as right only where the plugin saw it wait for blocks those culprits held.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,32 @@ from attrib_agent.vllm_ids import external_id
 DECODE = "decode"  # the plugin's view of decode_batching and kv_bandwidth together
 _SAME = {Cause.DECODE_BATCHING.value: DECODE, Cause.KV_BANDWIDTH.value: DECODE}
 _Labels = dict[str, dict[str, dict[str, float]]]  # phase -> culprit -> cause -> seconds of step time
+NAMED = (Cause.PREEMPTION.value, Cause.KV_PRESSURE.value)  # the causes an operator acts on by name
+
+
+@dataclass
+class Naming:
+    """How often the attribution names one cause where vLLM's steps show it, and the other way round."""
+
+    named: int = 0
+    true: int = 0
+    hits: int = 0
+
+    def count(self, named: bool, true: bool) -> None:
+        self.named += named
+        self.true += true
+        self.hits += named and true
+
+    def add(self, other: Naming) -> None:
+        self.named, self.true, self.hits = self.named + other.named, self.true + other.true, self.hits + other.hits
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "precision": self.hits / self.named if self.named else None,
+                "recall": self.hits / self.true if self.true else None}
+
+
+def _namings() -> dict[str, Naming]:
+    return {c: Naming() for c in NAMED}
 
 
 @dataclass
@@ -44,6 +72,8 @@ class CauseAgreement:
     preempted_true: int = 0  # victims (with a result) the plugin saw preempted
     preempted_named: int = 0  # results naming `preemption`
     preempted_hits: int = 0
+    victims: dict[str, Naming] = field(default_factory=_namings)  # per victim, by cause in NAMED
+    pairs: dict[str, Naming] = field(default_factory=_namings)  # per (victim, culprit, phase), by cause in NAMED
 
     @property
     def share(self) -> float | None:
@@ -63,10 +93,16 @@ class CauseAgreement:
 
     def add(self, other: CauseAgreement) -> None:
         for k, v in asdict(other).items():
-            setattr(self, k, getattr(self, k) + v)
+            if isinstance(v, int | float):
+                setattr(self, k, getattr(self, k) + v)
+        for mine, theirs in ((self.victims, other.victims), (self.pairs, other.pairs)):
+            for c, n in theirs.items():
+                mine.setdefault(c, Naming()).add(n)
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "share": self.share, "dominant_share": self.dominant_share,
+                "victims": {c: n.as_dict() for c, n in self.victims.items()},
+                "pairs": {c: n.as_dict() for c, n in self.pairs.items()},
                 "preemption_precision": self.precision,
                 "preemption_recall": self.recall}
 
@@ -161,6 +197,25 @@ def agreement(results: Iterable[AttributionResult], lifecycles: Mapping[str, Req
         out.preempted_named += named
         out.preempted_hits += preempted and named
         gaps = itl_gaps(r.completion_tokens)
+        said: set[str] = {Cause.PREEMPTION.value} if named else set()
+        seen = {Cause.PREEMPTION.value} if preempted else set()
+        blamed = {(phase, c.request_id): causes for c in r.culprits
+                  for phase, seconds, causes in (("ttft", c.ttft_s, c.causes), ("itl", c.itl_s * gaps, c.itl_causes))
+                  if seconds > 0}
+        for phase, by in labels.items():
+            for culprit, truth_causes in by.items():
+                for cause in NAMED:
+                    t, n = truth_causes.get(cause, 0.0) > 0, blamed.get((phase, culprit), {}).get(cause, 0.0) > 0
+                    out.pairs[cause].count(n, t)
+                    seen |= {cause} if t else set()
+        for (phase, culprit), causes in blamed.items():
+            for cause in NAMED:
+                if causes.get(cause, 0.0) > 0:
+                    said.add(cause)
+                    if culprit not in labels[phase]:
+                        out.pairs[cause].count(True, False)  # named on a culprit the plugin never saw beside it
+        for cause in NAMED:
+            out.victims[cause].count(cause in said, cause in seen)
         for c in r.culprits:
             for phase, seconds, causes in (("ttft", c.ttft_s, c.causes), ("itl", c.itl_s * gaps, c.itl_causes)):
                 if seconds <= 0:

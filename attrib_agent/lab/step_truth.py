@@ -175,6 +175,15 @@ def format_step_scores(rows: Sequence[tuple[str, StepTruthScore]],
                          f" {c.unseen_s:>10.1f}"
                          f" {pct(c.precision):>13} {pct(c.recall):>10}"
                          f"  ({c.preempted_hits} of {c.preempted_named} named `preemption`, {c.preempted_true} true)")
+        lines.append(f"{'cause named vs vLLM':<30} {'cause':>11} {'victims P':>11} {'victims R':>13}"
+                     f" {'pairs P':>10} {'pairs R':>13}")
+        for name, c in causes.items():
+            for cause, v in c.victims.items():
+                p = c.pairs[cause]
+                lines.append(f"{name:<30} {cause:>11} {pct(v.as_dict()['precision']):>11}"
+                             f" {pct(v.as_dict()['recall']):>13} {pct(p.as_dict()['precision']):>10}"
+                             f" {pct(p.as_dict()['recall']):>13}  (victims {v.hits} of {v.named} named, {v.true} true;"
+                             f" (victim, culprit, phase) {p.hits} of {p.named} named, {p.true} true)")
         lines.append("goals: causes agree on >= 90 % of blamed seconds; preempted victims named with precision and"
                      " recall >= 90 %")
     return "\n".join(lines)

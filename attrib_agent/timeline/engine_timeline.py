@@ -359,6 +359,12 @@ class EngineTimeline:
         cached = departed.cached if departed is not None else track.cached if track is not None else None
         return cached or 0
 
+    def prefilled_tokens(self, request_id: str) -> int:
+        """Prompt tokens vLLM has computed for a request still prefilling, in its chunks so far (prefix hits not
+        counted): a floor on a prompt the steps have not seen end. 0 once it departed or when not tracked."""
+        track = self._inference.track(request_id)
+        return track.prefilled if track is not None else 0
+
     def received(self, now: float) -> list[RequestLifecycle]:
         """Requests vLLM logged `Received` for that have not entered the engine by `now` (no `Added` line yet):
         never queued here, but the engine will have them unless vLLM rejects them (`LifecycleBook.received`)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from attrib_agent.attribution.result import AttributionResult
-from attrib_agent.events import Event, RequestSpan
+from attrib_agent.events import EngineStep, Event, RequestSpan
 from attrib_agent.pipeline import AttributionPipeline, PipelineConfig
 from attrib_agent.sources.replay import ReplaySource
 
@@ -104,3 +104,22 @@ def test_status_and_kv_view():
 def test_config_is_validated():
     with pytest.raises(ValueError):
         PipelineConfig(settle_interval_s=0)
+
+
+def test_a_whale_still_prefilling_is_a_whale_by_the_blocks_it_holds():
+    """nu17's GuideLLM run (22 MiB pool: 88 blocks of 128; 512-token steps): a 4,386-token prompt took 9 chunks, and
+    while vLLM prefilled it the whale rule read its prompt as 0 (unknown until the prefill ends) and the page said
+    "0 whales" while it held up to 32 blocks, 36 % of the pool (nu16 saw 32 of 224). What it holds is a floor."""
+    p = AttributionPipeline()
+    whale = "cmpl-nu17wc0-0-0"
+    seen: list[tuple[int, bool]] = []
+    for ev in ReplaySource(RECORDINGS / "guidellm-whale-prefill").events():
+        p.feed(ev)
+        if isinstance(ev, EngineStep):
+            kv = p.kv_now()
+            held = kv.held.get(whale, 0)
+            assert kv.pool_blocks in (None, 88)  # known from the first scrape on
+            if kv.pool_blocks and held * 8 >= kv.pool_blocks:  # at least 1/8 of the pool: a whale whatever its prompt
+                seen.append((held, whale in kv.whales))
+    assert len(seen) >= 50 and max(h for h, _ in seen) >= 32
+    assert all(w for _, w in seen), [s for s in seen if not s[1]]

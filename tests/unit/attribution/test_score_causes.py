@@ -99,3 +99,35 @@ def test_on_shared_prefix_traffic_a_decoding_neighbour_is_labelled_by_what_it_co
     c = cause_truth.score_recording(fixtures_dir / "recordings" / "bench-prefix-steps")
     assert c is not None and c.blamed_s > 5
     assert c.share >= 0.87 and c.dominant_share >= 0.85
+
+
+def test_kv_pressure_and_preemption_named_are_counted_both_ways_per_victim_and_per_culprit():
+    """v waited for blocks w and u held; the agent names kv_pressure on w only, and names preemption nowhere: the
+    victim counts as a hit for kv_pressure (precision and recall 1), the pairs as one of two (recall 0.5); u's
+    seconds named `preemption` where vLLM preempted nobody count against the precision of both."""
+    lc = RequestLifecycle("v", arrival_ts=0.05, first_token_ts=0.25, finish_ts=0.45, completion_tokens=1)
+    wait = {"id": "v-0abc1234", "reason": "no_free_blocks"}
+    steps = [_step(0.1, {"w": 1, "u": 1}, {"w": 10, "u": 4}, head=wait),
+             _step(0.2, {"w": 1, "u": 1}, {"w": 10, "u": 4}, head=wait),
+             _step(0.22, {"w": 1, "v": 32}, {"w": 10, "v": 1}), _step(0.3, {"w": 1}, {"w": 10})]
+
+    def result(*culprits):
+        return AttributionResult(request_id="v", finished_ts=0.45, ttft_s=0.2, ttft_baseline_s=0.0,
+                                 ttft_slowdown_s=0.2, itl_s=None, itl_baseline_s=0.0, itl_slowdown_s=0.0,
+                                 culprits=culprits, unexplained_ttft_s=0.0, unexplained_itl_s=0.0,
+                                 no_interference=False, quality=1.0)
+
+    kv_w = Culprit("w", ttft_s=0.15, itl_s=0.0, share=0.75, causes={"kv_pressure": 0.1, "decode_batching": 0.05})
+    a = cause_truth.agreement([result(kv_w)], {"v": lc}, steps)
+    kv, pre = a.victims["kv_pressure"].as_dict(), a.victims["preemption"].as_dict()
+    assert (kv["named"], kv["true"], kv["hits"]) == (1, 1, 1) and (pre["named"], pre["true"]) == (0, 0)
+    pairs = a.pairs["kv_pressure"].as_dict()
+    assert (pairs["named"], pairs["true"], pairs["hits"], pairs["recall"]) == (1, 2, 1, 0.5)
+    wrong = cause_truth.agreement([result(kv_w, Culprit("u", ttft_s=0.05, itl_s=0.0, share=0.25,
+                                                        causes={"preemption": 0.05}))], {"v": lc}, steps)
+    assert wrong.victims["preemption"].as_dict()["precision"] == 0.0 == wrong.pairs["preemption"].as_dict()["precision"]
+    assert wrong.preempted_named == wrong.victims["preemption"].named == 1  # the victim-level count is the same
+    both = cause_truth.CauseAgreement()
+    both.add(a)
+    both.add(wrong)
+    assert both.victims["kv_pressure"].hits == 2 and both.pairs["preemption"].named == 1 and both.blamed_s > 0

@@ -208,3 +208,20 @@ def test_shared_prefix_blocks_are_drawn_once(tmp_path: Path) -> None:
     assert console == [] and 'data-state="drawn"' in dom
     assert dom.count('class="kv-shared"') == 1 and "shared prefix blocks (counted once)" in dom
     assert 'data-request-id="shared prefix"' not in dom  # the band is nobody's lane or area
+
+
+def test_a_cut_response_draws_from_its_first_step_not_from_the_lanes_before_it(tmp_path: Path, base_url: str) -> None:
+    """nu17's GuideLLM run (a step every 3-5 ms): the page's last 2 minutes came back as the newest 2,000 steps
+    (10 s), and the axis began at the arrival of the requests already decoding at the first of them, so the KV area
+    read 0 blocks for their first 1.9 s, which the response simply did not hold. A cut response's axis starts at
+    its first step (`since`); a request that arrived earlier is cut, as at a window's start."""
+    from attrib_agent.sinks.api.timeline import timeline_json
+
+    p = replayed("preempt")
+    d = timeline_json(state_of(p), None, None, max_steps=300)
+    assert d["truncated"] and d["next_since"] is None  # the newest 300 steps: cut at the start
+    assert min(r["arrival_ts"] for r in d["requests"]) < d["since"] - 1.0  # lanes from well before the first step
+    dom, console = run_chromium(tmp_path, f"{base_url}/?token={TOKEN}&window=all&max_steps=300", "--dump-dom")
+    assert console == [] and "bounded response" in dom
+    t0, t1 = axis(dom)
+    assert t0 == pytest.approx(d["since"], abs=1e-3) and t1 == pytest.approx(d["until"], abs=1e-3)

@@ -169,6 +169,12 @@
       if (end != null) t1 = t1 == null ? end : Math.max(t1, end);
     });
     if (d.window_start != null && t0 != null) t0 = Math.max(t0, d.window_start);
+    // A cut response (the newest max_steps, or max_steps from ?since=) holds no steps beyond its own: the KV
+    // area would read 0 blocks there for requests that held some, so the axis stops at its steps.
+    if (d.truncated && steps.length && d.since != null && d.until != null) {
+      if (d.next_since == null) t0 = t0 == null ? d.since : Math.max(t0, d.since);
+      else t1 = t1 == null ? d.until : Math.min(t1, d.until);
+    }
     if (t0 == null || t1 == null || t1 <= t0) { t0 = (t0 || 0); t1 = t0 + 1; }
     const now = t1;  // running requests reach the newest data
     const span = focusSpan(lanes, focused, now);
