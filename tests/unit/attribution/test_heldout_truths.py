@@ -256,12 +256,16 @@ def test_continuous_b1024_was_recorded_as_its_command_says_and_its_whales_slow_n
 
 
 def test_continuous_b1024_is_attributed_as_measured_nobody_blamed() -> None:
-    """The agent blames neither whale anything in any of the nine runs with a whale (nor anyone in the 120 null
-    shorts). The truth's clipped Shapley shares are 27 ms (w1, +- 12 ms) and 3 ms (w2) summed over 40 shorts, none
-    over 5 ms a short, so the per-whale error reads 100 % for both and top-1 has no case (no short slowed 2x)."""
+    """The agent blames neither whale any TTFT in any of the nine runs with a whale (nor anyone in the 120 null
+    shorts), and w1 a few ms of ITL. The truth's clipped Shapley shares are 27 ms (w1, +- 12 ms) and 3 ms (w2)
+    summed over 40 shorts, none over 5 ms a short, so the per-whale error reads 100 % for both and top-1 has no case
+    (no short slowed 2x)."""
     s = score_truth(B1024, "attrib-agent", engine_blame, engine_itl_blame)
     assert (s.top1_hits, s.top1_total) == (0, 0) and (s.null_flagged, s.null_total) == (0, 120)
-    assert s.whale_rel_errors == {"w1": 1.0, "w2": 1.0} and s.itl_whale_rel_errors == {"w1": 1.0, "w2": 1.0}
+    assert s.whale_rel_errors == {"w1": 1.0, "w2": 1.0} and s.itl_whale_rel_errors["w2"] == 1.0
+    # w1's ITL: 0.1-4.9 ms a run blamed on it since `lab score` replays the whole recording (nu17: the 30 s window
+    # dropped the shorts decoding beside it); 1.0 before
+    assert 0.6 < s.itl_whale_rel_errors["w1"] < 0.8
     truth = truth_spread.load(B1024)
     totals = truth_spread.whale_totals(truth)
     assert math.isclose(totals["w1"][0], 0.027, abs_tol=0.001) and math.isclose(totals["w2"][0], 0.003, abs_tol=0.001)

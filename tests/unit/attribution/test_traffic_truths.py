@@ -8,7 +8,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from attrib_agent.lab.score import Score, engine_blame, format_scores, score_command
+from attrib_agent.lab.score import NULL_BLAME_S, Score, engine_blame, format_scores, score_command
 
 from . import truth_spread
 from .test_score import GOAL_NULL_ALARMS, GOAL_TOP1, error_bound, error_margin
@@ -25,6 +25,19 @@ def blame_split(truth_dir: Path, condition: str) -> tuple[float, float]:
                 for culprit, s in per.items():
                     on[culprit in truth["whales"]] += s
     return on[True] / len(runs), on[False] / len(runs)
+
+
+def null_alarms(truth_dir: Path) -> list[tuple[str, str, str]]:
+    """(run, short, top culprit) of each short in a no-whale run blamed over NULL_BLAME_S on one culprit."""
+    truth = json.loads((truth_dir / "truth.json").read_text())
+    out = []
+    for run in truth["runs"]:
+        if run.get("accepted") and run.get("recording") and run["condition"] == "none":
+            for spec, per in engine_blame(truth_dir / run["recording"]).items():
+                top = max(per.items(), key=lambda kv: kv[1], default=None)
+                if spec in truth["shorts"] and top is not None and top[1] > NULL_BLAME_S:
+                    out.append((run["recording"], spec, top[0]))
+    return out
 
 
 def scores(truth_dir: Path) -> tuple[Score, Score]:
@@ -61,8 +74,10 @@ def test_continuous_truth_holds_todays_figures_within_the_truths_spread(fixtures
     is 7.2 s with one standard error of 3.0 s (41 %, from the runs' sums; 1.3 s with the shorts taken as independent),
     w2's 1.6 s with 3.0 s (noise), and 3 of the 6 shorts
     slowed >= 2x have their true top two within two standard errors. Measured: w1 43 %, w2 99 % (blamed ~0),
-    median 71 % (naive 88 %); top-1 4 of 6 (naive 3); null false alarms 2 of 120 (naive 36); the crowd 0.02 s per
-    run beside the whales' 4.1 s. Bounds: today's figures plus the truth's margin, better than naive."""
+    median 71 % (naive 88 %); top-1 4 of 6 (naive 3); null false alarms 2 of 120 (naive 36), before `lab
+    score` replayed whole recordings (nu17; since: w1 1 %, median 50 %, top-1 5 of 6, null false alarms 11 of
+    120); the crowd 0.02 s per run beside the whales' 4.1 s. Bounds: today's figures plus the truth's margin, better
+    than naive."""
     truth_dir = fixtures_dir / "truth" / "continuous"
     engine, naive = scores(truth_dir)
     assert set(engine.whale_rel_errors) == {"w1", "w2"} and engine.top1_total == 6
@@ -74,6 +89,13 @@ def test_continuous_truth_holds_todays_figures_within_the_truths_spread(fixtures
     assert engine.median_whale_error < naive.median_whale_error
     ambiguous = truth_spread.ambiguous_top1(truth_spread.load(truth_dir))
     assert ambiguous == 3 and engine.top1_hits >= max(4 - ambiguous, naive.top1_hits)
-    assert engine.null_false_alarm is not None and engine.null_false_alarm <= GOAL_NULL_ALARMS
+    # Null false alarms: 11 of 120 since `lab score` replays the whole recording (nu17: its 30 s window had kept only
+    # the last 27-29 requests, 2 of 120). Every one names c000, the stream's first request (a lilo: 1,024 tokens in,
+    # 256 out, at 3.1 s), whose prefill and decode run beside the next shorts, in every condition, so no condition
+    # of the truth measures it: by the whale rule (8x the median footprint) it is a whale of the null runs. Beside it
+    # the goal holds.
+    assert engine.null_flagged == 11 and engine.null_total == 120
+    alarms = null_alarms(truth_dir)
+    assert len(alarms) == 11 and {culprit for _, _, culprit in alarms} == {"c000"}, alarms
     on_whales, on_crowd = blame_split(truth_dir, "w1+w2")
     assert on_whales > 0.3 * w1_t and on_crowd <= 0.1 * on_whales, (on_whales, on_crowd)
