@@ -317,8 +317,6 @@ def replayed_timeline(path: Path) -> Any:
     whole recording (no `keep_s` window): the score attributes after the replay, where a live agent attributes each
     request as it finishes, so the live window of 30 s would drop every request but the last 30 s' (nu17: a
     continuous truth kept 25-29 of its 41-42 requests, a 2.5-minute recording 8,019 of its 23,251 steps)."""
-    import math
-
     from attrib_agent.sources.replay import ReplaySource
     from attrib_agent.timeline.engine_timeline import EngineTimeline
 
